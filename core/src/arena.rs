@@ -1,0 +1,243 @@
+//! Fixed-capacity block storage. Blocks are named by small integer handles
+//! (slot index + generation), never by pointers; free slots form a list.
+
+use core::num::NonZeroU32;
+
+/// "No slot": the end of a list, an empty tree.
+pub(crate) const NIL: u32 = u32::MAX;
+
+bitflags::bitflags! {
+    /// The state of one block slot.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub(crate) struct Flags: u8 {
+        /// The slot holds a block (it is not on the free-slot list).
+        const IN_USE = 1 << 0;
+        /// The block is handed out to a caller.
+        const ALLOCATED = 1 << 1;
+        /// The block belongs to the small pool (else the large pool).
+        const SMALL = 1 << 2;
+        /// The block is cached: it is in its pool's free index.
+        const CACHED = 1 << 3;
+        /// `record_stream` added streams that the block's free must wait for.
+        const HAS_USES = 1 << 4;
+    }
+}
+
+/// Storage for one block's metadata. Give the allocator any
+/// `AsRef<[BlockSlot]> + AsMut<[BlockSlot]>`: an array (which a `no_std`
+/// program can keep in a `static`), a boxed slice sized at run time, or a
+/// `&mut` slice. Every slot starts as [`BlockSlot::VACANT`].
+///
+/// ```
+/// use cachealloc_core::BlockSlot;
+/// let fixed = [BlockSlot::VACANT; 1024];          // on the stack or in a static
+/// assert_eq!(fixed.len(), 1024);
+/// // with std: vec![BlockSlot::VACANT; n].into_boxed_slice()
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct BlockSlot {
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    /// The unrounded size of the last allocation that used this block.
+    pub(crate) requested: u64,
+    /// While cached: the pool's GC clock at insertion. While allocated: the allocation id.
+    pub(crate) aux: u64,
+    /// Head blocks only: the size of the whole segment.
+    pub(crate) seg_size: u64,
+    /// The raw stream handle (the segment's allocation stream).
+    pub(crate) stream: u64,
+    pub(crate) prev: u32,
+    pub(crate) next: u32,
+    /// Free-index treap children (cached blocks).
+    pub(crate) left: u32,
+    pub(crate) right: u32,
+    /// Segment-index treap children (head blocks).
+    pub(crate) seg_left: u32,
+    pub(crate) seg_right: u32,
+    /// Live-pointer hash: next slot in this block's chain.
+    pub(crate) hash_next: u32,
+    /// Live-pointer hash: head of bucket number `this slot's index`.
+    pub(crate) hash_head: u32,
+    pub(crate) generation: u32,
+    /// Outstanding end-of-life events.
+    pub(crate) events: u16,
+    pub(crate) flags: Flags,
+}
+
+impl BlockSlot {
+    /// An unused slot.
+    pub const VACANT: BlockSlot = BlockSlot {
+        addr: 0,
+        size: 0,
+        requested: 0,
+        aux: 0,
+        seg_size: 0,
+        stream: 0,
+        prev: NIL,
+        next: NIL,
+        left: NIL,
+        right: NIL,
+        seg_left: NIL,
+        seg_right: NIL,
+        hash_next: NIL,
+        hash_head: NIL,
+        generation: 1,
+        events: 0,
+        flags: Flags::empty(),
+    };
+
+    pub(crate) fn has(&self, f: Flags) -> bool {
+        self.flags.contains(f)
+    }
+
+    pub(crate) fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+
+    pub(crate) fn end(&self) -> u64 {
+        self.addr.wrapping_add(self.size)
+    }
+}
+
+/// The handle of a live allocation: a slot index and the generation the slot
+/// had when the allocation was made. Freeing bumps the generation, so a
+/// doubled or stale handle is an error, not corruption. `Option<BlockId>` is
+/// as small as `BlockId`.
+///
+/// ```
+/// use cachealloc_core::BlockId;
+/// assert_eq!(core::mem::size_of::<Option<BlockId>>(), 8);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId {
+    index: u32,
+    generation: NonZeroU32,
+}
+
+impl BlockId {
+    pub(crate) fn new(index: u32, generation: u32) -> BlockId {
+        BlockId {
+            index,
+            generation: NonZeroU32::new(generation).unwrap_or(NonZeroU32::MIN),
+        }
+    }
+
+    /// The slot index.
+    pub const fn index(self) -> u32 {
+        self.index
+    }
+
+    /// The slot generation the handle was issued under.
+    pub const fn generation(self) -> u32 {
+        self.generation.get()
+    }
+}
+
+/// The slot storage and its free-slot list. Slots above `high_water` have
+/// never been used; freed slots are chained through `next`.
+pub(crate) struct Arena<S> {
+    pub(crate) storage: S,
+    high_water: u32,
+    free_head: u32,
+    in_use: u32,
+}
+
+impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
+    pub(crate) const fn new(storage: S) -> Self {
+        Arena {
+            storage,
+            high_water: 0,
+            free_head: NIL,
+            in_use: 0,
+        }
+    }
+
+    /// Usable slots (the storage length, capped below `NIL`).
+    #[inline]
+    pub(crate) fn capacity(&self) -> u32 {
+        let len = self.storage.as_ref().len();
+        if len >= NIL as usize {
+            NIL - 1
+        } else {
+            len as u32
+        }
+    }
+
+    #[inline]
+    pub(crate) fn slots(&self) -> &[BlockSlot] {
+        self.storage.as_ref()
+    }
+
+    #[inline]
+    pub(crate) fn slots_mut(&mut self) -> &mut [BlockSlot] {
+        self.storage.as_mut()
+    }
+
+    pub(crate) fn in_use(&self) -> u32 {
+        self.in_use
+    }
+
+    pub(crate) fn high_water(&self) -> u32 {
+        self.high_water
+    }
+
+    pub(crate) fn available(&self) -> u32 {
+        self.capacity() - self.in_use
+    }
+
+    /// Take a slot; its links are reset, its generation kept.
+    pub(crate) fn alloc(&mut self) -> Option<u32> {
+        let i = if self.free_head != NIL {
+            let i = self.free_head;
+            self.free_head = self.slots()[i as usize].next;
+            i
+        } else if self.high_water < self.capacity() {
+            self.high_water += 1;
+            self.high_water - 1
+        } else {
+            return None;
+        };
+        self.in_use += 1;
+        let s = &mut self.slots_mut()[i as usize];
+        s.prev = NIL;
+        s.next = NIL;
+        s.left = NIL;
+        s.right = NIL;
+        s.seg_left = NIL;
+        s.seg_right = NIL;
+        s.hash_next = NIL;
+        s.events = 0;
+        s.requested = 0;
+        s.aux = 0;
+        s.seg_size = 0;
+        s.flags = Flags::IN_USE;
+        Some(i)
+    }
+
+    /// Return a slot to the free list. `hash_head` is left alone: it belongs
+    /// to the bucket numbered by this slot, not to the block.
+    pub(crate) fn release(&mut self, i: u32) {
+        let head = self.free_head;
+        let s = &mut self.slots_mut()[i as usize];
+        s.flags = Flags::empty();
+        s.next = head;
+        s.prev = NIL;
+        self.free_head = i;
+        self.in_use -= 1;
+    }
+
+    /// Walk the free-slot list (for the invariant checker); `None` if it is
+    /// longer than the storage (a cycle).
+    pub(crate) fn free_list_len(&self) -> Option<u32> {
+        let mut n = 0u32;
+        let mut i = self.free_head;
+        while i != NIL {
+            n += 1;
+            if n > self.high_water {
+                return None;
+            }
+            i = self.slots().get(i as usize)?.next;
+        }
+        Some(n)
+    }
+}

@@ -1,0 +1,183 @@
+//! The [`DeviceBackend`] trait: everything the allocator asks of a device.
+//!
+//! Backends know nothing of blocks or pools. The allocator calls `malloc`
+//! only on a cache miss and `free` only for whole segments it releases.
+
+use core::fmt;
+
+/// A device address. `DevicePtr::NULL` is what a zero-byte request returns.
+///
+/// ```
+/// use cachealloc_core::DevicePtr;
+/// assert!(DevicePtr::NULL.is_null());
+/// assert_eq!(DevicePtr(0x1000).offset(0x200), Some(DevicePtr(0x1200)));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null device pointer.
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// Whether this is the null pointer.
+    pub const fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// `self + bytes`, or `None` on overflow.
+    pub const fn offset(self, bytes: u64) -> Option<DevicePtr> {
+        match self.0.checked_add(bytes) {
+            Some(v) => Some(DevicePtr(v)),
+            None => None,
+        }
+    }
+}
+
+impl fmt::Debug for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Why a device `malloc` failed: out of memory (the allocator then runs its
+/// release-and-retry ladder) or any other error (returned to the caller at
+/// once, as PyTorch does for every CUDA error but `cudaErrorMemoryAllocation`).
+///
+/// ```
+/// use cachealloc_core::MallocError;
+/// let e: MallocError<&str> = MallocError::OutOfMemory;
+/// assert!(e.is_out_of_memory());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MallocError<E> {
+    /// The device has no room for the request.
+    OutOfMemory,
+    /// Any other failure.
+    Other(E),
+}
+
+impl<E> MallocError<E> {
+    /// Whether this is an out-of-memory failure.
+    pub const fn is_out_of_memory(&self) -> bool {
+        matches!(self, MallocError::OutOfMemory)
+    }
+}
+
+/// The state of an event. A pending event is a status, never an error.
+///
+/// ```
+/// use cachealloc_core::EventStatus;
+/// assert_ne!(EventStatus::Pending, EventStatus::Ready);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventStatus {
+    /// The work recorded before the event has finished.
+    Ready,
+    /// The work is still running.
+    Pending,
+}
+
+/// Free and total device memory, as `cudaMemGetInfo` reports them.
+///
+/// ```
+/// use cachealloc_core::MemInfo;
+/// let m = MemInfo { free: 1 << 30, total: 2 << 30 };
+/// assert!(m.free <= m.total);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MemInfo {
+    /// Bytes the device could still hand out.
+    pub free: u64,
+    /// Bytes the device has in all.
+    pub total: u64,
+}
+
+/// A device: memory, events and memory information. Nothing else is
+/// required of a backend.
+///
+/// Streams are compared by their raw handle value (`Into<u64>`), exactly as
+/// PyTorch orders its free sets by the unsigned stream handle; the `Ord` of a
+/// stream type must agree with that value.
+///
+/// ```
+/// use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+///
+/// /// A device with 1 GiB that finishes all work at once.
+/// struct Toy { next: u64, held: u64 }
+///
+/// impl DeviceBackend for Toy {
+///     type Stream = u64;
+///     type Event = ();
+///     type Error = &'static str;
+///     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<Self::Error>> {
+///         if self.held + size > 1 << 30 { return Err(MallocError::OutOfMemory); }
+///         let p = self.next;
+///         self.next += size.div_ceil(2 << 20) * (2 << 20);
+///         self.held += size;
+///         Ok(DevicePtr(p))
+///     }
+///     fn free(&mut self, _ptr: DevicePtr, size: u64) -> Result<(), Self::Error> {
+///         self.held -= size;
+///         Ok(())
+///     }
+///     fn event_create(&mut self) -> Result<(), Self::Error> { Ok(()) }
+///     fn event_record(&mut self, _e: &(), _s: u64) -> Result<(), Self::Error> { Ok(()) }
+///     fn event_query(&mut self, _e: &()) -> Result<EventStatus, Self::Error> { Ok(EventStatus::Ready) }
+///     fn event_destroy(&mut self, _e: ()) -> Result<(), Self::Error> { Ok(()) }
+///     fn mem_info(&mut self) -> Result<MemInfo, Self::Error> {
+///         Ok(MemInfo { free: (1 << 30) - self.held, total: 1 << 30 })
+///     }
+/// }
+/// let mut t = Toy { next: 1 << 32, held: 0 };
+/// assert_eq!(t.malloc(1).unwrap(), DevicePtr(1 << 32));
+/// ```
+pub trait DeviceBackend {
+    /// A stream (a queue of device work). `0` is conventionally the default stream.
+    type Stream: Copy + Eq + Ord + fmt::Debug + Into<u64>;
+    /// An event that can be recorded on a stream and queried.
+    type Event;
+    /// The backend's error.
+    type Error: fmt::Debug + fmt::Display;
+
+    /// Allocate `size` bytes of device memory (one segment).
+    fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<Self::Error>>;
+    /// Return a segment obtained from [`malloc`](Self::malloc), whole.
+    fn free(&mut self, ptr: DevicePtr, size: u64) -> Result<(), Self::Error>;
+    /// Create an event (timing disabled).
+    fn event_create(&mut self) -> Result<Self::Event, Self::Error>;
+    /// Record `event` on `stream`: it completes when the stream's work queued so far has.
+    fn event_record(
+        &mut self,
+        event: &Self::Event,
+        stream: Self::Stream,
+    ) -> Result<(), Self::Error>;
+    /// Whether `event` has completed.
+    fn event_query(&mut self, event: &Self::Event) -> Result<EventStatus, Self::Error>;
+    /// Destroy an event.
+    fn event_destroy(&mut self, event: Self::Event) -> Result<(), Self::Error>;
+    /// Free and total device memory.
+    fn mem_info(&mut self) -> Result<MemInfo, Self::Error>;
+
+    /// Block the host until `event` has completed. The provided method polls
+    /// [`event_query`](Self::event_query); backends with a blocking wait
+    /// (`cuEventSynchronize`) or a simulated clock override it.
+    fn event_synchronize(&mut self, event: &Self::Event) -> Result<(), Self::Error> {
+        loop {
+            match self.event_query(event)? {
+                EventStatus::Ready => return Ok(()),
+                EventStatus::Pending => core::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// The device's ordinal, used in out-of-memory messages ("GPU 0 has ...").
+    fn ordinal(&self) -> u32 {
+        0
+    }
+}

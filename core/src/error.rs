@@ -1,0 +1,186 @@
+//! One error enum for every public operation.
+
+use crate::backend::DevicePtr;
+use crate::policy::FormatSize;
+use core::fmt;
+
+/// The numbers of PyTorch's out-of-memory message. `Display` writes that
+/// message ("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a
+/// total capacity of ...").
+///
+/// ```
+/// use cachealloc_core::OomReport;
+/// let r = OomReport { device: 0, requested: 1, rounded: 512, alloc_size: 2 << 20,
+///     device_total: 20 << 20, device_free: 0, allowed: None,
+///     allocated: 20 << 20, reserved: 20 << 20 };
+/// assert!(format!("{r}").starts_with("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomReport {
+    /// The device ordinal.
+    pub device: u32,
+    /// The bytes the caller asked for.
+    pub requested: u64,
+    /// The request rounded to a block size.
+    pub rounded: u64,
+    /// The segment size that would have been device-malloc'd (PyTorch's "Tried to allocate").
+    pub alloc_size: u64,
+    /// Device memory in all (from `mem_info`; 0 if it failed).
+    pub device_total: u64,
+    /// Device memory free (from `mem_info`; 0 if it failed).
+    pub device_free: u64,
+    /// The per-process limit, when a memory fraction or limit is set.
+    pub allowed: Option<u64>,
+    /// `allocated_bytes.all.current`.
+    pub allocated: u64,
+    /// `reserved_bytes.all.current`.
+    pub reserved: u64,
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
+            FormatSize(self.alloc_size),
+            self.device,
+            FormatSize(self.device_total),
+            FormatSize(self.device_free)
+        )?;
+        if let Some(allowed) = self.allowed {
+            write!(f, "{} allowed; ", FormatSize(allowed))?;
+        }
+        write!(
+            f,
+            "Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. \
+             If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+             to avoid fragmentation.  See documentation for Memory Management  \
+             (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+            FormatSize(self.allocated),
+            FormatSize(self.reserved.saturating_sub(self.allocated))
+        )
+    }
+}
+
+/// What went wrong. Every variant leaves the allocator consistent; all but
+/// `OutOfMemory` and `Backend` (which may follow cache releases, as in
+/// PyTorch) leave it exactly as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Error<E> {
+    /// No cached block fits and the device (or the memory limit) cannot supply a segment.
+    OutOfMemory(OomReport),
+    /// A request of 1 EiB or more, refused before the allocator (no `num_ooms`).
+    TooLarge {
+        /// The bytes asked for.
+        requested: u64,
+    },
+    /// Rounding the request overflowed 64 bits.
+    SizeOverflow {
+        /// The bytes asked for.
+        requested: u64,
+    },
+    /// All block slots are in use (malloc keeps two in reserve).
+    MetadataExhausted {
+        /// The number of slots the storage has.
+        capacity: u32,
+    },
+    /// The queue of pending end-of-life events is full.
+    EventQueueFull {
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// The table of streams recorded by `record_stream` is full.
+    StreamUsesFull {
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// A handle whose slot does not exist or holds no allocation.
+    InvalidHandle {
+        /// The slot index of the handle.
+        index: u32,
+    },
+    /// A handle of an allocation that was already freed (double free or use after free).
+    StaleHandle {
+        /// The slot index of the handle.
+        index: u32,
+        /// The generation the handle carries.
+        generation: u32,
+    },
+    /// A pointer in no segment of this allocator.
+    UnknownPointer {
+        /// The pointer.
+        ptr: DevicePtr,
+    },
+    /// A pointer inside a live allocation, not at its start.
+    InteriorPointer {
+        /// The pointer.
+        ptr: DevicePtr,
+        /// The start of the allocation that contains it.
+        base: DevicePtr,
+    },
+    /// A pointer to cached or pending memory, not a live allocation (double free?).
+    NotAllocated {
+        /// The pointer.
+        ptr: DevicePtr,
+    },
+    /// A memory fraction outside `[0, 1]`.
+    InvalidFraction,
+    /// The backend broke its contract (a null or overlapping segment).
+    BackendContract {
+        /// What it did.
+        what: &'static str,
+        /// The address involved.
+        ptr: DevicePtr,
+    },
+    /// The backend failed.
+    Backend(E),
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::OutOfMemory(r) => r.fmt(f),
+            Error::TooLarge { requested } => write!(
+                f,
+                "CUDA out of memory. Tried to allocate more than 1EB memory ({requested} bytes requested)."
+            ),
+            Error::SizeOverflow { requested } => {
+                write!(f, "size overflow: {requested} bytes cannot be rounded to a block size")
+            }
+            Error::MetadataExhausted { capacity } => write!(
+                f,
+                "block metadata exhausted: all {capacity} slots in use (malloc keeps 2 in reserve); give the allocator more slots"
+            ),
+            Error::EventQueueFull { capacity } => {
+                write!(f, "pending-event queue full ({capacity} events); free fewer record_stream'd blocks at once")
+            }
+            Error::StreamUsesFull { capacity } => {
+                write!(f, "record_stream table full ({capacity} entries)")
+            }
+            Error::InvalidHandle { index } => write!(f, "invalid handle: slot {index} holds no allocation"),
+            Error::StaleHandle { index, generation } => write!(
+                f,
+                "stale handle: allocation (slot {index}, generation {generation}) was already freed (double free?)"
+            ),
+            Error::UnknownPointer { ptr } => write!(f, "invalid device pointer {ptr}: not allocated by this allocator"),
+            Error::InteriorPointer { ptr, base } => {
+                write!(f, "invalid device pointer {ptr}: inside the allocation at {base}, not its start")
+            }
+            Error::NotAllocated { ptr } => {
+                write!(f, "invalid device pointer {ptr}: not a live allocation (already freed?)")
+            }
+            Error::InvalidFraction => write!(f, "invalid memory fraction: must be between 0 and 1"),
+            Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
+            Error::Backend(e) => write!(f, "device backend error: {e}"),
+        }
+    }
+}
+
+impl<E> Error<E> {
+    /// Whether this is an out-of-memory error (`OutOfMemory` or `TooLarge`).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory(_) | Error::TooLarge { .. })
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> core::error::Error for Error<E> {}

@@ -1,0 +1,115 @@
+//! [`TinyBackend`]: a host-only device for examples and unit tests. It hands
+//! out addresses from a bump pointer (each segment at the next 2 MiB
+//! boundary), finishes all stream work at once, and can be given a capacity.
+//! The full simulated device, with streams, fault injection and counters, is
+//! the `cachealloc-mock` crate.
+
+use crate::backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use core::fmt;
+
+/// The error of [`TinyBackend`] (it fails only when told to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TinyError;
+
+impl fmt::Display for TinyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tiny backend: injected failure")
+    }
+}
+
+/// A bump-pointer device with optional capacity.
+///
+/// ```
+/// use cachealloc_core::{testing::TinyBackend, DeviceBackend};
+/// let mut d = TinyBackend::with_capacity(4 << 20);
+/// let p = d.malloc(2 << 20).unwrap();
+/// assert!(d.malloc(4 << 20).unwrap_err().is_out_of_memory());
+/// d.free(p, 2 << 20).unwrap();
+/// assert_eq!(d.held, 0);
+/// ```
+#[derive(Clone, Debug)]
+pub struct TinyBackend {
+    /// The next segment's address.
+    pub next: u64,
+    /// Bytes held by the allocator.
+    pub held: u64,
+    /// Device size (`None`: unlimited).
+    pub capacity: Option<u64>,
+    /// Make the next `free` fail once.
+    pub fail_next_free: bool,
+}
+
+impl Default for TinyBackend {
+    fn default() -> Self {
+        TinyBackend {
+            next: 1 << 40,
+            held: 0,
+            capacity: None,
+            fail_next_free: false,
+        }
+    }
+}
+
+impl TinyBackend {
+    /// A device of `bytes`.
+    pub fn with_capacity(bytes: u64) -> Self {
+        TinyBackend {
+            capacity: Some(bytes),
+            ..Self::default()
+        }
+    }
+}
+
+impl DeviceBackend for TinyBackend {
+    type Stream = u64;
+    type Event = ();
+    type Error = TinyError;
+
+    fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<TinyError>> {
+        if let Some(cap) = self.capacity {
+            if self.held.saturating_add(size) > cap {
+                return Err(MallocError::OutOfMemory);
+            }
+        }
+        let p = self.next;
+        let step = size.div_ceil(2 << 20).max(1) * (2 << 20);
+        self.next = self
+            .next
+            .checked_add(step)
+            .ok_or(MallocError::OutOfMemory)?;
+        self.held += size;
+        Ok(DevicePtr(p))
+    }
+
+    fn free(&mut self, _ptr: DevicePtr, size: u64) -> Result<(), TinyError> {
+        if core::mem::take(&mut self.fail_next_free) {
+            return Err(TinyError);
+        }
+        self.held -= size;
+        Ok(())
+    }
+
+    fn event_create(&mut self) -> Result<(), TinyError> {
+        Ok(())
+    }
+
+    fn event_record(&mut self, _event: &(), _stream: u64) -> Result<(), TinyError> {
+        Ok(())
+    }
+
+    fn event_query(&mut self, _event: &()) -> Result<EventStatus, TinyError> {
+        Ok(EventStatus::Ready)
+    }
+
+    fn event_destroy(&mut self, _event: ()) -> Result<(), TinyError> {
+        Ok(())
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, TinyError> {
+        let total = self.capacity.unwrap_or(u64::MAX);
+        Ok(MemInfo {
+            free: total - self.held,
+            total,
+        })
+    }
+}
