@@ -290,6 +290,9 @@ pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64> {
     pub(crate) total_allocated_memory: u64,
     pub(crate) pending: heapless::Vec<PendingEvent<B::Event, B::Stream>, E>,
     pub(crate) uses: heapless::Vec<StreamUse<B::Stream>, E>,
+    /// Streams with queued events, in the order their queues were created
+    /// (PyTorch keeps one FIFO per stream in a hash map; see `process_events`).
+    queue_order: heapless::Vec<u64, E>,
     idle_events: heapless::Vec<B::Event, E>,
     next_allocation_id: u64,
     callbacks: heapless::Vec<FreeMemoryCallback<B, S, E>, 4>,
@@ -325,6 +328,7 @@ where
             total_allocated_memory: 0,
             pending: heapless::Vec::new(),
             uses: heapless::Vec::new(),
+            queue_order: heapless::Vec::new(),
             idle_events: heapless::Vec::new(),
             next_allocation_id: 1,
             callbacks: heapless::Vec::new(),
@@ -958,12 +962,13 @@ where
         }
     }
 
-    fn unwind_pending(&mut self, len: usize) {
+    fn unwind_pending(&mut self, len: usize, queues: usize) {
         while self.pending.len() > len {
             if let Some(pe) = self.pending.pop() {
                 self.recycle_event(pe.event);
             }
         }
+        self.queue_order.truncate(queues);
     }
 
     /// PyTorch's `free`: allocation stats drop now; the block returns to the
@@ -979,25 +984,38 @@ where
                 return Err(Error::EventQueueFull { capacity: E });
             }
             let start = self.pending.len();
-            for k in 0..self.uses.len() {
-                let u = self.uses[k];
-                if u.slot != i {
-                    continue;
-                }
+            let start_queues = self.queue_order.len();
+            // One event per stream, in increasing stream order (as the
+            // reference model does; PyTorch iterates a hash set).
+            let mut last: Option<u64> = None;
+            while let Some(u) = self
+                .uses
+                .iter()
+                .filter(|u| u.slot == i && last.is_none_or(|l| u.stream.into() > l))
+                .min_by_key(|u| u.stream.into())
+                .copied()
+            {
+                last = Some(u.stream.into());
                 let ev = match self.idle_events.pop() {
                     Some(ev) => ev,
                     None => match self.backend.event_create() {
                         Ok(ev) => ev,
                         Err(e) => {
-                            self.unwind_pending(start);
+                            self.unwind_pending(start, start_queues);
                             return Err(Error::Backend(e));
                         }
                     },
                 };
                 if let Err(e) = self.backend.event_record(&ev, u.stream) {
                     self.recycle_event(ev);
-                    self.unwind_pending(start);
+                    self.unwind_pending(start, start_queues);
                     return Err(Error::Backend(e));
+                }
+                let key: u64 = u.stream.into();
+                if !self.queue_order.contains(&key) && self.queue_order.push(key).is_err() {
+                    self.recycle_event(ev);
+                    self.unwind_pending(start, start_queues);
+                    return Err(Error::EventQueueFull { capacity: E });
                 }
                 if let Err(pe) = self.pending.push(PendingEvent {
                     event: ev,
@@ -1005,7 +1023,7 @@ where
                     stream: u.stream,
                 }) {
                     self.recycle_event(pe.event);
-                    self.unwind_pending(start);
+                    self.unwind_pending(start, start_queues);
                     return Err(Error::EventQueueFull { capacity: E });
                 }
                 events += 1;
@@ -1090,49 +1108,59 @@ where
         }
     }
 
-    /// `process_events`: per stream, in order, complete events until the
-    /// first one still pending.
+    /// The position in `pending` of the first event of stream `key` at or after `from`.
+    fn next_of_stream(&self, key: u64, from: usize) -> Option<usize> {
+        (from..self.pending.len()).find(|&k| self.pending[k].stream.into() == key)
+    }
+
+    /// `process_events`: stream queue by stream queue (in the order the
+    /// queues were created), complete events in FIFO order until the first
+    /// that is still pending. The order matters for the accumulated
+    /// `inactive_split*` counters when neighbouring blocks complete together;
+    /// it is the reference model's (PyTorch's is its hash map's order).
     fn process_events(&mut self) -> Res<(), B> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let mut blocked: heapless::Vec<u64, E> = heapless::Vec::new();
-        let mut k = 0;
-        while k < self.pending.len() {
-            let skey: u64 = self.pending[k].stream.into();
-            if blocked.contains(&skey) {
-                k += 1;
-                continue;
+        let mut q = 0;
+        while q < self.queue_order.len() {
+            let key = self.queue_order[q];
+            let mut k = 0;
+            while let Some(at) = self.next_of_stream(key, k) {
+                match self
+                    .backend
+                    .event_query(&self.pending[at].event)
+                    .map_err(Error::Backend)?
+                {
+                    EventStatus::Pending => break,
+                    EventStatus::Ready => {
+                        let pe = self.pending.remove(at);
+                        self.recycle_event(pe.event);
+                        self.event_done(pe.slot);
+                        k = at;
+                    }
+                }
             }
-            match self
-                .backend
-                .event_query(&self.pending[k].event)
-                .map_err(Error::Backend)?
-            {
-                EventStatus::Pending => {
-                    let _ = blocked.push(skey);
-                    k += 1;
-                }
-                EventStatus::Ready => {
-                    let pe = self.pending.remove(k);
-                    self.recycle_event(pe.event);
-                    self.event_done(pe.slot);
-                }
+            if self.next_of_stream(key, 0).is_none() {
+                self.queue_order.remove(q);
+            } else {
+                q += 1;
             }
         }
         Ok(())
     }
 
-    /// `synchronize_and_free_events`: wait for every pending event.
+    /// `synchronize_and_free_events`: wait for every pending event, queue by
+    /// queue.
     fn synchronize_and_free_events(&mut self) -> Res<(), B> {
         self.stats.num_sync_all_streams += 1;
-        while let Some(pe) = self.pending.first() {
-            self.backend
-                .event_synchronize(&pe.event)
-                .map_err(Error::Backend)?;
-            let pe = self.pending.remove(0);
-            self.recycle_event(pe.event);
-            self.event_done(pe.slot);
+        while let Some(&key) = self.queue_order.first() {
+            while let Some(at) = self.next_of_stream(key, 0) {
+                self.backend
+                    .event_synchronize(&self.pending[at].event)
+                    .map_err(Error::Backend)?;
+                let pe = self.pending.remove(at);
+                self.recycle_event(pe.event);
+                self.event_done(pe.slot);
+            }
+            self.queue_order.remove(0);
         }
         Ok(())
     }

@@ -1,1 +1,83 @@
-//! placeholder
+//! Shared machinery of cachealloc's integration tests: the allocator on the
+//! mock device, the PyTorch-parity scenario runner, a generator of random
+//! multi-stream op sequences, a writer of those as trace files, and a driver
+//! of the reference model (`../shared/oracle/pytorch_sim.py`).
+
+use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, Error};
+use cachealloc_mock::{MockDevice, MockError};
+use std::path::PathBuf;
+
+pub mod ops;
+pub mod oracle;
+pub mod scenario;
+
+/// The allocator under test: mock device, boxed slots, 256 pending events.
+pub type MockAllocator = DeviceAllocator<MockDevice, Box<[BlockSlot]>, 256>;
+
+/// The error type of [`MockAllocator`].
+pub type MockAllocError = Error<MockError>;
+
+/// A fresh allocator with `slots` block slots.
+pub fn allocator(capacity: Option<u64>, config: Config, slots: usize) -> MockAllocator {
+    DeviceAllocator::new(
+        MockDevice::new(capacity),
+        vec![BlockSlot::VACANT; slots].into_boxed_slice(),
+        config,
+    )
+}
+
+/// `../shared` beside the checkout (override with `CACHEALLOC_SHARED`).
+pub fn shared_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("CACHEALLOC_SHARED") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("..")
+        .join("shared")
+}
+
+/// Every flat stat key and value, as the oracle prints them.
+pub fn stats_map(a: &MockAllocator) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    a.stats().for_each(|k, v| {
+        m.insert(k.to_string(), v.into());
+    });
+    m
+}
+
+/// Free everything still live, empty the cache, drop idle events; then the
+/// mock must hold nothing. Returns a description of what is left, if anything.
+pub fn teardown(
+    a: &mut MockAllocator,
+    live: impl IntoIterator<Item = DevicePtr>,
+) -> Result<(), String> {
+    a.backend_mut().clear_faults();
+    for p in live {
+        a.free_ptr(p)
+            .map_err(|e| format!("teardown free of {p}: {e}"))?;
+    }
+    a.backend_mut().sync(None);
+    a.empty_cache()
+        .map_err(|e| format!("teardown empty_cache: {e}"))?;
+    a.release_idle_events()
+        .map_err(|e| format!("teardown events: {e}"))?;
+    a.check_invariants()
+        .map_err(|e| format!("after teardown: {e}"))?;
+    let m = a.backend();
+    if m.held_bytes() != 0 || m.live_segments() != 0 || m.live_events() != 0 {
+        return Err(format!(
+            "leak: {} bytes in {} segments and {} events still held",
+            m.held_bytes(),
+            m.live_segments(),
+            m.live_events()
+        ));
+    }
+    if a.stats().reserved_bytes.all().current != 0 || a.slots_in_use() != 0 {
+        return Err(format!(
+            "allocator still reserves {} bytes",
+            a.stats().reserved_bytes.all().current
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! The PyTorch-parity scenarios of `../shared/conformance/`: loading (the JSON
+//! file and every ```json block of the Markdown file, which has more) and
+//! running them against the core on the mock.
+
+use crate::{allocator, MockAllocator};
+use cachealloc_core::{Allocation, Config};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Every scenario, by name, JSON file first, then Markdown blocks not in it.
+pub fn load_all(shared: &Path) -> Result<Vec<Value>, String> {
+    let dir = shared.join("conformance");
+    let text = std::fs::read_to_string(dir.join("scenarios.json"))
+        .map_err(|e| format!("scenarios.json: {e}"))?;
+    let mut all: Vec<Value> =
+        serde_json::from_str(&text).map_err(|e| format!("scenarios.json: {e}"))?;
+    let md = std::fs::read_to_string(dir.join("scenarios.md"))
+        .map_err(|e| format!("scenarios.md: {e}"))?;
+    for block in md.split("```json\n").skip(1) {
+        let body = block.split("```").next().unwrap_or("");
+        let v: Value =
+            serde_json::from_str(body).map_err(|e| format!("scenarios.md block: {e}"))?;
+        let name = v.get("scenario").cloned();
+        if name.is_some() && !all.iter().any(|s| s.get("scenario") == name.as_ref()) {
+            all.push(v);
+        }
+    }
+    Ok(all)
+}
+
+/// A scenario op, decoded.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// `alloc` (`must_oom`: `alloc_oom`).
+    Alloc {
+        name: String,
+        size: u64,
+        stream: u64,
+        must_oom: bool,
+    },
+    /// `free`.
+    Free { name: String },
+    /// `record_stream`.
+    RecordStream { name: String, stream: u64 },
+    /// `sync`.
+    Sync { stream: Option<u64> },
+    /// `empty_cache`.
+    EmptyCache,
+    /// `set_memory_fraction`.
+    SetMemoryFraction(f64),
+    /// `config`.
+    Config(String),
+    /// `reset_peak`.
+    ResetPeak,
+    /// `expect`.
+    Expect(serde_json::Map<String, Value>),
+}
+
+/// Setup and steps of one scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Its name.
+    pub name: String,
+    /// Device capacity.
+    pub capacity: Option<u64>,
+    /// Config string in force from the start.
+    pub conf: String,
+    /// The ops, the final `expect` last.
+    pub steps: Vec<Step>,
+}
+
+fn u(v: &Value) -> Result<u64, String> {
+    v.as_u64()
+        .ok_or_else(|| format!("expected an unsigned integer, got {v}"))
+}
+
+fn s(v: &Value) -> Result<String, String> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("expected a string, got {v}"))
+}
+
+/// Decode a scenario object.
+pub fn parse(v: &Value) -> Result<Scenario, String> {
+    let name = s(&v["scenario"])?;
+    let setup = v.get("setup");
+    let capacity = setup.and_then(|x| x.get("capacity")).map(u).transpose()?;
+    let conf = setup
+        .and_then(|x| x.get("conf"))
+        .map(s)
+        .transpose()?
+        .unwrap_or_default();
+    let mut steps = Vec::new();
+    for op in v["ops"].as_array().ok_or("ops must be a list")? {
+        let a = op.as_array().ok_or("op must be a list")?;
+        let kind = a.first().and_then(Value::as_str).ok_or("op kind")?;
+        let stream = |i: usize| a.get(i).map(u).transpose().map(|x| x.unwrap_or(0));
+        steps.push(match kind {
+            "alloc" | "alloc_oom" => Step::Alloc {
+                name: s(&a[1])?,
+                size: u(&a[2])?,
+                stream: stream(3)?,
+                must_oom: kind == "alloc_oom",
+            },
+            "free" => Step::Free { name: s(&a[1])? },
+            "record_stream" => Step::RecordStream {
+                name: s(&a[1])?,
+                stream: u(&a[2])?,
+            },
+            "sync" => Step::Sync {
+                stream: a.get(1).map(u).transpose()?,
+            },
+            "empty_cache" => Step::EmptyCache,
+            "set_memory_fraction" => Step::SetMemoryFraction(a[1].as_f64().ok_or("fraction")?),
+            "config" => Step::Config(s(&a[1])?),
+            "reset_peak" => Step::ResetPeak,
+            "expect" => Step::Expect(a[1].as_object().ok_or("expect object")?.clone()),
+            other => return Err(format!("unknown op {other}")),
+        });
+    }
+    if let Some(e) = v.get("expect") {
+        steps.push(Step::Expect(e.as_object().ok_or("expect object")?.clone()));
+    }
+    Ok(Scenario {
+        name,
+        capacity,
+        conf,
+        steps,
+    })
+}
+
+/// The state of a running scenario.
+pub struct Run {
+    /// The allocator.
+    pub alloc: MockAllocator,
+    /// Live allocations by name.
+    pub names: HashMap<String, Allocation>,
+    /// The message of the last OOM.
+    pub last_oom: Option<String>,
+}
+
+impl Run {
+    /// A fresh run of `sc` with `slots` block slots.
+    pub fn new(sc: &Scenario, slots: usize) -> Result<Run, String> {
+        let config = Config::parse(&sc.conf).map_err(|e| e.to_string())?;
+        Ok(Run {
+            alloc: allocator(sc.capacity, config, slots),
+            names: HashMap::new(),
+            last_oom: None,
+        })
+    }
+
+    /// Execute one non-`expect` step. `Err` carries the allocator's error text.
+    pub fn step(&mut self, step: &Step) -> Result<(), String> {
+        let a = &mut self.alloc;
+        match step {
+            Step::Alloc {
+                name,
+                size,
+                stream,
+                must_oom,
+            } => match a.malloc(*size, *stream) {
+                Ok(x) => {
+                    self.names.insert(name.clone(), x);
+                    if *must_oom {
+                        return Err(format!("{name}: expected out of memory, got {x:?}"));
+                    }
+                }
+                Err(e) if e.is_out_of_memory() => {
+                    self.last_oom = Some(e.to_string());
+                    self.names.remove(name);
+                    return Err(e.to_string());
+                }
+                Err(e) => return Err(e.to_string()),
+            },
+            Step::Free { name } => {
+                let x = self
+                    .names
+                    .get(name)
+                    .ok_or_else(|| format!("free of unknown name {name}"))?;
+                a.free_ptr(x.ptr).map_err(|e| e.to_string())?;
+                self.names.remove(name);
+            }
+            Step::RecordStream { name, stream } => {
+                let x = self
+                    .names
+                    .get(name)
+                    .ok_or_else(|| format!("record_stream of unknown name {name}"))?;
+                a.record_stream_ptr(x.ptr, *stream)
+                    .map_err(|e| e.to_string())?;
+            }
+            Step::Sync { stream } => a.backend_mut().sync(*stream),
+            Step::EmptyCache => a.empty_cache().map_err(|e| e.to_string())?,
+            Step::SetMemoryFraction(f) => a.set_memory_fraction(*f).map_err(|e| e.to_string())?,
+            Step::Config(c) => a.set_config(Config::parse(c).map_err(|e| e.to_string())?),
+            Step::ResetPeak => a.reset_peak_stats(),
+            Step::Expect(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Check an `expect` map; one line per mismatch.
+    pub fn check(
+        &self,
+        expect: &serde_json::Map<String, Value>,
+        where_: &str,
+        out: &mut Vec<String>,
+    ) {
+        let a = &self.alloc;
+        for (k, want) in expect {
+            if let Some(name) = k.strip_prefix("at:") {
+                let got = self.names.get(name).and_then(|x| {
+                    let (seg, off) = a.backend().locate(x.ptr)?;
+                    let size = a.allocation_info_ptr(x.ptr).ok()?.allocated_size;
+                    Some(serde_json::json!([seg, off, size]))
+                });
+                if got.as_ref() != Some(want) {
+                    out.push(format!("{where_}: {k} expected {want} got {got:?}"));
+                }
+            } else if k == "oom_message_contains" {
+                let msg = self.last_oom.clone().unwrap_or_default();
+                let subs: Vec<&Value> = match want {
+                    Value::Array(v) => v.iter().collect(),
+                    v => vec![v],
+                };
+                for sub in subs {
+                    if !msg.contains(sub.as_str().unwrap_or("\u{0}")) {
+                        out.push(format!("{where_}: OOM message lacks {sub}: {msg:?}"));
+                    }
+                }
+            } else {
+                let got = a.stats().get(k);
+                if got.is_none() || Some(want) != got.map(Value::from).as_ref() {
+                    out.push(format!("{where_}: {k} expected {want} got {got:?}"));
+                }
+            }
+        }
+    }
+}
+
+/// Run a scenario, checking every expectation and the invariants after every
+/// op. Returns the mismatches (empty: pass).
+pub fn run(sc: &Scenario) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut r = match Run::new(sc, 4096) {
+        Ok(r) => r,
+        Err(e) => return vec![e],
+    };
+    for (n, step) in sc.steps.iter().enumerate() {
+        let where_ = format!("op {n} {step:?}");
+        if let Step::Expect(e) = step {
+            r.check(e, &where_, &mut out);
+            continue;
+        }
+        let res = r.step(step);
+        let expected_oom = matches!(step, Step::Alloc { must_oom: true, .. });
+        match res {
+            Err(e) if !(expected_oom && r.last_oom.as_deref() == Some(e.as_str())) => {
+                out.push(format!("{where_}: {e}"))
+            }
+            _ => {}
+        }
+        if let Err(v) = r.alloc.check_invariants() {
+            out.push(format!("{where_}: {v}"));
+        }
+    }
+    out
+}

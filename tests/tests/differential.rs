@@ -1,0 +1,146 @@
+//! Differential test against the reference model of PyTorch's policy:
+//! random multi-stream op sequences (alloc, free, record_stream, sync,
+//! empty_cache; with and without a capacity, a memory fraction, several
+//! config strings) are written as traces, replayed by
+//! `../shared/oracle/pytorch_sim.py` and by the core, and every
+//! `memory_stats` key must agree.
+//!
+//! `CACHEALLOC_DIFF_SEED` fixes the seed (printed on every run and on
+//! failure); `CACHEALLOC_DIFF_CASES` sets the number of sequences (1000).
+
+use cachealloc_tests::{ops, oracle, shared_dir, stats_map};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn core_agrees_with_the_reference_model_on_random_sequences() {
+    let seed = env_u64("CACHEALLOC_DIFF_SEED").unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let n = env_u64("CACHEALLOC_DIFF_CASES").unwrap_or(1000);
+    eprintln!("differential: seed {seed} ({n} cases); rerun with CACHEALLOC_DIFF_SEED={seed}");
+    let shared = shared_dir();
+    let scratch =
+        std::env::temp_dir().join(format!("cachealloc-diff-{}-{seed}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+
+    let cases: Vec<ops::Case> = (0..n)
+        .map(|k| ops::generate(seed.wrapping_add(k.wrapping_mul(0x9E37_79B9))))
+        .collect();
+    let mut jobs = Vec::new();
+    for (k, c) in cases.iter().enumerate() {
+        let path = scratch.join(format!("case-{k}.jsonl"));
+        ops::write_trace(c, &path).unwrap();
+        jobs.push(oracle::Job {
+            path,
+            conf: c.conf.clone(),
+            capacity: None,
+            memory_fraction: c.memory_fraction,
+        });
+    }
+    let theirs = oracle::run_batch(&shared, &jobs, &scratch).expect("run the reference model");
+
+    let (mut multi, mut capped, mut with_oom, mut with_events, mut ops_total) = (0, 0, 0, 0, 0);
+    let mut failures = Vec::new();
+    for ((c, job), model) in cases.iter().zip(&jobs).zip(&theirs) {
+        let model = match model {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!(
+                    "case seed {} ({}): the model failed: {e}",
+                    c.seed,
+                    job.path.display()
+                ));
+                continue;
+            }
+        };
+        let ours = match ops::replay(c) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!(
+                    "case seed {} ({}): {e}",
+                    c.seed,
+                    job.path.display()
+                ));
+                continue;
+            }
+        };
+        let d = oracle::diff(&stats_map(&ours.alloc), model);
+        if !d.is_empty() {
+            failures.push(format!(
+                "case seed {} ({}, conf {:?}, capacity {:?}, fraction {:?}):\n    {}",
+                c.seed,
+                job.path.display(),
+                c.conf,
+                c.capacity,
+                c.memory_fraction,
+                d.join("\n    ")
+            ));
+        }
+        ops_total += c.ops.len();
+        multi += c
+            .ops
+            .iter()
+            .any(|o| matches!(o, ops::Op::Alloc { stream: 1.., .. })) as u32;
+        capped += c.capacity.is_some() as u32;
+        with_oom += (ours.ooms > 0) as u32;
+        with_events += c
+            .ops
+            .iter()
+            .any(|o| matches!(o, ops::Op::RecordStream { .. })) as u32;
+    }
+    eprintln!(
+        "differential: {n} cases, {ops_total} ops; {multi} multi-stream, {capped} with a capacity, {with_oom} with OOMs, {with_events} with record_stream"
+    );
+    assert!(
+        failures.is_empty(),
+        "seed {seed}: {} of {n} cases differ:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    if n >= 1000 {
+        assert!(
+            multi >= n as u32 / 4 && capped >= n as u32 / 4 && with_oom >= n as u32 / 20,
+            "generator lost coverage"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The batch driver and the model's own command line agree (the batch calls
+/// the same `replay` function, in one process).
+#[test]
+fn batch_driver_matches_the_models_command_line() {
+    let shared = shared_dir();
+    let scratch = std::env::temp_dir().join(format!("cachealloc-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let mut jobs = Vec::new();
+    for seed in [7u64, 8, 9] {
+        let mut c = ops::generate(seed);
+        c.memory_fraction = None;
+        let path = scratch.join(format!("cli-{seed}.jsonl"));
+        ops::write_trace(&c, &path).unwrap();
+        jobs.push(oracle::Job {
+            path,
+            conf: c.conf,
+            capacity: None,
+            memory_fraction: None,
+        });
+    }
+    let batch = oracle::run_batch(&shared, &jobs, &scratch).unwrap();
+    for (job, b) in jobs.iter().zip(batch) {
+        let cli = oracle::run_cli(&shared, &job.path, &job.conf).unwrap();
+        assert_eq!(b.unwrap(), cli);
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
