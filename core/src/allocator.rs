@@ -292,7 +292,7 @@ pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64> {
     pub(crate) uses: heapless::Vec<StreamUse<B::Stream>, E>,
     /// Streams with queued events, in the order their queues were created
     /// (PyTorch keeps one FIFO per stream in a hash map; see `process_events`).
-    queue_order: heapless::Vec<u64, E>,
+    pub(crate) queue_order: heapless::Vec<u64, E>,
     idle_events: heapless::Vec<B::Event, E>,
     next_allocation_id: u64,
     callbacks: heapless::Vec<FreeMemoryCallback<B, S, E>, 4>,

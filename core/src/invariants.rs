@@ -324,6 +324,28 @@ where
             self.pending.len() as i64,
             queued_total,
         )?;
+        for (k, q) in self.queue_order.iter().enumerate() {
+            if !self.pending.iter().any(|pe| pe.stream.into() == *q)
+                || self.queue_order[..k].contains(q)
+            {
+                return Err(fail(
+                    "event queue order lists a stream without events, or twice",
+                    NIL,
+                    0,
+                    *q as i64,
+                ));
+            }
+        }
+        for pe in self.pending.iter() {
+            if !self.queue_order.contains(&pe.stream.into()) {
+                return Err(fail(
+                    "pending event on a stream missing from the queue order",
+                    pe.slot,
+                    1,
+                    0,
+                ));
+            }
+        }
         for u in self.uses.iter() {
             let s = slots.get(u.slot as usize).ok_or(fail(
                 "stream use of a missing slot",

@@ -4,6 +4,9 @@ use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The model's `memory_stats` for one trace, or why it failed.
+pub type ModelStats = Result<Map<String, Value>, String>;
+
 /// One trace for the model.
 pub struct Job {
     /// The trace file.
@@ -18,11 +21,7 @@ pub struct Job {
 
 /// The model's `memory_stats` (device 0) for each job, in order, run in one
 /// Python process through `tests/oracle_batch.py`.
-pub fn run_batch(
-    shared: &Path,
-    jobs: &[Job],
-    scratch: &Path,
-) -> Result<Vec<Result<Map<String, Value>, String>>, String> {
+pub fn run_batch(shared: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<ModelStats>, String> {
     let list = scratch.join("jobs.jsonl");
     let mut text = String::new();
     for j in jobs {

@@ -138,6 +138,9 @@ pub struct Run {
     pub names: HashMap<String, Allocation>,
     /// The message of the last OOM.
     pub last_oom: Option<String>,
+    /// Allocations whose name was reused while they were live (only after a
+    /// failed op, under fault injection); kept so teardown frees them.
+    pub orphans: Vec<Allocation>,
 }
 
 impl Run {
@@ -148,6 +151,7 @@ impl Run {
             alloc: allocator(sc.capacity, config, slots),
             names: HashMap::new(),
             last_oom: None,
+            orphans: Vec::new(),
         })
     }
 
@@ -162,7 +166,9 @@ impl Run {
                 must_oom,
             } => match a.malloc(*size, *stream) {
                 Ok(x) => {
-                    self.names.insert(name.clone(), x);
+                    if let Some(old) = self.names.insert(name.clone(), x) {
+                        self.orphans.push(old);
+                    }
                     if *must_oom {
                         return Err(format!("{name}: expected out of memory, got {x:?}"));
                     }
@@ -198,6 +204,15 @@ impl Run {
             Step::Expect(_) => {}
         }
         Ok(())
+    }
+
+    /// Every allocation the run still holds.
+    pub fn live(&self) -> Vec<cachealloc_core::DevicePtr> {
+        self.names
+            .values()
+            .chain(&self.orphans)
+            .map(|x| x.ptr)
+            .collect()
     }
 
     /// Check an `expect` map; one line per mismatch.

@@ -1,0 +1,362 @@
+//! Bad input gets a clear error naming the problem and leaves the allocator
+//! exactly as it was: double free, stale and foreign handles, unknown and
+//! interior pointers, sizes that overflow, metadata exhaustion, a full event
+//! queue, an invalid fraction, a backend that breaks its contract.
+
+use cachealloc_core::{
+    testing::TinyBackend, BlockSlot, Config, DeviceAllocator, DevicePtr, Error, MallocFlags,
+};
+use cachealloc_mock::MockDevice;
+use cachealloc_tests::{allocator, teardown, MockAllocator};
+
+/// Everything observable: stats, the segment/block layout, slot use.
+fn state(a: &MockAllocator) -> String {
+    let mut s = format!(
+        "{:?} slots {} live {} pending {}\n",
+        a.stats(),
+        a.slots_in_use(),
+        a.live_allocations(),
+        a.pending_events()
+    );
+    for seg in a.segments() {
+        s += &format!(
+            "{:?}\n",
+            (seg.address, seg.total_size, seg.stream, seg.pool)
+        );
+        for b in seg.blocks() {
+            s += &format!("  {b:?}\n");
+        }
+    }
+    s
+}
+
+fn unchanged<T: std::fmt::Debug>(
+    a: &mut MockAllocator,
+    f: impl FnOnce(&mut MockAllocator) -> T,
+) -> T {
+    let before = state(a);
+    let r = f(a);
+    assert_eq!(
+        before,
+        state(a),
+        "the failed call changed the allocator ({r:?})"
+    );
+    a.check_invariants().unwrap();
+    r
+}
+
+#[test]
+fn double_free_and_stale_handles() {
+    let mut a = allocator(None, Config::DEFAULT, 64);
+    let x = a.malloc(1000, 0).unwrap();
+    let id = x.id.unwrap();
+    a.free(id).unwrap();
+    let e = unchanged(&mut a, |a| a.free(id)).unwrap_err();
+    assert!(matches!(e, Error::StaleHandle { .. }), "{e}");
+    assert!(e.to_string().contains("double free"), "{e}");
+    let e = unchanged(&mut a, |a| a.free_ptr(x.ptr)).unwrap_err();
+    assert!(matches!(e, Error::NotAllocated { .. }), "{e}");
+    // The slot is reused by a new allocation: the old handle stays stale.
+    let y = a.malloc(1000, 0).unwrap();
+    assert_eq!(y.ptr, x.ptr);
+    assert!(matches!(
+        unchanged(&mut a, |a| a.free(id)),
+        Err(Error::StaleHandle { .. })
+    ));
+    assert!(matches!(
+        unchanged(&mut a, |a| a.record_stream(id, 1)),
+        Err(Error::StaleHandle { .. })
+    ));
+    assert!(matches!(
+        unchanged(&mut a, |a| a.allocation_info(id)),
+        Err(Error::StaleHandle { .. })
+    ));
+    a.free(y.id.unwrap()).unwrap();
+    teardown(&mut a, []).unwrap();
+}
+
+#[test]
+fn foreign_handles_are_invalid() {
+    let mut a = allocator(None, Config::DEFAULT, 64);
+    let mut b = allocator(None, Config::DEFAULT, 64);
+    for _ in 0..10 {
+        b.malloc(1000, 0).unwrap();
+    }
+    let foreign = b.malloc(1000, 0).unwrap().id.unwrap();
+    let e = unchanged(&mut a, |a| a.free(foreign)).unwrap_err();
+    assert!(matches!(e, Error::InvalidHandle { .. }), "{e}");
+}
+
+#[test]
+fn unknown_interior_and_cached_pointers() {
+    let mut a = allocator(None, Config::DEFAULT, 64);
+    let x = a.malloc(4096, 0).unwrap();
+    let e = unchanged(&mut a, |a| a.free_ptr(DevicePtr(0x1234))).unwrap_err();
+    assert_eq!(
+        e,
+        Error::UnknownPointer {
+            ptr: DevicePtr(0x1234)
+        }
+    );
+    let inside = DevicePtr(x.ptr.0 + 100);
+    let e = unchanged(&mut a, |a| a.free_ptr(inside)).unwrap_err();
+    assert_eq!(
+        e,
+        Error::InteriorPointer {
+            ptr: inside,
+            base: x.ptr
+        }
+    );
+    assert!(e.to_string().contains("not its start"));
+    let cached = DevicePtr(x.ptr.0 + 8192);
+    assert_eq!(
+        unchanged(&mut a, |a| a.free_ptr(cached)).unwrap_err(),
+        Error::NotAllocated { ptr: cached }
+    );
+    assert_eq!(
+        unchanged(&mut a, |a| a.record_stream_ptr(inside, 1)).unwrap_err(),
+        Error::InteriorPointer {
+            ptr: inside,
+            base: x.ptr
+        }
+    );
+    // Null is a no-op, as in PyTorch.
+    unchanged(&mut a, |a| a.free_ptr(DevicePtr::NULL)).unwrap();
+    assert_eq!(a.base_allocation(inside).unwrap(), (x.ptr, 2 << 20));
+    assert_eq!(
+        a.base_allocation(DevicePtr(1)).unwrap_err(),
+        Error::UnknownPointer { ptr: DevicePtr(1) }
+    );
+    a.free_ptr(x.ptr).unwrap();
+    teardown(&mut a, []).unwrap();
+}
+
+#[test]
+fn huge_sizes_fail_before_the_allocator() {
+    let mut a = allocator(None, Config::DEFAULT, 64);
+    for size in [1u64 << 60, u64::MAX, (1 << 60) + 1] {
+        let e = unchanged(&mut a, |a| a.malloc(size, 0)).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+        assert!(e.to_string().contains("more than 1EB"));
+    }
+    assert_eq!(a.stats().num_ooms, 0);
+    // Just below 1 EiB rounds fine and fails as a normal OOM on a real capacity.
+    let mut c = allocator(
+        Some(1 << 30),
+        Config::parse("roundup_power2_divisions:16").unwrap(),
+        64,
+    );
+    let e = c.malloc((1 << 60) - 1, 0).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
+    assert_eq!(c.stats().num_ooms, 1);
+}
+
+#[test]
+fn metadata_exhaustion_is_an_error_that_changes_nothing() {
+    let mut a = allocator(None, Config::DEFAULT, 8);
+    let mut live = Vec::new();
+    let err = loop {
+        match unchanged_on_err(&mut a) {
+            Ok(x) => live.push(x.ptr),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, Error::MetadataExhausted { capacity: 8 }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("8 slots"));
+    teardown(&mut a, live).unwrap();
+}
+
+fn unchanged_on_err(
+    a: &mut MockAllocator,
+) -> Result<cachealloc_core::Allocation, cachealloc_tests::MockAllocError> {
+    let before = state(a);
+    let r = a.malloc(1000, 0);
+    if r.is_err() {
+        assert_eq!(before, state(a));
+    }
+    a.check_invariants().unwrap();
+    r
+}
+
+#[test]
+fn full_event_queue_leaves_the_allocation_live() {
+    type Small = DeviceAllocator<MockDevice, Vec<BlockSlot>, 2>;
+    let mut a: Small = DeviceAllocator::new(
+        MockDevice::unlimited(),
+        vec![BlockSlot::VACANT; 64],
+        Config::DEFAULT,
+    );
+    let x = a.malloc(4096, 0).unwrap();
+    let id = x.id.unwrap();
+    for s in 1..=2 {
+        a.record_stream(id, s).unwrap();
+    }
+    assert!(matches!(
+        a.record_stream(id, 3),
+        Err(Error::StreamUsesFull { capacity: 2 })
+    ));
+    let y = a.malloc(4096, 0).unwrap();
+    a.record_stream(y.id.unwrap(), 1).unwrap_err(); // table full
+    a.free(id).unwrap(); // two events: the queue is now full
+    let z = a.malloc(4096, 0).unwrap();
+    a.record_stream(z.id.unwrap(), 5).unwrap();
+    let stats = *a.stats();
+    let e = a.free(z.id.unwrap()).unwrap_err();
+    assert!(matches!(e, Error::EventQueueFull { capacity: 2 }), "{e}");
+    assert_eq!(stats, *a.stats());
+    a.check_invariants().unwrap();
+    a.backend_mut().sync(None);
+    a.malloc(512, 0).unwrap(); // process_events drains the queue
+    a.free(z.id.unwrap()).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn invalid_memory_fraction() {
+    let mut a = allocator(Some(1 << 30), Config::DEFAULT, 64);
+    for f in [-0.1, 1.5, f64::NAN] {
+        assert_eq!(
+            unchanged(&mut a, |a| a.set_memory_fraction(f)),
+            Err(Error::InvalidFraction)
+        );
+    }
+    a.set_memory_fraction(0.25).unwrap();
+    assert_eq!(a.memory_limit(), Some(1 << 28));
+}
+
+#[test]
+fn no_retry_flag_skips_the_release_ladder() {
+    let mut a = allocator(Some(100 << 20), Config::DEFAULT, 64);
+    let x = a.malloc(60 << 20, 0).unwrap();
+    a.free(x.id.unwrap()).unwrap();
+    let e = a
+        .malloc_with(70 << 20, 0, MallocFlags::NO_RETRY)
+        .unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory(_)));
+    let s = a.stats();
+    assert_eq!(
+        (s.num_alloc_retries, s.num_ooms, s.num_sync_all_streams),
+        (0, 1, 0)
+    );
+    assert_eq!(
+        s.reserved_bytes.all().current,
+        60 << 20,
+        "the cache was kept"
+    );
+    // Without the flag the ladder frees the cache and succeeds.
+    a.malloc(70 << 20, 0).unwrap();
+    assert_eq!(a.stats().num_alloc_retries, 1);
+}
+
+#[test]
+fn free_memory_callback_runs_before_the_device_and_can_free() {
+    thread_local! {
+        static HELD: std::cell::RefCell<Vec<DevicePtr>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    fn release_held(a: &mut MockAllocator) -> bool {
+        let held: Vec<_> = HELD.with(|h| h.borrow_mut().drain(..).collect());
+        let freed = !held.is_empty();
+        for p in held {
+            a.free_ptr(p).unwrap();
+        }
+        freed
+    }
+    let mut a = allocator(Some(40 << 20), Config::DEFAULT, 64);
+    a.add_free_memory_callback(release_held).unwrap();
+    let x = a.malloc(30 << 20, 0).unwrap();
+    HELD.with(|h| h.borrow_mut().push(x.ptr));
+    let y = a.malloc(30 << 20, 0).unwrap();
+    assert_eq!(
+        y.ptr, x.ptr,
+        "served from the cache after the callback freed x"
+    );
+    let s = a.stats();
+    assert_eq!(
+        (s.num_device_alloc, s.num_alloc_retries, s.num_ooms),
+        (1, 0, 0)
+    );
+}
+
+#[test]
+fn backend_contract_violations_are_reported() {
+    let mut a: DeviceAllocator<TinyBackend, _> = DeviceAllocator::new(
+        TinyBackend::default(),
+        [BlockSlot::VACANT; 16],
+        Config::DEFAULT,
+    );
+    let x = a.malloc(512, 0).unwrap();
+    a.backend_mut().next = x.ptr.0 + 4096; // the device hands out memory it already gave
+    let e = a.malloc(2 << 20, 0).unwrap_err();
+    assert!(matches!(e, Error::BackendContract { .. }), "{e}");
+    a.check_invariants().unwrap();
+    a.backend_mut().next = 0;
+    assert!(matches!(
+        a.malloc(4 << 20, 0),
+        Err(Error::BackendContract { .. })
+    ));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_device_free_keeps_the_segment() {
+    let mut a: DeviceAllocator<TinyBackend, _> = DeviceAllocator::new(
+        TinyBackend::default(),
+        [BlockSlot::VACANT; 16],
+        Config::DEFAULT,
+    );
+    let x = a.malloc(512, 0).unwrap();
+    a.free(x.id.unwrap()).unwrap();
+    a.backend_mut().fail_next_free = true;
+    assert!(matches!(a.empty_cache(), Err(Error::Backend(_))));
+    assert_eq!(a.stats().reserved_bytes.all().current, 2 << 20);
+    assert_eq!(a.stats().num_device_free, 0, "a failed free is not counted");
+    a.check_invariants().unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.backend().held, 0);
+}
+
+#[test]
+fn snapshot_cache_info_and_allocation_info() {
+    let mut a = allocator(None, Config::DEFAULT, 64);
+    let x = a.malloc(1000, 1).unwrap();
+    let y = a.malloc(3 << 20, 0).unwrap();
+    let z = a.malloc(2000, 1).unwrap();
+    a.record_stream(z.id.unwrap(), 0).unwrap();
+    a.free(z.id.unwrap()).unwrap();
+    let info = a.allocation_info(x.id.unwrap()).unwrap();
+    assert_eq!(
+        (info.requested_size, info.allocated_size, info.stream),
+        (1000, 1024, 1)
+    );
+    assert_ne!(
+        info.allocation_id,
+        a.allocation_info(y.id.unwrap()).unwrap().allocation_id
+    );
+    let segs: Vec<_> = a.segments().collect();
+    assert_eq!(segs.len(), 2);
+    assert!(segs[0].address < segs[1].address);
+    let small = &segs[0];
+    let states: Vec<_> = small.blocks().map(|b| b.state.as_str()).collect();
+    assert_eq!(
+        states,
+        ["active_allocated", "active_pending_free", "inactive"]
+    );
+    assert_eq!(
+        (
+            small.allocated_size,
+            small.active_size,
+            small.requested_size
+        ),
+        (1024, 1024 + 2048, 3000)
+    );
+    let ci = a.cache_info();
+    assert_eq!(ci.cached_bytes, (2 << 20) - 3072 + (20 << 20) - (3 << 20));
+    assert_eq!(ci.largest_block, (17) << 20);
+    assert_eq!(
+        ci.cached_bytes as i64,
+        a.stats().reserved_bytes.all().current - a.stats().active_bytes.all().current
+    );
+}
