@@ -241,3 +241,16 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
         Some(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Host metadata per block (reported in the docs and the notes).
+    #[test]
+    fn slot_size() {
+        std::println!("BlockSlot: {} bytes", core::mem::size_of::<BlockSlot>());
+        assert!(core::mem::size_of::<BlockSlot>() <= 96);
+        assert_eq!(core::mem::size_of::<Option<BlockId>>(), 8);
+    }
+}

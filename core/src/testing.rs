@@ -41,6 +41,13 @@ pub struct TinyBackend {
 
 impl Default for TinyBackend {
     fn default() -> Self {
+        TinyBackend::new()
+    }
+}
+
+impl TinyBackend {
+    /// An unlimited device (`const`, for statics).
+    pub const fn new() -> Self {
         TinyBackend {
             next: 1 << 40,
             held: 0,
@@ -48,9 +55,7 @@ impl Default for TinyBackend {
             fail_next_free: false,
         }
     }
-}
 
-impl TinyBackend {
     /// A device of `bytes`.
     pub fn with_capacity(bytes: u64) -> Self {
         TinyBackend {

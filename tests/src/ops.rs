@@ -246,6 +246,11 @@ pub struct Replayed {
 /// allocators exist only once CUDA is initialised), an `empty_cache` before
 /// the first allocation does nothing.
 pub fn replay(case: &Case) -> Result<Replayed, String> {
+    replay_checked(case, 1)
+}
+
+/// [`replay`], checking the invariants after every `check_every`-th op and at the end.
+pub fn replay_checked(case: &Case, check_every: usize) -> Result<Replayed, String> {
     let config = Config::parse(&case.conf).map_err(|e| e.to_string())?;
     let mut a = allocator(case.capacity, config, 1 << 14);
     if let Some(f) = case.memory_fraction {
@@ -298,11 +303,73 @@ pub fn replay(case: &Case) -> Result<Replayed, String> {
                 }
             }
         }
-        a.check_invariants().map_err(|e| at(e.to_string()))?;
+        if n % check_every.max(1) == 0 {
+            a.check_invariants().map_err(|e| at(e.to_string()))?;
+        }
     }
+    a.check_invariants()
+        .map_err(|e| format!("at the end: {e}"))?;
     Ok(Replayed {
         alloc: a,
         live,
         ooms,
     })
+}
+
+/// Read a trace file (plain or `.gz`) into a case (settings from the header).
+pub fn read_trace(path: &Path, conf: &str) -> Result<Case, String> {
+    use std::io::{BufRead, BufReader, Read};
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    let mut case = Case {
+        seed: 0,
+        conf: conf.to_string(),
+        capacity: None,
+        memory_fraction: None,
+        ops: Vec::new(),
+    };
+    for (n, line) in BufReader::new(reader).lines().enumerate() {
+        let line = line.map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?;
+        let num = |k: &str| {
+            v[k].as_u64()
+                .ok_or_else(|| format!("{}:{}: bad `{k}`", path.display(), n + 1))
+        };
+        if n == 0 {
+            case.capacity = v["device_capacity"].as_u64();
+            continue;
+        }
+        case.ops.push(match v["op"].as_str() {
+            Some("alloc") => Op::Alloc {
+                id: num("id")?,
+                size: num("size")?,
+                stream: v["stream"].as_u64().unwrap_or(0),
+            },
+            Some("free") => Op::Free { id: num("id")? },
+            Some("record_stream") => Op::RecordStream {
+                id: num("id")?,
+                stream: num("stream")?,
+            },
+            Some("sync") => Op::Sync {
+                stream: v["stream"].as_u64(),
+            },
+            Some("empty_cache") => Op::EmptyCache,
+            other => {
+                return Err(format!(
+                    "{}:{}: unknown op {other:?}",
+                    path.display(),
+                    n + 1
+                ))
+            }
+        });
+    }
+    Ok(case)
 }
