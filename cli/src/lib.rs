@@ -1,0 +1,12 @@
+//! # cachealloc-cli
+//!
+//! The library behind the `cachealloc` command: a streaming reader of
+//! allocation traces ([`trace`]), their replay through the caching allocator
+//! on the simulated device ([`replay`]), validation and statistics
+//! ([`check`]), and SVG charts ([`plot`]).
+
+pub mod check;
+pub mod human;
+pub mod plot;
+pub mod replay;
+pub mod trace;

@@ -1,0 +1,242 @@
+//! `cachealloc plot`: live and reserved bytes against event index, with the
+//! peak marked, and the segment map at the peak (each segment a bar, its
+//! blocks coloured by state).
+
+use crate::human;
+use crate::replay::{self, Observer, Options, Replay, ReplayError};
+use cachealloc_core::BlockState;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+/// Where TrueType fonts usually are; `CACHEALLOC_FONT` names one explicitly.
+const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/liberation/LiberationSans-Regular.ttf",
+    "/Library/Fonts/Arial.ttf",
+    "/System/Library/Fonts/Supplemental/Arial.ttf",
+];
+
+fn register_font() -> Result<(), String> {
+    let mut candidates: Vec<String> = std::env::var("CACHEALLOC_FONT").into_iter().collect();
+    candidates.extend(FONT_PATHS.iter().map(|s| s.to_string()));
+    for p in &candidates {
+        if let Ok(bytes) = std::fs::read(p) {
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                return Ok(());
+            }
+        }
+    }
+    Err("no TrueType font found to lay out the chart's text: install one (Debian: fonts-dejavu-core) or set CACHEALLOC_FONT=/path/to/font.ttf".to_string())
+}
+
+/// Series of the first pass: per event, live and reserved bytes.
+struct Series {
+    live: Vec<u64>,
+    reserved: Vec<u64>,
+}
+
+impl Observer for Series {
+    fn after_event(&mut self, _index: u64, r: &Replay) {
+        self.live.push(r.live_bytes);
+        self.reserved.push(r.reserved());
+    }
+}
+
+struct StopAt(u64);
+
+impl Observer for StopAt {
+    fn stop_after(&self, index: u64) -> bool {
+        index >= self.0
+    }
+}
+
+/// At most `n` points: the maximum of each bucket, so peaks survive.
+fn downsample(v: &[u64], n: usize) -> Vec<(u64, f64)> {
+    let step = v.len().div_ceil(n.max(1)).max(1);
+    v.chunks(step)
+        .enumerate()
+        .map(|(k, c)| {
+            (
+                (k * step) as u64,
+                *c.iter().max().unwrap_or(&0) as f64 / (1u64 << 30) as f64,
+            )
+        })
+        .collect()
+}
+
+/// A block of the segment map: segment number, start and end as fractions of the segment, state.
+type MapBlock = (usize, f64, f64, BlockState);
+
+/// Errors of `plot`: a bad trace (exit 2) or anything else (exit 1).
+pub enum PlotError {
+    /// From the replay.
+    Replay(ReplayError),
+    /// Drawing or writing.
+    Other(String),
+}
+
+/// Draw the chart of the trace at `path` into the SVG file `out`.
+pub fn plot(path: &str, opts: &Options, out: &str) -> Result<String, PlotError> {
+    register_font().map_err(PlotError::Other)?;
+    let mut series = Series {
+        live: Vec::new(),
+        reserved: Vec::new(),
+    };
+    let (report, _) = replay::run(path, opts, &mut series).map_err(PlotError::Replay)?;
+    let n = series.reserved.len() as u64;
+    let peak = series.reserved.iter().copied().max().unwrap_or(0);
+    let peak_index = series.reserved.iter().position(|&r| r == peak).unwrap_or(0) as u64;
+    // Second pass: stop at the peak and read the segment map there.
+    let (_, at_peak) =
+        replay::run(path, opts, &mut StopAt(peak_index)).map_err(PlotError::Replay)?;
+    let mut blocks: Vec<MapBlock> = Vec::new();
+    let mut nseg = 0usize;
+    for d in &at_peak.devices {
+        for seg in d.alloc.segments() {
+            let mut off = 0u64;
+            for b in seg.blocks() {
+                let (s, e) = (
+                    off as f64 / seg.total_size as f64,
+                    (off + b.size) as f64 / seg.total_size as f64,
+                );
+                blocks.push((nseg, s, e, b.state));
+                off += b.size;
+            }
+            nseg += 1;
+        }
+    }
+    draw(
+        out, path, &report, &series, n, peak, peak_index, &blocks, nseg,
+    )
+    .map_err(|e| PlotError::Other(format!("{out}: {e}")))?;
+    Ok(format!(
+        "{out}: {} events, peak reserved {} at event {peak_index} ({nseg} segments), peak live {}",
+        human::count(n),
+        human::bytes(peak),
+        human::bytes(report.peak_live_bytes)
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn draw(
+    out: &str,
+    path: &str,
+    report: &replay::Report,
+    series: &Series,
+    n: u64,
+    peak: u64,
+    peak_index: u64,
+    blocks: &[MapBlock],
+    nseg: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let root = SVGBackend::new(out, (1280, 960)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (upper, lower) = root.split_vertically(500);
+    let name = std::path::Path::new(path)
+        .file_name()
+        .map_or(path.to_string(), |f| f.to_string_lossy().into_owned());
+    let ymax = gib(peak.max(report.peak_live_bytes)).max(1e-6) * 1.1;
+    let mut chart = ChartBuilder::on(&upper)
+        .caption(
+            format!("{name}: live and reserved bytes (config {:?})", report.conf),
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0u64..n.max(1), 0f64..ymax)?;
+    chart
+        .configure_mesh()
+        .x_desc("event index")
+        .y_desc("GiB")
+        .draw()?;
+    let blue = RGBColor(31, 119, 180);
+    let red = RGBColor(214, 39, 40);
+    chart
+        .draw_series(LineSeries::new(
+            downsample(&series.live, 2000),
+            blue.stroke_width(2),
+        ))?
+        .label(format!(
+            "live bytes (peak {})",
+            human::bytes(report.peak_live_bytes)
+        ))
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], blue.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new(
+            downsample(&series.reserved, 2000),
+            red.stroke_width(2),
+        ))?
+        .label(format!("reserved bytes (peak {})", human::bytes(peak)))
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(2)));
+    chart.draw_series(std::iter::once(Circle::new(
+        (peak_index, gib(peak)),
+        6,
+        red.filled(),
+    )))?;
+    chart.draw_series(std::iter::once(Text::new(
+        format!(
+            "peak {} at event {}",
+            human::bytes(peak),
+            human::count(peak_index)
+        ),
+        (peak_index, gib(peak) * 1.03),
+        ("sans-serif", 15),
+    )))?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()?;
+
+    let mut map = ChartBuilder::on(&lower)
+        .caption(
+            format!(
+                "segment map at the peak (event {}): {nseg} segments, bars ordered by address",
+                human::count(peak_index)
+            ),
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..nseg.max(1) as f64, 0f64..1f64)?;
+    map.configure_mesh()
+        .disable_mesh()
+        .x_desc("segment")
+        .y_desc("share of the segment")
+        .draw()?;
+    let colour = |s: BlockState| match s {
+        BlockState::ActiveAllocated => RGBColor(44, 160, 44),
+        BlockState::ActivePendingFree => RGBColor(255, 127, 14),
+        BlockState::Inactive => RGBColor(200, 200, 200),
+    };
+    let w = 0.42f64.min(0.45);
+    map.draw_series(blocks.iter().map(|&(k, s, e, st)| {
+        let x = k as f64 + 0.5;
+        Rectangle::new([(x - w, s), (x + w, e)], colour(st).filled())
+    }))?;
+    for (label, st) in [
+        ("allocated block", BlockState::ActiveAllocated),
+        ("free (cached) block", BlockState::Inactive),
+        ("pending free", BlockState::ActivePendingFree),
+    ] {
+        let c = colour(st);
+        map.draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+    }
+    map.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

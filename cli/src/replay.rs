@@ -1,0 +1,468 @@
+//! Replaying a trace through the caching allocator on the simulated device,
+//! with the trace format's rules: an `alloc` that fails with out-of-memory is
+//! counted and its id remembered, and the later `free` / `record_stream` of
+//! that id is skipped. Like PyTorch (and the reference model), the device
+//! allocators come into being at the first allocation: an `empty_cache`
+//! before it does nothing, and a device first used later has counted every
+//! `empty_cache` since then in `num_sync_all_streams`.
+
+use crate::trace::{Event, TraceError, TraceReader};
+use cachealloc_core::{BlockId, BlockSlot, Config, DeviceAllocator, DevicePtr, DeviceStats};
+use cachealloc_mock::MockDevice;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::time::Instant;
+
+/// The allocator a replay drives.
+pub type Alloc = DeviceAllocator<MockDevice, Box<[BlockSlot]>, 1024>;
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The allocator policy.
+    pub config: Config,
+    /// The config string, as given (for reports).
+    pub conf: String,
+    /// Device capacity; `None`: the trace's `device_capacity`, else unlimited.
+    pub capacity: Option<u64>,
+    /// Block slots per device.
+    pub slots: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            config: Config::DEFAULT,
+            conf: String::new(),
+            capacity: None,
+            slots: 1 << 17,
+        }
+    }
+}
+
+/// Why a replay stopped.
+#[derive(Debug)]
+pub enum ReplayError {
+    /// The trace is malformed (exit status 2).
+    Input(TraceError),
+    /// The allocator failed for a reason other than out-of-memory (exit status 1).
+    Allocator(TraceError),
+}
+
+impl std::fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplayError::Input(e) | ReplayError::Allocator(e) => e.fmt(f),
+        }
+    }
+}
+
+struct Live {
+    dev: usize,
+    id: Option<BlockId>,
+    ptr: DevicePtr,
+    size: u64,
+}
+
+/// One device's allocator.
+pub struct Device {
+    /// The device index of the trace.
+    pub index: u64,
+    /// Its allocator.
+    pub alloc: Alloc,
+}
+
+/// The state of a replay.
+pub struct Replay {
+    opts: Options,
+    capacity: Option<u64>,
+    /// Device allocators, in order of first use.
+    pub devices: Vec<Device>,
+    live: FxHashMap<u64, Live>,
+    /// Slot storage made ahead for the first device, so it is not timed.
+    spare: Option<Box<[BlockSlot]>>,
+    failed: FxHashSet<u64>,
+    empty_caches_since_init: u64,
+    /// Events applied.
+    pub events: u64,
+    /// `alloc` events.
+    pub allocs: u64,
+    /// Allocations that failed with out-of-memory.
+    pub ooms: u64,
+    /// Sum of the requested sizes of live allocations.
+    pub live_bytes: u64,
+    /// Its peak.
+    pub peak_live: u64,
+}
+
+/// What went wrong applying one event: bad input or an allocator failure.
+pub enum ApplyError {
+    /// Bad input (the reason).
+    Input(String),
+    /// The allocator failed (the reason).
+    Allocator(String),
+}
+
+impl Replay {
+    /// A replay with `opts`; `header_capacity` is the trace's `device_capacity`.
+    pub fn new(opts: Options, header_capacity: Option<u64>) -> Replay {
+        let capacity = opts.capacity.or(header_capacity);
+        let slots = opts.slots;
+        Replay {
+            opts,
+            capacity,
+            devices: Vec::new(),
+            spare: Some(vec![BlockSlot::VACANT; slots].into_boxed_slice()),
+            live: FxHashMap::default(),
+            failed: FxHashSet::default(),
+            empty_caches_since_init: 0,
+            events: 0,
+            allocs: 0,
+            ooms: 0,
+            live_bytes: 0,
+            peak_live: 0,
+        }
+    }
+
+    /// The device capacity in force (`None`: unlimited).
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    fn device(&mut self, index: u64) -> Result<usize, ApplyError> {
+        if let Some(k) = self.devices.iter().position(|d| d.index == index) {
+            return Ok(k);
+        }
+        let storage = self
+            .spare
+            .take()
+            .unwrap_or_else(|| vec![BlockSlot::VACANT; self.opts.slots].into_boxed_slice());
+        let mut alloc = DeviceAllocator::new(
+            MockDevice::new(self.capacity).with_ordinal(index as u32),
+            storage,
+            self.opts.config,
+        );
+        for _ in 0..self.empty_caches_since_init {
+            alloc
+                .empty_cache()
+                .map_err(|e| ApplyError::Allocator(e.to_string()))?;
+        }
+        self.devices.push(Device { index, alloc });
+        Ok(self.devices.len() - 1)
+    }
+
+    /// Reserved bytes over all devices now.
+    pub fn reserved(&self) -> u64 {
+        self.devices
+            .iter()
+            .map(|d| d.alloc.stats().reserved_bytes.all().current as u64)
+            .sum()
+    }
+
+    /// Apply one event.
+    #[inline]
+    pub fn apply(&mut self, ev: Event) -> Result<(), ApplyError> {
+        self.events += 1;
+        match ev {
+            Event::Alloc {
+                id,
+                size,
+                stream,
+                device,
+            } => {
+                if self.live.contains_key(&id) {
+                    return Err(ApplyError::Input(format!(
+                        "alloc of id {id}, which is already live"
+                    )));
+                }
+                self.failed.remove(&id);
+                self.allocs += 1;
+                let dev = self.device(device)?;
+                match self.devices[dev].alloc.malloc(size, stream) {
+                    Ok(x) => {
+                        self.live.insert(
+                            id,
+                            Live {
+                                dev,
+                                id: x.id,
+                                ptr: x.ptr,
+                                size,
+                            },
+                        );
+                        self.live_bytes += size;
+                        self.peak_live = self.peak_live.max(self.live_bytes);
+                    }
+                    Err(e) if e.is_out_of_memory() => {
+                        self.ooms += 1;
+                        self.failed.insert(id);
+                    }
+                    Err(e) => return Err(ApplyError::Allocator(e.to_string())),
+                }
+            }
+            Event::Free { id } => {
+                if self.failed.remove(&id) {
+                    return Ok(());
+                }
+                let l = self.live.remove(&id).ok_or_else(|| {
+                    ApplyError::Input(format!("free of id {id}, which is not live"))
+                })?;
+                self.live_bytes -= l.size;
+                if let Some(bid) = l.id {
+                    self.devices[l.dev]
+                        .alloc
+                        .free(bid)
+                        .map_err(|e| ApplyError::Allocator(e.to_string()))?;
+                }
+            }
+            Event::RecordStream { id, stream } => {
+                if self.failed.contains(&id) {
+                    return Ok(());
+                }
+                let l = self.live.get(&id).ok_or_else(|| {
+                    ApplyError::Input(format!("record_stream of id {id}, which is not live"))
+                })?;
+                if let Some(bid) = l.id {
+                    self.devices[l.dev]
+                        .alloc
+                        .record_stream(bid, stream)
+                        .map_err(|e| ApplyError::Allocator(e.to_string()))?;
+                }
+            }
+            Event::Sync { stream } => {
+                for d in &mut self.devices {
+                    d.alloc.backend_mut().sync(stream);
+                }
+            }
+            Event::EmptyCache => {
+                if !self.devices.is_empty() {
+                    self.empty_caches_since_init += 1;
+                }
+                for d in &mut self.devices {
+                    d.alloc
+                        .empty_cache()
+                        .map_err(|e| ApplyError::Allocator(e.to_string()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pointer of a live trace id (for tools that inspect the layout).
+    pub fn ptr_of(&self, id: u64) -> Option<DevicePtr> {
+        self.live.get(&id).map(|l| l.ptr)
+    }
+
+    /// Make sure device 0 exists when no event created a device (so an empty
+    /// trace still reports a full set of statistics).
+    pub fn finish(&mut self) -> Result<(), ApplyError> {
+        if self.devices.is_empty() {
+            self.device(0)?;
+        }
+        self.devices.sort_by_key(|d| d.index);
+        Ok(())
+    }
+}
+
+/// Called as a replay goes.
+pub trait Observer {
+    /// After each event (`index` counts from 0).
+    fn after_event(&mut self, _index: u64, _replay: &Replay) {}
+    /// Bytes of the file read so far, and its size.
+    fn progress(&mut self, _read: u64, _total: u64) {}
+    /// Whether to stop after the event with this index.
+    fn stop_after(&self, _index: u64) -> bool {
+        false
+    }
+}
+
+/// Observes nothing.
+pub struct Quiet;
+
+impl Observer for Quiet {}
+
+/// The result of a replay.
+pub struct Report {
+    /// The trace file.
+    pub trace: String,
+    /// The header's `source`.
+    pub source: String,
+    /// The config string.
+    pub conf: String,
+    /// Device capacity in force.
+    pub capacity: Option<u64>,
+    /// Events.
+    pub events: u64,
+    /// `alloc` events.
+    pub allocs: u64,
+    /// Allocations that failed with out-of-memory.
+    pub ooms: u64,
+    /// Peak of the sum of requested sizes of live allocations.
+    pub peak_live_bytes: u64,
+    /// Peak reserved bytes (summed over devices' peaks).
+    pub peak_reserved_bytes: u64,
+    /// Per device: its index and statistics.
+    pub devices: Vec<(u64, DeviceStats)>,
+    /// Wall time of reading, parsing and replaying.
+    pub replay_seconds: f64,
+    /// Of which reading, decompressing and parsing.
+    pub parse_seconds: f64,
+    /// Of which the allocator's bookkeeping (and the replay's id map).
+    pub alloc_seconds: f64,
+}
+
+impl Report {
+    /// `peak_reserved_bytes / peak_live_bytes`.
+    pub fn fragmentation(&self) -> f64 {
+        if self.peak_live_bytes == 0 {
+            if self.peak_reserved_bytes == 0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            self.peak_reserved_bytes as f64 / self.peak_live_bytes as f64
+        }
+    }
+
+    /// Events per second of the whole replay.
+    pub fn events_per_second(&self) -> f64 {
+        self.events as f64 / self.replay_seconds.max(1e-9)
+    }
+
+    /// The statistics of the lowest device (device 0 in single-device traces).
+    pub fn stats(&self) -> &DeviceStats {
+        &self.devices[0].1
+    }
+
+    /// The JSON object of the replay contract (design.md).
+    pub fn to_json(&self) -> serde_json::Value {
+        let stats_json = |s: &DeviceStats| {
+            let mut m = serde_json::Map::new();
+            s.for_each(|k, v| {
+                m.insert(k.to_string(), v.into());
+            });
+            serde_json::Value::Object(m)
+        };
+        let mut v = serde_json::json!({
+            "trace": self.trace,
+            "source": self.source,
+            "conf": self.conf,
+            "capacity": self.capacity,
+            "events": self.events,
+            "allocs": self.allocs,
+            "ooms": self.ooms,
+            "memory_stats": stats_json(self.stats()),
+            "peak_live_bytes": self.peak_live_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "fragmentation": self.fragmentation(),
+            "num_device_alloc": self.devices.iter().map(|d| d.1.num_device_alloc).sum::<i64>(),
+            "num_device_free": self.devices.iter().map(|d| d.1.num_device_free).sum::<i64>(),
+            "replay_seconds": self.replay_seconds,
+            "parse_seconds": self.parse_seconds,
+            "alloc_seconds": self.alloc_seconds,
+            "events_per_second": self.events_per_second(),
+        });
+        if self.devices.len() > 1 {
+            let devs: serde_json::Map<_, _> = self
+                .devices
+                .iter()
+                .map(|(i, s)| {
+                    (
+                        i.to_string(),
+                        serde_json::json!({"memory_stats": stats_json(s)}),
+                    )
+                })
+                .collect();
+            v["devices"] = serde_json::Value::Object(devs);
+        }
+        v
+    }
+}
+
+const CHUNK: usize = 4096;
+
+/// Replay the trace at `path`, streaming it in chunks of events: each chunk
+/// is read and parsed, then applied, so the two costs are timed apart.
+pub fn run(
+    path: &str,
+    opts: &Options,
+    obs: &mut dyn Observer,
+) -> Result<(Report, Replay), ReplayError> {
+    let mut reader = TraceReader::open(path).map_err(ReplayError::Input)?;
+    let mut r = Replay::new(opts.clone(), reader.header.device_capacity);
+    let t0 = Instant::now();
+    let mut chunk: Vec<(u64, Event)> = Vec::with_capacity(CHUNK);
+    let (mut parse, mut alloc) = (0f64, 0f64);
+    let mut index = 0u64;
+    let mut done = false;
+    while !done {
+        let tp = Instant::now();
+        chunk.clear();
+        while chunk.len() < CHUNK {
+            match reader.next_event() {
+                None => {
+                    done = true;
+                    break;
+                }
+                Some(Ok(e)) => chunk.push(e),
+                Some(Err(e)) => {
+                    // Apply what came before the bad line first: its errors come first.
+                    for &(line, ev) in &chunk {
+                        apply(&mut r, &reader, line, ev)?;
+                    }
+                    return Err(ReplayError::Input(e));
+                }
+            }
+        }
+        let ta = Instant::now();
+        parse += (ta - tp).as_secs_f64();
+        for &(line, ev) in &chunk {
+            apply(&mut r, &reader, line, ev)?;
+            obs.after_event(index, &r);
+            if obs.stop_after(index) {
+                done = true;
+                break;
+            }
+            index += 1;
+        }
+        alloc += ta.elapsed().as_secs_f64();
+        let (read, total) = reader.progress();
+        obs.progress(read, total);
+    }
+    r.finish().map_err(|e| to_error(&reader, 0, e))?;
+    let report = Report {
+        trace: path.to_string(),
+        source: reader.header.source.clone(),
+        conf: opts.conf.clone(),
+        capacity: r.capacity,
+        events: r.events,
+        allocs: r.allocs,
+        ooms: r.ooms,
+        peak_live_bytes: r.peak_live,
+        peak_reserved_bytes: r
+            .devices
+            .iter()
+            .map(|d| d.alloc.stats().reserved_bytes.all().peak as u64)
+            .sum(),
+        devices: r
+            .devices
+            .iter()
+            .map(|d| (d.index, *d.alloc.stats()))
+            .collect(),
+        replay_seconds: t0.elapsed().as_secs_f64(),
+        parse_seconds: parse,
+        alloc_seconds: alloc,
+    };
+    Ok((report, r))
+}
+
+fn to_error(reader: &TraceReader, line: u64, e: ApplyError) -> ReplayError {
+    match e {
+        ApplyError::Input(s) => ReplayError::Input(reader.error(line, s)),
+        ApplyError::Allocator(s) => ReplayError::Allocator(reader.error(line, s)),
+    }
+}
+
+#[inline]
+fn apply(r: &mut Replay, reader: &TraceReader, line: u64, ev: Event) -> Result<(), ReplayError> {
+    r.apply(ev).map_err(|e| to_error(reader, line, e))
+}

@@ -1,0 +1,356 @@
+//! The `cachealloc` binary end to end: parity with the reference model, every
+//! bad-input rule of the trace format, OOM under a capacity, `check`, `plot`.
+
+use cachealloc_tests::{oracle, shared_dir};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run cachealloc")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cachealloc-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+/// `replay --json` equals `pytorch_sim.py` on every memory_stats key, for the
+/// smaller shared traces (the largest is checked in the closing notes).
+#[test]
+fn replay_json_matches_the_reference_model() {
+    let shared = shared_dir();
+    let traces: Vec<PathBuf> = ["resnet50-train", "bert-mlm-train", "gpt2-train"]
+        .iter()
+        .map(|n| shared.join("traces").join(format!("{n}.jsonl.gz")))
+        .collect();
+    let cases: Vec<(PathBuf, &str, Option<u64>)> = traces
+        .iter()
+        .flat_map(|t| {
+            [
+                (t.clone(), "", None),
+                (t.clone(), "max_split_size_mb:200", Some(3u64 << 30)),
+            ]
+        })
+        .collect();
+    let dir = scratch("parity");
+    let jobs: Vec<oracle::Job> = cases
+        .iter()
+        .map(|(t, c, cap)| oracle::Job {
+            path: t.clone(),
+            conf: c.to_string(),
+            capacity: *cap,
+            memory_fraction: None,
+        })
+        .collect();
+    let model = oracle::run_batch(&shared, &jobs, &dir).unwrap();
+    for ((t, conf, cap), m) in cases.iter().zip(model) {
+        let mut args = vec!["replay", "--json", "--conf", conf];
+        let cap_s = cap.map(|c| c.to_string());
+        if let Some(c) = &cap_s {
+            args.extend(["--capacity", c]);
+        }
+        args.push(t.to_str().unwrap());
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "no progress bar when stderr is not a terminal"
+        );
+        let v = &json_lines(&out)[0];
+        let ours = v["memory_stats"].as_object().unwrap();
+        let d = oracle::diff(ours, &m.unwrap());
+        assert!(d.is_empty(), "{} {conf:?} {cap:?}: {d:#?}", t.display());
+        for key in [
+            "trace",
+            "events",
+            "allocs",
+            "ooms",
+            "peak_live_bytes",
+            "peak_reserved_bytes",
+            "fragmentation",
+            "replay_seconds",
+            "events_per_second",
+        ] {
+            assert!(!v[key].is_null(), "missing {key}");
+        }
+        assert_eq!(v["peak_reserved_bytes"], ours["reserved_bytes.all.peak"]);
+    }
+}
+
+/// Under a small capacity allocations fail, are counted, and their frees are
+/// skipped; the run still succeeds.
+#[test]
+fn ooms_under_a_capacity_are_counted_and_their_frees_skipped() {
+    let t = shared_dir().join("traces/resnet50-train.jsonl.gz");
+    let out = run(&[
+        "replay",
+        "--json",
+        "--capacity",
+        "1GiB",
+        t.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = &json_lines(&out)[0];
+    assert!(v["ooms"].as_u64().unwrap() > 0);
+    assert_eq!(v["ooms"], v["memory_stats"]["num_ooms"]);
+}
+
+struct Bad {
+    name: &'static str,
+    text: String,
+    line: u64,
+    reason: &'static str,
+}
+
+fn header() -> &'static str {
+    r#"{"format":"cachealloc-trace","version":1,"source":"test","device_capacity":null}"#
+}
+
+fn bad_traces() -> Vec<Bad> {
+    let h = header();
+    let b = |name, body: &str, line, reason| Bad {
+        name,
+        text: format!("{h}\n{body}\n"),
+        line,
+        reason,
+    };
+    vec![
+        b("invalid-json", r#"{"op":"alloc","id":1,"size":5"#, 2, "invalid JSON"),
+        Bad { name: "missing-header", text: "{\"op\":\"alloc\",\"id\":1,\"size\":5}\n".into(), line: 1, reason: "missing header" },
+        Bad { name: "empty", text: "\n\n".into(), line: 0, reason: "missing header" },
+        Bad {
+            name: "unknown-format",
+            text: "{\"format\":\"other-trace\",\"version\":1}\n".into(),
+            line: 1,
+            reason: "unknown format",
+        },
+        Bad {
+            name: "bad-version",
+            text: "{\"format\":\"cachealloc-trace\",\"version\":2}\n".into(),
+            line: 1,
+            reason: "unsupported version",
+        },
+        b("alloc-live", "{\"op\":\"alloc\",\"id\":1,\"size\":5}\n\n{\"op\":\"alloc\",\"id\":1,\"size\":5}", 4, "already live"),
+        b("free-not-live", r#"{"op":"free","id":7}"#, 2, "not live"),
+        b("double-free", "{\"op\":\"alloc\",\"id\":1,\"size\":5}\n{\"op\":\"free\",\"id\":1}\n{\"op\":\"free\",\"id\":1}", 4, "not live"),
+        b("record-not-live", r#"{"op":"record_stream","id":3,"stream":1}"#, 2, "not live"),
+        b("negative-size", r#"{"op":"alloc","id":1,"size":-5}"#, 2, "`size` is negative"),
+        b("fractional-size", r#"{"op":"alloc","id":1,"size":5.5}"#, 2, "`size` is not an integer"),
+        b("string-id", r#"{"op":"alloc","id":"a","size":5}"#, 2, "`id` is a string"),
+        b("negative-id", r#"{"op":"free","id":-1}"#, 2, "`id` is negative"),
+        b("missing-size", r#"{"op":"alloc","id":1}"#, 2, "missing `size`"),
+        b("unknown-op", r#"{"op":"teleport","id":1}"#, 2, "unknown op"),
+        b("not-an-object", "[1,2,3]", 2, "not an event object"),
+    ]
+}
+
+/// Every bad-input rule: exit status 2 and `FILE:LINE: reason` on stderr,
+/// for `replay`, `check` and `compare`; the same text from a gzip file.
+#[test]
+fn malformed_traces_give_file_line_and_exit_2() {
+    let dir = scratch("bad");
+    for bad in bad_traces() {
+        for gz in [false, true] {
+            let path = dir.join(format!("{}.jsonl{}", bad.name, if gz { ".gz" } else { "" }));
+            if gz {
+                let mut e = flate2::write::GzEncoder::new(
+                    std::fs::File::create(&path).unwrap(),
+                    flate2::Compression::fast(),
+                );
+                e.write_all(bad.text.as_bytes()).unwrap();
+                e.finish().unwrap();
+            } else {
+                std::fs::write(&path, &bad.text).unwrap();
+            }
+            let p = path.to_str().unwrap();
+            let want = if bad.line == 0 {
+                format!("{p}: ")
+            } else {
+                format!("{p}:{}: ", bad.line)
+            };
+            for args in [
+                vec!["replay", p],
+                vec!["check", p],
+                vec!["compare", "--conf", "", p],
+            ] {
+                let out = run(&args);
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+                assert!(
+                    err.starts_with(&want) && err.contains(bad.reason),
+                    "{args:?}: expected {want}... {}, got {err}",
+                    bad.reason
+                );
+                assert!(!err.contains("panicked"), "{err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn missing_files_bad_gzip_and_bad_conf_exit_2() {
+    let dir = scratch("files");
+    let missing = dir.join("nope.jsonl");
+    let out = run(&["replay", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open"));
+    let notgz = dir.join("plain.jsonl.gz");
+    std::fs::write(&notgz, format!("{}\n", header())).unwrap();
+    let out = run(&["replay", notgz.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(&format!("{}:", notgz.display())) && err.contains("cannot read"),
+        "{err}"
+    );
+    let good = shared_dir().join("traces/gpt2-train.jsonl.gz");
+    let out = run(&[
+        "replay",
+        "--conf",
+        "max_split_size_mb:3",
+        good.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_split_size_mb"));
+    let out = run(&["replay", "--capacity", "12 parsecs", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn check_prints_statistics() {
+    let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/resnet50-train.jsonl.gz");
+    let out = run(&["check", "--json", t.to_str().unwrap()]);
+    assert!(out.status.success());
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["events"], 21719);
+    assert_eq!(v["allocs"], 11016);
+    assert_eq!(v["peak_live_bytes"], 3099799600u64);
+    assert_eq!(v["largest_alloc"], 102760448);
+}
+
+#[test]
+fn compare_finds_the_minimum_capacity() {
+    let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/resnet50-train.jsonl.gz");
+    let out = run(&[
+        "compare",
+        "--json",
+        "--min-capacity",
+        "--conf",
+        "",
+        "--conf",
+        "max_split_size_mb:64",
+        t.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for v in json_lines(&out) {
+        let min = v["min_capacity"].as_u64().unwrap();
+        assert_eq!(min % (2 << 20), 0);
+        assert!(
+            min >= v["peak_live_bytes"].as_u64().unwrap()
+                && min <= v["peak_reserved_bytes"].as_u64().unwrap() + (2 << 20)
+        );
+        // At the minimum there is no OOM; 2 MiB less has one.
+        let ok = run(&[
+            "replay",
+            "--json",
+            "--conf",
+            v["conf"].as_str().unwrap(),
+            "--capacity",
+            &min.to_string(),
+            t.to_str().unwrap(),
+        ]);
+        assert_eq!(json_lines(&ok)[0]["ooms"], 0);
+        let less = run(&[
+            "replay",
+            "--json",
+            "--conf",
+            v["conf"].as_str().unwrap(),
+            "--capacity",
+            &(min - (2 << 20)).to_string(),
+            t.to_str().unwrap(),
+        ]);
+        assert!(json_lines(&less)[0]["ooms"].as_u64().unwrap() > 0);
+    }
+}
+
+/// `plot` writes a well-formed SVG with both series and the segment map.
+#[test]
+fn plot_writes_a_well_formed_svg_with_both_series() {
+    let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/resnet50-train.jsonl.gz");
+    let out_path = scratch("plot").join("resnet.svg");
+    let out = run(&[
+        "plot",
+        t.to_str().unwrap(),
+        "-o",
+        out_path.to_str().unwrap(),
+    ]);
+    if out.status.code() == Some(1)
+        && String::from_utf8_lossy(&out.stderr).contains("no TrueType font")
+    {
+        panic!("plot needs a font; install fonts-dejavu-core (.ci/run does)");
+    }
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&out_path).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<String> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(|s| s.trim().to_string())
+        .collect();
+    assert!(
+        texts.iter().any(|t| t.starts_with("live bytes")),
+        "{texts:?}"
+    );
+    assert!(
+        texts.iter().any(|t| t.starts_with("reserved bytes")),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.starts_with("segment map at the peak")),
+        "{texts:?}"
+    );
+    let long_lines = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter(|n| {
+            n.attribute("points")
+                .is_some_and(|p| p.split_whitespace().count() > 100)
+        })
+        .count();
+    assert!(long_lines >= 2, "two data series, found {long_lines}");
+    let rects = doc.descendants().filter(|n| n.has_tag_name("rect")).count();
+    assert!(rects > 100, "segment map blocks: {rects}");
+}
