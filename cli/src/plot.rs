@@ -6,6 +6,7 @@ use crate::human;
 use crate::replay::{self, Observer, Options, Replay, ReplayError};
 use cachealloc_core::BlockState;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
 
 /// Where TrueType fonts usually are; `CACHEALLOC_FONT` names one explicitly.
@@ -143,7 +144,14 @@ fn draw(
     let ymax = gib(peak.max(report.peak_live_bytes)).max(1e-6) * 1.1;
     let mut chart = ChartBuilder::on(&upper)
         .caption(
-            format!("{name}: live and reserved bytes (config {:?})", report.conf),
+            format!(
+                "{name}: live and reserved bytes (config: {})",
+                if report.conf.is_empty() {
+                    "default"
+                } else {
+                    &report.conf
+                }
+            ),
             ("sans-serif", 22),
         )
         .margin(12)
@@ -179,14 +187,22 @@ fn draw(
         6,
         red.filled(),
     )))?;
+    // The label sits on the side of the marker with more room.
+    let h = if peak_index > n / 2 {
+        HPos::Right
+    } else {
+        HPos::Left
+    };
+    let label_style =
+        TextStyle::from(("sans-serif", 15).into_font()).pos(Pos::new(h, VPos::Bottom));
     chart.draw_series(std::iter::once(Text::new(
         format!(
             "peak {} at event {}",
             human::bytes(peak),
             human::count(peak_index)
         ),
-        (peak_index, gib(peak) * 1.03),
-        ("sans-serif", 15),
+        (peak_index, gib(peak) * 1.02),
+        label_style,
     )))?;
     chart
         .configure_series_labels()
@@ -211,13 +227,14 @@ fn draw(
         .disable_mesh()
         .x_desc("segment")
         .y_desc("share of the segment")
+        .x_label_formatter(&|x| format!("{}", *x as u64))
         .draw()?;
     let colour = |s: BlockState| match s {
         BlockState::ActiveAllocated => RGBColor(44, 160, 44),
         BlockState::ActivePendingFree => RGBColor(255, 127, 14),
         BlockState::Inactive => RGBColor(200, 200, 200),
     };
-    let w = 0.42f64.min(0.45);
+    let w = 0.42;
     map.draw_series(blocks.iter().map(|&(k, s, e, st)| {
         let x = k as f64 + 0.5;
         Rectangle::new([(x - w, s), (x + w, e)], colour(st).filled())
