@@ -86,7 +86,10 @@ fn replay_json_matches_the_reference_model() {
             "peak_reserved_bytes",
             "fragmentation",
             "replay_seconds",
+            "parse_seconds",
+            "total_seconds",
             "events_per_second",
+            "end_to_end_events_per_second",
         ] {
             assert!(!v[key].is_null(), "missing {key}");
         }
