@@ -210,6 +210,13 @@ impl MockDevice {
         MockDevice::new(None)
     }
 
+    /// Start handing out addresses at `base` (rounded up to 2 MiB): gives
+    /// the devices of a multi-device setup disjoint address ranges.
+    pub fn with_base(mut self, base: u64) -> Self {
+        self.next_addr = base.div_ceil(SEGMENT_ALIGN) * SEGMENT_ALIGN;
+        self
+    }
+
     /// Set the device ordinal reported in OOM messages.
     pub fn with_ordinal(mut self, ordinal: u32) -> Self {
         self.ordinal = ordinal;

@@ -125,6 +125,11 @@ pub enum Error<E> {
     },
     /// A memory fraction outside `[0, 1]`.
     InvalidFraction,
+    /// A device number beyond those of a `MultiDeviceAllocator`.
+    NoSuchDevice {
+        /// The device number.
+        device: u32,
+    },
     /// The backend broke its contract (a null or overlapping segment).
     BackendContract {
         /// What it did.
@@ -170,6 +175,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 write!(f, "invalid device pointer {ptr}: not a live allocation (already freed?)")
             }
             Error::InvalidFraction => write!(f, "invalid memory fraction: must be between 0 and 1"),
+            Error::NoSuchDevice { device } => write!(f, "no device {device} in this allocator"),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
             Error::Backend(e) => write!(f, "device backend error: {e}"),
         }

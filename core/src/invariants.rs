@@ -83,12 +83,15 @@ struct Tally {
     live: u32,
 }
 
+/// Counts wrap like the statistics themselves (sizes near 2^60 can add up
+/// past `i64::MAX`).
 fn add(a: &mut [i64; 3], pool: Pool, x: i64) {
-    a[0] += x;
-    a[match pool {
+    a[0] = a[0].wrapping_add(x);
+    let i = match pool {
         Pool::Small => 1,
         Pool::Large => 2,
-    }] += x;
+    };
+    a[i] = a[i].wrapping_add(x);
 }
 
 fn compare(
@@ -315,8 +318,8 @@ where
                 s.events as i64,
             )?;
         }
-        for i in 0..hw {
-            queued_total += slots[i as usize].events as i64;
+        for s in &slots[..hw as usize] {
+            queued_total += s.events as i64;
         }
         expect(
             "pending events == sum of block event counts",

@@ -60,12 +60,13 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-#[cfg(test)]
+#[cfg(any(test, feature = "std", loom))]
 extern crate std;
 
 mod allocator;
 mod arena;
 pub mod backend;
+pub mod caching;
 pub mod config;
 mod error;
 mod events;
@@ -74,6 +75,7 @@ mod invariants;
 pub mod policy;
 mod pool;
 pub mod stats;
+mod sync;
 pub mod testing;
 
 pub use allocator::{
@@ -82,6 +84,7 @@ pub use allocator::{
 };
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError};
 pub use error::{Error, OomReport};
 pub use invariants::InvariantViolation;

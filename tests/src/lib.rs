@@ -48,10 +48,13 @@ pub fn stats_map(a: &MockAllocator) -> serde_json::Map<String, serde_json::Value
 
 /// Free everything still live, empty the cache, drop idle events; then the
 /// mock must hold nothing. Returns a description of what is left, if anything.
-pub fn teardown(
-    a: &mut MockAllocator,
+pub fn teardown<S, const E: usize>(
+    a: &mut DeviceAllocator<MockDevice, S, E>,
     live: impl IntoIterator<Item = DevicePtr>,
-) -> Result<(), String> {
+) -> Result<(), String>
+where
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
     a.backend_mut().clear_faults();
     for p in live {
         a.free_ptr(p)

@@ -1,0 +1,232 @@
+//! The thread-safe front ends: [`CachingAllocator`], one device behind one
+//! lock, and [`MultiDeviceAllocator`], a fixed set of devices that routes a
+//! `free` or `record_stream` by pointer to the device that owns it.
+
+use crate::allocator::{Allocation, CacheInfo, DeviceAllocator, MallocFlags};
+use crate::arena::{BlockId, BlockSlot};
+use crate::backend::{DeviceBackend, DevicePtr};
+use crate::error::Error;
+use crate::invariants::InvariantViolation;
+use crate::stats::DeviceStats;
+use crate::sync::Mutex;
+
+type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
+
+/// One device's [`DeviceAllocator`] behind a lock: `Sync` whenever the
+/// backend, its events and streams and the storage are `Send`. Every call
+/// holds the lock for one operation; [`stats`](Self::stats) holds it only to
+/// copy the counters.
+///
+/// ```
+/// use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator};
+/// let a: CachingAllocator<TinyBackend, _> = CachingAllocator::new(DeviceAllocator::new(
+///     TinyBackend::default(), [BlockSlot::VACANT; 64], Config::DEFAULT));
+/// let x = a.malloc(4096, 0)?;
+/// a.free(x.id.unwrap())?;
+/// assert_eq!(a.stats().allocation.all().current, 0);
+/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// ```
+pub struct CachingAllocator<B: DeviceBackend, S, const E: usize = 64> {
+    inner: Mutex<DeviceAllocator<B, S, E>>,
+}
+
+impl<B, S, const E: usize> CachingAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// Wrap an allocator (`const`, for statics; not under loom).
+    #[cfg(not(loom))]
+    pub const fn new(allocator: DeviceAllocator<B, S, E>) -> Self {
+        CachingAllocator {
+            inner: Mutex::new(allocator),
+        }
+    }
+
+    /// Wrap an allocator.
+    #[cfg(loom)]
+    pub fn new(allocator: DeviceAllocator<B, S, E>) -> Self {
+        CachingAllocator {
+            inner: Mutex::new(allocator),
+        }
+    }
+
+    /// [`DeviceAllocator::malloc`].
+    pub fn malloc(&self, size: u64, stream: B::Stream) -> Res<Allocation, B> {
+        self.inner.lock().malloc(size, stream)
+    }
+
+    /// [`DeviceAllocator::malloc_with`].
+    pub fn malloc_with(
+        &self,
+        size: u64,
+        stream: B::Stream,
+        flags: MallocFlags,
+    ) -> Res<Allocation, B> {
+        self.inner.lock().malloc_with(size, stream, flags)
+    }
+
+    /// [`DeviceAllocator::free`].
+    pub fn free(&self, id: BlockId) -> Res<(), B> {
+        self.inner.lock().free(id)
+    }
+
+    /// [`DeviceAllocator::free_ptr`].
+    pub fn free_ptr(&self, ptr: DevicePtr) -> Res<(), B> {
+        self.inner.lock().free_ptr(ptr)
+    }
+
+    /// [`DeviceAllocator::record_stream`].
+    pub fn record_stream(&self, id: BlockId, stream: B::Stream) -> Res<(), B> {
+        self.inner.lock().record_stream(id, stream)
+    }
+
+    /// [`DeviceAllocator::record_stream_ptr`].
+    pub fn record_stream_ptr(&self, ptr: DevicePtr, stream: B::Stream) -> Res<(), B> {
+        self.inner.lock().record_stream_ptr(ptr, stream)
+    }
+
+    /// [`DeviceAllocator::empty_cache`].
+    pub fn empty_cache(&self) -> Res<(), B> {
+        self.inner.lock().empty_cache()
+    }
+
+    /// A copy of the statistics (the lock is held only for the copy).
+    pub fn stats(&self) -> DeviceStats {
+        *self.inner.lock().stats()
+    }
+
+    /// [`DeviceAllocator::cache_info`].
+    pub fn cache_info(&self) -> CacheInfo {
+        self.inner.lock().cache_info()
+    }
+
+    /// Whether `ptr` lies in a segment of this device.
+    pub fn owns(&self, ptr: DevicePtr) -> bool {
+        self.inner.lock().base_allocation(ptr).is_ok()
+    }
+
+    /// [`DeviceAllocator::check_invariants`].
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.inner.lock().check_invariants()
+    }
+
+    /// Run `f` with the allocator locked (several operations as one).
+    pub fn with<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E>) -> R) -> R {
+        f(&mut self.inner.lock())
+    }
+
+    /// The allocator, unlocked.
+    pub fn into_inner(self) -> DeviceAllocator<B, S, E> {
+        self.inner.into_inner()
+    }
+}
+
+/// An allocation and the device it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAllocation {
+    /// Index of the device in the [`MultiDeviceAllocator`].
+    pub device: usize,
+    /// The allocation.
+    pub allocation: Allocation,
+}
+
+/// A fixed set of devices, each behind its own lock. `free_ptr` and
+/// `record_stream_ptr` find the device that owns the pointer.
+///
+/// ```
+/// use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator,
+///     MultiDeviceAllocator};
+/// let dev = |base: u64| CachingAllocator::new(DeviceAllocator::new(
+///     TinyBackend { next: base, ..TinyBackend::default() }, [BlockSlot::VACANT; 32], Config::DEFAULT));
+/// let m: MultiDeviceAllocator<TinyBackend, _, 64, 2> = MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]);
+/// let x = m.malloc(1, 512, 0)?;
+/// m.free_ptr(x.allocation.ptr)?;                       // routed to device 1
+/// assert_eq!(m.device(1).unwrap().stats().allocation.all().allocated, 1);
+/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// ```
+pub struct MultiDeviceAllocator<B: DeviceBackend, S, const E: usize, const D: usize> {
+    devices: [CachingAllocator<B, S, E>; D],
+}
+
+impl<B, S, const E: usize, const D: usize> MultiDeviceAllocator<B, S, E, D>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// The devices, index = device number. Their address ranges must not overlap.
+    pub const fn new(devices: [CachingAllocator<B, S, E>; D]) -> Self {
+        MultiDeviceAllocator { devices }
+    }
+
+    /// One device.
+    pub fn device(&self, device: usize) -> Option<&CachingAllocator<B, S, E>> {
+        self.devices.get(device)
+    }
+
+    fn get(&self, device: usize) -> Res<&CachingAllocator<B, S, E>, B> {
+        self.devices.get(device).ok_or(Error::NoSuchDevice {
+            device: device as u32,
+        })
+    }
+
+    /// Allocate on `device`.
+    pub fn malloc(&self, device: usize, size: u64, stream: B::Stream) -> Res<DeviceAllocation, B> {
+        Ok(DeviceAllocation {
+            device,
+            allocation: self.get(device)?.malloc(size, stream)?,
+        })
+    }
+
+    /// Free by handle (the allocation names its device).
+    pub fn free(&self, a: &DeviceAllocation) -> Res<(), B> {
+        match a.allocation.id {
+            Some(id) => self.get(a.device)?.free(id),
+            None => Ok(()),
+        }
+    }
+
+    /// The device whose segments contain `ptr`.
+    pub fn owner(&self, ptr: DevicePtr) -> Option<usize> {
+        self.devices.iter().position(|d| d.owns(ptr))
+    }
+
+    /// Free by address, on whichever device owns it (null is a no-op).
+    pub fn free_ptr(&self, ptr: DevicePtr) -> Res<(), B> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
+        self.devices[d].free_ptr(ptr)
+    }
+
+    /// `record_stream` by address, on whichever device owns it.
+    pub fn record_stream_ptr(&self, ptr: DevicePtr, stream: B::Stream) -> Res<(), B> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
+        self.devices[d].record_stream_ptr(ptr, stream)
+    }
+
+    /// `empty_cache` on every device (PyTorch's counts a sync on each).
+    pub fn empty_cache(&self) -> Res<(), B> {
+        for d in &self.devices {
+            d.empty_cache()?;
+        }
+        Ok(())
+    }
+
+    /// The devices, unwrapped.
+    pub fn into_devices(self) -> [CachingAllocator<B, S, E>; D] {
+        self.devices
+    }
+
+    /// Check every device.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        for d in &self.devices {
+            d.check_invariants()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,328 @@
+//! loom models of the thread-safe front end. Tiny capacities, slots and
+//! segments, so a split, a merge, a full slot table and an OOM retry happen
+//! within a few operations. Every model checks: no two live allocations
+//! overlap, `check_invariants()` at the end (stats == a recount), and after
+//! teardown the mock holds 0 bytes.
+//!
+//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p cachealloc-tests --test loom
+#![cfg(loom)]
+
+use cachealloc_core::{
+    Allocation, BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error,
+    MultiDeviceAllocator,
+};
+use cachealloc_mock::MockDevice;
+use cachealloc_tests::teardown;
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Runs `f` under loom and reports how many interleavings it explored.
+fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let before = RUNS.load(Ordering::Relaxed);
+    loom::model(move || {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        f()
+    });
+    println!(
+        "{name}: {} interleavings explored",
+        RUNS.load(Ordering::Relaxed) - before
+    );
+}
+
+type Alloc = CachingAllocator<MockDevice, Vec<BlockSlot>, 4>;
+const MIB: u64 = 1 << 20;
+
+fn device(capacity: u64, slots: usize) -> Alloc {
+    CachingAllocator::new(DeviceAllocator::new(
+        MockDevice::with_capacity(capacity),
+        vec![BlockSlot::VACANT; slots],
+        Config::DEFAULT,
+    ))
+}
+
+/// Live ranges across threads: an allocation must not overlap any other.
+#[derive(Default)]
+struct Registry(Mutex<Vec<(u64, u64)>>);
+
+impl Registry {
+    fn add(&self, a: &Allocation) {
+        if a.ptr.is_null() {
+            return;
+        }
+        let mut v = self.0.lock().unwrap();
+        for &(p, s) in v.iter() {
+            assert!(
+                a.ptr.0 + a.size <= p || p + s <= a.ptr.0,
+                "overlap: {a:?} with ({p:#x}, {s})"
+            );
+        }
+        v.push((a.ptr.0, a.size));
+    }
+    fn remove(&self, a: &Allocation) {
+        self.0.lock().unwrap().retain(|&(p, _)| p != a.ptr.0);
+    }
+}
+
+/// Allocate, tolerating the errors a tiny device gives (out of memory, a full
+/// slot table), and register the result.
+fn try_malloc(a: &Alloc, reg: &Registry, size: u64, stream: u64) -> Option<Allocation> {
+    match a.malloc(size, stream) {
+        Ok(x) => {
+            reg.add(&x);
+            Some(x)
+        }
+        Err(Error::OutOfMemory(_) | Error::MetadataExhausted { .. }) => None,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+fn free(a: &Alloc, reg: &Registry, x: Allocation) {
+    reg.remove(&x);
+    a.free(x.id.unwrap()).unwrap();
+}
+
+fn finish(a: Alloc, live: impl IntoIterator<Item = DevicePtr>) {
+    a.check_invariants().unwrap();
+    let mut inner = a.into_inner();
+    teardown(&mut inner, live).unwrap();
+}
+
+/// Three threads malloc and free on one 4 MiB device with 6 slots: splits,
+/// merges, a full slot table, large requests that fail after the counted
+/// retry.
+static SAW_OOM_RETRY: AtomicUsize = AtomicUsize::new(0);
+static SAW_FULL_SLOTS: AtomicUsize = AtomicUsize::new(0);
+static SAW_SPLIT_MERGE: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn concurrent_malloc_free() {
+    model("concurrent_malloc_free", || {
+        let a = Arc::new(device(4 * MIB, 6));
+        let reg = Arc::new(Registry::default());
+        let t1 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                let x = try_malloc(&a, &reg, MIB, 0);
+                let y = try_malloc(&a, &reg, 512 << 10, 0);
+                for v in [x, y].into_iter().flatten() {
+                    free(&a, &reg, v);
+                }
+            })
+        };
+        let t2 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                let x = try_malloc(&a, &reg, MIB, 0);
+                // Large pool: a 20 MiB segment never fits the 4 MiB device, so
+                // this runs the whole ladder (flush + counted retry) and fails,
+                // unless the slot table is full first.
+                match a.malloc(3 * MIB, 0) {
+                    Err(Error::OutOfMemory(_)) => {
+                        assert!(a.stats().num_alloc_retries >= 1);
+                        SAW_OOM_RETRY.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(Error::MetadataExhausted { .. }) => {
+                        SAW_FULL_SLOTS.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => panic!("unexpected: {other:?}"),
+                }
+                if let Some(v) = x {
+                    free(&a, &reg, v);
+                }
+            })
+        };
+        let z = try_malloc(&a, &reg, 1000, 1);
+        if let Some(v) = z {
+            free(&a, &reg, v);
+        }
+        t1.join().unwrap();
+        t2.join().unwrap();
+        let s = a.stats();
+        if s.inactive_split.all().allocated > 0 && s.inactive_split.all().freed > 0 {
+            SAW_SPLIT_MERGE.fetch_add(1, Ordering::Relaxed);
+        }
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, []);
+    });
+    // Across the interleavings, every interesting path was taken.
+    for (what, n) in [
+        ("OOM after the retry", &SAW_OOM_RETRY),
+        ("full slot table", &SAW_FULL_SLOTS),
+        ("split and merge", &SAW_SPLIT_MERGE),
+    ] {
+        let n = n.load(Ordering::Relaxed);
+        println!("  {what}: {n} interleavings");
+        assert!(n > 0, "no interleaving reached: {what}");
+    }
+}
+
+/// A free with a pending event (record_stream) on one thread while another
+/// thread's malloc runs process_events.
+#[test]
+fn pending_free_and_process_events() {
+    model("pending_free_and_process_events", || {
+        let a = Arc::new(device(8 * MIB, 16));
+        let reg = Arc::new(Registry::default());
+        let x = try_malloc(&a, &reg, 4096, 1).unwrap();
+        a.record_stream(x.id.unwrap(), 0).unwrap();
+        let t1 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                free(&a, &reg, x);
+                a.with(|d| d.backend_mut().sync(Some(0)));
+            })
+        };
+        let t2 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || try_malloc(&a, &reg, 4096, 1))
+        };
+        t1.join().unwrap();
+        let y = t2.join().unwrap();
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, y.map(|v| v.ptr));
+    });
+}
+
+/// empty_cache racing malloc and free.
+#[test]
+fn empty_cache_races_malloc_and_free() {
+    model("empty_cache_races_malloc_and_free", || {
+        let a = Arc::new(device(4 * MIB, 8));
+        let reg = Arc::new(Registry::default());
+        let t1 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                if let Some(x) = try_malloc(&a, &reg, MIB, 0) {
+                    free(&a, &reg, x);
+                }
+            })
+        };
+        let t2 = {
+            let a = a.clone();
+            thread::spawn(move || a.empty_cache().unwrap())
+        };
+        if let Some(y) = try_malloc(&a, &reg, 512, 0) {
+            free(&a, &reg, y);
+        }
+        t1.join().unwrap();
+        t2.join().unwrap();
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, []);
+    });
+}
+
+/// Reading stats while others allocate: every snapshot is self-consistent.
+#[test]
+fn stats_read_races_malloc_and_free() {
+    model("stats_read_races_malloc_and_free", || {
+        let a = Arc::new(device(4 * MIB, 8));
+        let reg = Arc::new(Registry::default());
+        let t1 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                let x = try_malloc(&a, &reg, 3000, 0);
+                let y = try_malloc(&a, &reg, 5000, 0);
+                for v in [x, y].into_iter().flatten() {
+                    free(&a, &reg, v);
+                }
+            })
+        };
+        for _ in 0..2 {
+            let s = a.stats();
+            for arr in [
+                &s.allocation,
+                &s.allocated_bytes,
+                &s.reserved_bytes,
+                &s.active,
+                &s.segment,
+            ] {
+                assert_eq!(
+                    arr.all().current,
+                    arr.small_pool().current + arr.large_pool().current
+                );
+                assert!(arr.all().current <= arr.all().peak);
+            }
+            assert!(s.reserved_bytes.all().current >= s.allocated_bytes.all().current);
+            assert!(s.active.all().current >= s.allocation.all().current);
+        }
+        t1.join().unwrap();
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, []);
+    });
+}
+
+/// record_stream racing the free of the same allocation from another
+/// thread: it either lands before the free (the free then waits for the
+/// stream) or fails with a stale handle; nothing is corrupted.
+#[test]
+fn record_stream_races_free() {
+    model("record_stream_races_free", || {
+        let a = Arc::new(device(4 * MIB, 8));
+        let x = a.malloc(4096, 1).unwrap();
+        let id = x.id.unwrap();
+        let t1 = {
+            let a = a.clone();
+            thread::spawn(move || a.free(id).unwrap())
+        };
+        let t2 = {
+            let a = a.clone();
+            thread::spawn(move || a.record_stream(id, 2))
+        };
+        t1.join().unwrap();
+        match t2.join().unwrap() {
+            Ok(()) => assert_eq!(
+                a.stats().active.all().current,
+                1,
+                "the free waits for stream 2"
+            ),
+            Err(Error::StaleHandle { .. }) => assert_eq!(a.stats().active.all().current, 0),
+            Err(e) => panic!("unexpected: {e}"),
+        }
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, []);
+    });
+}
+
+/// Two devices; frees by pointer are routed to the owner from other threads.
+#[test]
+fn two_devices_route_frees_across_threads() {
+    model("two_devices_route_frees_across_threads", || {
+        let dev = |base: u64| {
+            CachingAllocator::new(DeviceAllocator::new(
+                MockDevice::with_capacity(8 * MIB).with_base(base),
+                vec![BlockSlot::VACANT; 8],
+                Config::DEFAULT,
+            ))
+        };
+        let m: Arc<MultiDeviceAllocator<MockDevice, Vec<BlockSlot>, 4, 2>> =
+            Arc::new(MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]));
+        let a = m.malloc(0, 4096, 0).unwrap();
+        let b = m.malloc(1, 4096, 0).unwrap();
+        let t1 = {
+            let m = m.clone();
+            thread::spawn(move || {
+                m.free_ptr(b.allocation.ptr).unwrap();
+                let c = m.malloc(0, 512, 0).unwrap();
+                m.free_ptr(c.allocation.ptr).unwrap();
+            })
+        };
+        let t2 = {
+            let m = m.clone();
+            thread::spawn(move || m.free_ptr(a.allocation.ptr).unwrap())
+        };
+        t1.join().unwrap();
+        t2.join().unwrap();
+        m.check_invariants().unwrap();
+        for d in 0..2 {
+            let s = m.device(d).unwrap().stats();
+            assert_eq!(s.allocation.all().current, 0);
+            assert_eq!(s.allocation.all().allocated, if d == 0 { 2 } else { 1 });
+        }
+        let m = Arc::try_unwrap(m).ok().unwrap();
+        let [d0, d1] = m.into_devices();
+        finish(d0, []);
+        finish(d1, []);
+    });
+}
