@@ -52,9 +52,17 @@ pub struct TraceStats {
 /// Validate the trace at `path` (every rule of the format; the first error
 /// is returned) and count.
 pub fn check(path: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<TraceStats, TraceError> {
-    let mut r = TraceReader::open(path)?;
+    check_reader(TraceReader::open(path)?, progress)
+}
+
+/// [`check`] on an opened trace.
+pub fn check_reader(
+    mut r: TraceReader,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<TraceStats, TraceError> {
+    let path = r.path().to_string();
     let mut s = TraceStats {
-        trace: path.to_string(),
+        trace: path,
         source: r.header.source.clone(),
         device_capacity: r.header.device_capacity,
         ..TraceStats::default()

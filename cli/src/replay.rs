@@ -390,12 +390,22 @@ const CHUNK: usize = 4096;
 
 /// Replay the trace at `path`, streaming it in chunks of events: each chunk
 /// is read and parsed, then applied, so the two costs are timed apart.
-pub fn run(
+pub fn run<O: Observer>(
     path: &str,
     opts: &Options,
-    obs: &mut dyn Observer,
+    obs: &mut O,
 ) -> Result<(Report, Replay), ReplayError> {
-    let mut reader = TraceReader::open(path).map_err(ReplayError::Input)?;
+    let reader = TraceReader::open(path).map_err(ReplayError::Input)?;
+    run_reader(reader, opts, obs)
+}
+
+/// [`run`] on an opened trace.
+pub fn run_reader<O: Observer>(
+    mut reader: TraceReader,
+    opts: &Options,
+    obs: &mut O,
+) -> Result<(Report, Replay), ReplayError> {
+    let path = reader.path().to_string();
     let mut r = Replay::new(opts.clone(), reader.header.device_capacity);
     let t0 = Instant::now();
     let mut chunk: Vec<(u64, Event)> = Vec::with_capacity(CHUNK);
@@ -438,7 +448,7 @@ pub fn run(
     }
     r.finish().map_err(|e| to_error(&reader, 0, e))?;
     let report = Report {
-        trace: path.to_string(),
+        trace: path,
         source: reader.header.source.clone(),
         conf: opts.conf.clone(),
         capacity: r.capacity,

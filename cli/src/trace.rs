@@ -223,12 +223,12 @@ pub fn parse_header(line: &[u8]) -> Result<Header, String> {
 }
 
 /// Counts the bytes read from the file (compressed bytes for `.gz`).
-struct Counting<R> {
-    inner: R,
+struct Counting<R: ?Sized> {
     count: Rc<Cell<u64>>,
+    inner: R,
 }
 
-impl<R: Read> Read for Counting<R> {
+impl<R: Read + ?Sized> Read for Counting<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.count.set(self.count.get() + n as u64);
@@ -251,19 +251,39 @@ pub struct TraceReader {
 impl TraceReader {
     /// Open `path` (gzip when it ends in `.gz`) and read its header.
     pub fn open(path: &str) -> Result<TraceReader, TraceError> {
+        let file = File::open(path).map_err(|e| TraceError {
+            path: path.to_string(),
+            line: 0,
+            reason: format!("cannot open: {e}"),
+        })?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        TraceReader::from_read(path, Box::new(file), path.ends_with(".gz"), len)
+    }
+
+    /// Read a trace held in memory (`gzip`: it is compressed); `name` stands
+    /// for the file in messages.
+    pub fn from_bytes(name: &str, data: Vec<u8>, gzip: bool) -> Result<TraceReader, TraceError> {
+        let len = data.len() as u64;
+        TraceReader::from_read(name, Box::new(io::Cursor::new(data)), gzip, len)
+    }
+
+    fn from_read(
+        path: &str,
+        inner: Box<dyn Read>,
+        gzip: bool,
+        file_len: u64,
+    ) -> Result<TraceReader, TraceError> {
         let err = |line, reason: String| TraceError {
             path: path.to_string(),
             line,
             reason,
         };
-        let file = File::open(path).map_err(|e| err(0, format!("cannot open: {e}")))?;
-        let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let bytes = Rc::new(Cell::new(0));
         let counting = Counting {
-            inner: file,
+            inner,
             count: bytes.clone(),
         };
-        let reader: Box<dyn BufRead> = if path.ends_with(".gz") {
+        let reader: Box<dyn BufRead> = if gzip {
             Box::new(BufReader::with_capacity(
                 1 << 18,
                 flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, counting)),

@@ -981,7 +981,12 @@ where
             // allocation live and untouched.
             let needed = self.uses.iter().filter(|u| u.slot == i).count();
             if self.pending.len() + needed > E {
-                return Err(Error::EventQueueFull { capacity: E });
+                // Make room from events that have completed (PyTorch's queues
+                // are unbounded; ours drain before they refuse).
+                self.process_events()?;
+                if self.pending.len() + needed > E {
+                    return Err(Error::EventQueueFull { capacity: E });
+                }
             }
             let start = self.pending.len();
             let start_queues = self.queue_order.len();

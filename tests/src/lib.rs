@@ -7,6 +7,7 @@ use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, Error};
 use cachealloc_mock::{MockDevice, MockError};
 use std::path::PathBuf;
 
+pub mod fuzz;
 pub mod ops;
 pub mod oracle;
 pub mod scenario;
@@ -56,6 +57,9 @@ where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
 {
     a.backend_mut().clear_faults();
+    // All streams finish first, so frees with recorded streams find room in
+    // the event queue.
+    a.backend_mut().sync(None);
     for p in live {
         a.free_ptr(p)
             .map_err(|e| format!("teardown free of {p}: {e}"))?;

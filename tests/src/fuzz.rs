@@ -1,0 +1,473 @@
+//! The logic of the fuzz targets, shared by `fuzz/` (cargo-fuzz) and a stable
+//! `cargo test` that feeds it seeded random bytes and the committed corpus.
+//!
+//! - [`ops`]: an arbitrary sequence of allocator operations, with injected
+//!   backend failures, mirrored on a shadow map of live device ranges;
+//!   `check_invariants()` after every op; at the end everything is freed,
+//!   the cache emptied, and the device must hold nothing.
+//! - [`no_false_oom`]: under a capacity, an allocation may fail only if the
+//!   ladder released every releasable cached segment and the device really
+//!   cannot supply the segment.
+//! - [`conf`]: the config parser never panics and round-trips what it accepts.
+
+use crate::ops::CONFIGS;
+use crate::teardown;
+use arbitrary::{Arbitrary, Unstructured};
+use cachealloc_core::{
+    Allocation, BlockId, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, Error,
+    MallocFlags,
+};
+use cachealloc_mock::{MockDevice, MockError};
+use std::collections::BTreeMap;
+
+const MIB: u64 = 1 << 20;
+
+/// The allocator the fuzz targets drive: small event capacity so full queues happen.
+pub type FuzzAllocator = DeviceAllocator<MockDevice, Box<[BlockSlot]>, 8>;
+
+/// A request size, skewed to the policy's boundaries.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Size {
+    /// 0..64 KiB.
+    Small(u16),
+    /// 512 ± 127.
+    Near512(i8),
+    /// 1 MiB ± 127 bytes (the small / large pool boundary).
+    Near1MiB(i8),
+    /// 1 MiB ± 127 x 512 bytes.
+    Around1MiB(i8),
+    /// 10 MiB ± 127 x 512 bytes (the own-segment boundary).
+    Near10MiB(i8),
+    /// 20 MiB ± 127 x 64 KiB (oversize tolerances).
+    Near20MiB(i8),
+    /// Anything below 256 MiB.
+    Medium(u32),
+    /// Anything (mostly refused as over 1 EiB).
+    Any(u64),
+}
+
+impl Size {
+    /// Bytes.
+    pub fn bytes(self) -> u64 {
+        let around = |base: u64, d: i8, step: i64| (base as i64 + d as i64 * step).max(0) as u64;
+        match self {
+            Size::Small(x) => x as u64,
+            Size::Near512(d) => around(512, d, 1),
+            Size::Near1MiB(d) => around(MIB, d, 1),
+            Size::Around1MiB(d) => around(MIB, d, 512),
+            Size::Near10MiB(d) => around(10 * MIB, d, 512),
+            Size::Near20MiB(d) => around(20 * MIB, d, 64 << 10),
+            Size::Medium(x) => x as u64 % (256 * MIB),
+            Size::Any(x) => x,
+        }
+    }
+}
+
+/// One operation.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum FuzzOp {
+    /// malloc.
+    Alloc {
+        /// Request.
+        size: Size,
+        /// Stream (mod 3).
+        stream: u8,
+    },
+    /// malloc with `NO_RETRY`.
+    AllocNoRetry {
+        /// Request.
+        size: Size,
+        /// Stream (mod 3).
+        stream: u8,
+    },
+    /// free by handle of a live allocation.
+    Free {
+        /// Which live allocation.
+        which: u16,
+    },
+    /// free by pointer, possibly inside the allocation.
+    FreePtr {
+        /// Which live allocation.
+        which: u16,
+        /// Offset into it (0: its start).
+        offset: u32,
+    },
+    /// free of an already freed handle.
+    DoubleFree {
+        /// Which freed handle.
+        which: u16,
+    },
+    /// record_stream.
+    RecordStream {
+        /// Which live allocation.
+        which: u16,
+        /// Stream (mod 3).
+        stream: u8,
+    },
+    /// The host waits for a stream (or all).
+    Sync {
+        /// Stream (mod 3), or all.
+        stream: Option<u8>,
+    },
+    /// empty_cache.
+    EmptyCache,
+    /// Set (MiB) or clear a memory limit.
+    SetLimit {
+        /// Limit in MiB.
+        mib: Option<u16>,
+    },
+    /// Make the n-th backend call from now fail.
+    InjectFailure {
+        /// n (mod 8).
+        after: u8,
+    },
+    /// reset_peak_stats.
+    ResetPeak,
+}
+
+/// A whole fuzz input. Decoded densely: three setting bytes, then ops until
+/// the bytes run out (at most 1000), so every byte of a random input is used.
+#[derive(Debug)]
+pub struct FuzzInput {
+    /// Index into [`CONFIGS`].
+    pub conf: u8,
+    /// Capacity: (x + 2) x 2 MiB, or unlimited.
+    pub capacity: Option<u8>,
+    /// Block slots: 2 + x.
+    pub slots: u8,
+    /// The operations.
+    pub ops: Vec<FuzzOp>,
+}
+
+impl<'a> Arbitrary<'a> for FuzzInput {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        let conf = u8::arbitrary(u)?;
+        let capacity = Option::<u8>::arbitrary(u)?;
+        let slots = u8::arbitrary(u)?;
+        let mut ops = Vec::new();
+        while !u.is_empty() && ops.len() < 1000 {
+            ops.push(FuzzOp::arbitrary(u)?);
+        }
+        Ok(FuzzInput {
+            conf,
+            capacity,
+            slots,
+            ops,
+        })
+    }
+}
+
+struct Live {
+    alloc: Allocation,
+    stream: u64,
+}
+
+/// The shadow model: live allocations by address.
+struct Shadow {
+    live: BTreeMap<u64, Live>,
+    freed: Vec<BlockId>,
+}
+
+impl Shadow {
+    fn nth(&self, which: u16) -> Option<u64> {
+        if self.live.is_empty() {
+            return None;
+        }
+        self.live
+            .keys()
+            .nth(which as usize % self.live.len())
+            .copied()
+    }
+
+    fn insert(&mut self, a: Allocation, requested: u64, stream: u64) {
+        assert!(
+            a.size >= requested && a.size % 512 == 0 && a.ptr.0 % 512 == 0,
+            "bad block for {requested}: {a:?}"
+        );
+        if let Some((&p, l)) = self.live.range(..a.ptr.0).next_back() {
+            assert!(
+                p + l.alloc.size <= a.ptr.0,
+                "overlaps the allocation below: {a:?}"
+            );
+        }
+        if let Some((&p, _)) = self.live.range(a.ptr.0..).next() {
+            assert!(
+                a.ptr.0 + a.size <= p,
+                "overlaps the allocation above: {a:?}"
+            );
+        }
+        self.live.insert(a.ptr.0, Live { alloc: a, stream });
+    }
+}
+
+/// What a run exercised (the stable test sums and checks these).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Coverage {
+    /// Inputs run.
+    pub inputs: u64,
+    /// Operations run.
+    pub ops: u64,
+    /// Successful allocations.
+    pub allocs: u64,
+    /// Successful frees.
+    pub frees: u64,
+    /// Out-of-memory errors.
+    pub ooms: u64,
+    /// Injected backend failures that surfaced.
+    pub injected: u64,
+    /// Metadata-exhausted errors.
+    pub exhausted: u64,
+    /// Full event queue / stream-use table errors.
+    pub full_queues: u64,
+    /// Interior-pointer and double-free errors.
+    pub bad_frees: u64,
+}
+
+impl Coverage {
+    /// Add another run's counts.
+    pub fn add(&mut self, o: Coverage) {
+        self.inputs += o.inputs;
+        self.ops += o.ops;
+        self.allocs += o.allocs;
+        self.frees += o.frees;
+        self.ooms += o.ooms;
+        self.injected += o.injected;
+        self.exhausted += o.exhausted;
+        self.full_queues += o.full_queues;
+        self.bad_frees += o.bad_frees;
+    }
+}
+
+/// What `run` is checking for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Ops,
+    NoFalseOom,
+}
+
+fn injected(e: &Error<MockError>) -> bool {
+    matches!(e, Error::Backend(MockError::Injected { .. }))
+}
+
+/// After an OOM from the full ladder: no cached whole segment is left, and
+/// the device (or the limit) really cannot supply the segment.
+fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, alloc_size: u64) {
+    for seg in a.segments() {
+        assert!(
+            seg.blocks().any(|b| b.state != BlockState::Inactive),
+            "OOM while a whole cached segment of {} bytes could have been released",
+            seg.total_size
+        );
+    }
+    let held = a.backend().held_bytes();
+    let device_full = capacity.is_some_and(|c| held + alloc_size > c);
+    let limit_hit = a
+        .memory_limit()
+        .is_some_and(|l| a.stats().reserved_bytes.all().current as u64 + alloc_size > l);
+    assert!(
+        device_full || limit_hit,
+        "false OOM: {held} bytes held, segment of {alloc_size}, capacity {capacity:?}, limit {:?}",
+        a.memory_limit()
+    );
+}
+
+fn run(data: &[u8], mode: Mode) -> Coverage {
+    let mut cov = Coverage {
+        inputs: 1,
+        ..Coverage::default()
+    };
+    let mut u = Unstructured::new(data);
+    let Ok(input) = FuzzInput::arbitrary(&mut u) else {
+        return cov;
+    };
+    let conf = CONFIGS[input.conf as usize % CONFIGS.len()];
+    let config = Config::parse(conf).unwrap_or(Config::DEFAULT);
+    let mut capacity = input.capacity.map(|x| (x as u64 + 2) * 2 * MIB);
+    if mode == Mode::NoFalseOom && capacity.is_none() {
+        capacity = Some(64 * MIB);
+    }
+    let slots = 2 + input.slots as usize;
+    let mut a: FuzzAllocator = DeviceAllocator::new(
+        MockDevice::new(capacity),
+        vec![BlockSlot::VACANT; slots].into_boxed_slice(),
+        config,
+    );
+    let mut shadow = Shadow {
+        live: BTreeMap::new(),
+        freed: Vec::new(),
+    };
+    for (n, op) in input.ops.iter().enumerate() {
+        let calls_before = a.backend().counters().total;
+        step(&mut a, &mut shadow, *op, mode, capacity, &mut cov);
+        cov.ops += 1;
+        if let Err(v) = a.check_invariants() {
+            panic!("after op {n} {op:?} (calls {calls_before}..): {v}");
+        }
+        assert_eq!(
+            a.live_allocations() as usize,
+            shadow.live.len(),
+            "after op {n} {op:?}: live allocations"
+        );
+    }
+    let live: Vec<DevicePtr> = shadow.live.keys().map(|&p| DevicePtr(p)).collect();
+    if let Err(e) = teardown(&mut a, live) {
+        panic!("teardown: {e}");
+    }
+    cov
+}
+
+fn step(
+    a: &mut FuzzAllocator,
+    sh: &mut Shadow,
+    op: FuzzOp,
+    mode: Mode,
+    capacity: Option<u64>,
+    cov: &mut Coverage,
+) {
+    match op {
+        FuzzOp::Alloc { size, stream } | FuzzOp::AllocNoRetry { size, stream } => {
+            let no_retry = matches!(op, FuzzOp::AllocNoRetry { .. });
+            let bytes = size.bytes();
+            let stream = stream as u64 % 3;
+            let flags = if no_retry {
+                MallocFlags::NO_RETRY
+            } else {
+                MallocFlags::empty()
+            };
+            match a.malloc_with(bytes, stream, flags) {
+                Ok(x) if bytes == 0 => assert!(x.ptr.is_null() && x.id.is_none()),
+                Ok(x) => {
+                    let info = a
+                        .allocation_info(x.id.expect("handle"))
+                        .expect("info of a fresh allocation");
+                    assert_eq!(
+                        (info.requested_size, info.allocated_size, info.stream),
+                        (bytes, x.size, stream)
+                    );
+                    sh.insert(x, bytes, stream);
+                    cov.allocs += 1;
+                }
+                Err(Error::TooLarge { .. }) => assert!(bytes >= 1 << 60),
+                Err(Error::OutOfMemory(r)) => {
+                    cov.ooms += 1;
+                    assert!(bytes < 1 << 60);
+                    if mode == Mode::NoFalseOom && !no_retry {
+                        assert_true_oom(a, capacity, r.alloc_size);
+                    }
+                }
+                Err(Error::MetadataExhausted { .. }) => cov.exhausted += 1,
+                Err(e) if injected(&e) => cov.injected += 1,
+                Err(e) => panic!("malloc({bytes}): {e}"),
+            }
+        }
+        FuzzOp::Free { which } | FuzzOp::FreePtr { which, .. } => {
+            let Some(p) = sh.nth(which) else { return };
+            let l = &sh.live[&p];
+            let (id, size) = (l.alloc.id.expect("handle"), l.alloc.size);
+            let offset = match op {
+                FuzzOp::FreePtr { offset, .. } => offset as u64 % size,
+                _ => 0,
+            };
+            let r = if offset > 0 {
+                a.free_ptr(DevicePtr(p + offset))
+            } else if matches!(op, FuzzOp::FreePtr { .. }) {
+                a.free_ptr(DevicePtr(p))
+            } else {
+                a.free(id)
+            };
+            match r {
+                Ok(()) => {
+                    assert_eq!(offset, 0, "freeing an interior pointer succeeded");
+                    sh.live.remove(&p);
+                    sh.freed.push(id);
+                    cov.frees += 1;
+                }
+                Err(Error::InteriorPointer { base, .. }) => {
+                    assert!(offset > 0 && base == DevicePtr(p));
+                    cov.bad_frees += 1;
+                }
+                Err(e @ (Error::EventQueueFull { .. } | Error::Backend(_))) => {
+                    assert!(
+                        matches!(e, Error::EventQueueFull { .. }) || injected(&e),
+                        "{e}"
+                    );
+                    if injected(&e) {
+                        cov.injected += 1;
+                    } else {
+                        cov.full_queues += 1;
+                    }
+                    // The allocation must still be live and untouched.
+                    assert_eq!(a.allocation_info(id).map(|i| i.ptr), Ok(DevicePtr(p)));
+                }
+                Err(e) => panic!("free: {e}"),
+            }
+        }
+        FuzzOp::DoubleFree { which } => {
+            if sh.freed.is_empty() {
+                return;
+            }
+            let id = sh.freed[which as usize % sh.freed.len()];
+            match a.free(id) {
+                Err(Error::StaleHandle { .. }) => cov.bad_frees += 1,
+                other => panic!("double free gave {other:?}"),
+            }
+        }
+        FuzzOp::RecordStream { which, stream } => {
+            let Some(p) = sh.nth(which) else { return };
+            let id = sh.live[&p].alloc.id.expect("handle");
+            let _ = sh.live[&p].stream;
+            match a.record_stream(id, stream as u64 % 3) {
+                Ok(()) => {}
+                Err(Error::StreamUsesFull { .. }) => cov.full_queues += 1,
+                Err(e) => panic!("record_stream: {e}"),
+            }
+        }
+        FuzzOp::Sync { stream } => a.backend_mut().sync(stream.map(|s| s as u64 % 3)),
+        FuzzOp::EmptyCache => match a.empty_cache() {
+            Ok(()) => {}
+            Err(e) if injected(&e) => cov.injected += 1,
+            Err(e) => panic!("empty_cache: {e}"),
+        },
+        FuzzOp::SetLimit { mib } => match mib {
+            Some(m) => a.set_memory_limit(m as u64 * MIB),
+            None => a.clear_memory_limit(),
+        },
+        FuzzOp::InjectFailure { after } => {
+            if mode == Mode::Ops {
+                a.backend_mut().fail_call(after as u64 % 8);
+            }
+        }
+        FuzzOp::ResetPeak => a.reset_peak_stats(),
+    }
+}
+
+/// The `ops` target.
+pub fn ops(data: &[u8]) -> Coverage {
+    run(data, Mode::Ops)
+}
+
+/// The `no_false_oom` target.
+pub fn no_false_oom(data: &[u8]) -> Coverage {
+    run(data, Mode::NoFalseOom)
+}
+
+/// The `conf` target: never panics; what parses, prints and parses back equal.
+pub fn conf(data: &[u8]) -> Coverage {
+    let text = String::from_utf8_lossy(data);
+    match Config::parse(&text) {
+        Ok(c) => {
+            let printed = c.to_string();
+            match Config::parse(&printed) {
+                Ok(back) => assert_eq!(back, c, "{text:?} printed as {printed:?}"),
+                Err(e) => panic!("{text:?} printed as {printed:?}, which does not parse: {e}"),
+            }
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+    Coverage {
+        inputs: 1,
+        ..Coverage::default()
+    }
+}
