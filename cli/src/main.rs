@@ -41,6 +41,9 @@ enum Command {
         /// Device capacity (bytes, or with a unit: 16GiB); default: the trace's, else unlimited.
         #[arg(long, value_parser = human::parse_bytes)]
         capacity: Option<u64>,
+        /// set_per_process_memory_fraction on each device (needs a capacity).
+        #[arg(long)]
+        memory_fraction: Option<f64>,
         /// The device.
         #[arg(long, value_enum, default_value = "mock")]
         backend: Backend,
@@ -223,6 +226,7 @@ fn cmd_replay(
     json: bool,
     conf: String,
     capacity: Option<u64>,
+    memory_fraction: Option<f64>,
     slots: usize,
     quiet: bool,
     traces: Vec<String>,
@@ -238,6 +242,7 @@ fn cmd_replay(
         config,
         conf,
         capacity,
+        memory_fraction,
         slots,
     };
     let mut status = 0;
@@ -454,11 +459,12 @@ fn main() -> ExitCode {
             json,
             conf,
             capacity,
+            memory_fraction,
             backend: Backend::Mock,
             slots,
             quiet,
             traces,
-        } => cmd_replay(json, conf, capacity, slots, quiet, traces),
+        } => cmd_replay(json, conf, capacity, memory_fraction, slots, quiet, traces),
         Command::Compare {
             confs,
             capacity,

@@ -24,6 +24,9 @@ pub struct Options {
     pub conf: String,
     /// Device capacity; `None`: the trace's `device_capacity`, else unlimited.
     pub capacity: Option<u64>,
+    /// `set_per_process_memory_fraction` on each device when it is created
+    /// (needs a capacity).
+    pub memory_fraction: Option<f64>,
     /// Block slots per device.
     pub slots: usize,
 }
@@ -34,6 +37,7 @@ impl Default for Options {
             config: Config::DEFAULT,
             conf: String::new(),
             capacity: None,
+            memory_fraction: None,
             slots: 1 << 17,
         }
     }
@@ -141,6 +145,11 @@ impl Replay {
             storage,
             self.opts.config,
         );
+        if let Some(f) = self.opts.memory_fraction {
+            alloc
+                .set_memory_fraction(f)
+                .map_err(|e| ApplyError::Input(format!("--memory-fraction {f}: {e}")))?;
+        }
         for _ in 0..self.empty_caches_since_init {
             alloc
                 .empty_cache()
@@ -407,6 +416,9 @@ pub fn run_reader<O: Observer>(
 ) -> Result<(Report, Replay), ReplayError> {
     let path = reader.path().to_string();
     let mut r = Replay::new(opts.clone(), reader.header.device_capacity);
+    if opts.memory_fraction.is_some() && r.capacity().is_none() {
+        return Err(ReplayError::Input(reader.error(0, "--memory-fraction needs a device capacity (--capacity or the trace's device_capacity)".to_string())));
+    }
     let t0 = Instant::now();
     let mut chunk: Vec<(u64, Event)> = Vec::with_capacity(CHUNK);
     let (mut parse, mut alloc) = (0f64, 0f64);

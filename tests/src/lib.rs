@@ -3,7 +3,7 @@
 //! multi-stream op sequences, a writer of those as trace files, and a driver
 //! of the reference model (`../shared/oracle/pytorch_sim.py`).
 
-use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, Error};
+use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, DeviceStats, Error};
 use cachealloc_mock::{MockDevice, MockError};
 use std::path::PathBuf;
 
@@ -39,9 +39,9 @@ pub fn shared_dir() -> PathBuf {
 }
 
 /// Every flat stat key and value, as the oracle prints them.
-pub fn stats_map(a: &MockAllocator) -> serde_json::Map<String, serde_json::Value> {
+pub fn stats_map(stats: &DeviceStats) -> serde_json::Map<String, serde_json::Value> {
     let mut m = serde_json::Map::new();
-    a.stats().for_each(|k, v| {
+    stats.for_each(|k, v| {
         m.insert(k.to_string(), v.into());
     });
     m

@@ -1,46 +1,14 @@
-//! Random multi-stream op sequences, their trace files
-//! (`../shared/trace-format.md`), and their replay on the core with the
-//! trace format's rules (an alloc that fails with out-of-memory is counted,
-//! and the later free or record_stream of its id is skipped).
+//! Random multi-stream op sequences and their trace files
+//! (`../shared/trace-format.md`), replayed through the CLI's reader and
+//! replay engine (so the differential test exercises the real trace path)
+//! with the invariants checked after every event.
 
-use crate::{allocator, MockAllocator};
-use cachealloc_core::{Allocation, Config};
-use std::collections::{HashMap, HashSet};
+use cachealloc_cli::replay::{self, Observer, Options, Replay};
+pub use cachealloc_cli::trace::Event as Op;
+use cachealloc_cli::trace::TraceReader;
+use cachealloc_core::Config;
 use std::fmt::Write as _;
 use std::path::Path;
-
-/// One event of a trace.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Op {
-    /// Allocate `size` bytes on `stream` as `id`.
-    Alloc {
-        /// Trace id.
-        id: u64,
-        /// Bytes.
-        size: u64,
-        /// Stream.
-        stream: u64,
-    },
-    /// Free `id`.
-    Free {
-        /// Trace id.
-        id: u64,
-    },
-    /// `id` is also used on `stream`.
-    RecordStream {
-        /// Trace id.
-        id: u64,
-        /// Stream.
-        stream: u64,
-    },
-    /// The host waits for `stream` (all when `None`).
-    Sync {
-        /// Stream.
-        stream: Option<u64>,
-    },
-    /// Return unused cached segments.
-    EmptyCache,
-}
 
 /// A generated case: the settings and the ops.
 #[derive(Clone, Debug)]
@@ -161,6 +129,7 @@ pub fn generate(seed: u64) -> Case {
                 id,
                 size: size(&mut rng),
                 stream: rng.range(0, streams - 1),
+                device: 0,
             });
             live.push(id);
         } else if r < 82 {
@@ -210,9 +179,23 @@ pub fn trace_text(case: &Case) -> String {
     );
     for op in &case.ops {
         let _ = match *op {
-            Op::Alloc { id, size, stream } => writeln!(
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                device: 0,
+            } => writeln!(
                 s,
                 r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream}}}"#
+            ),
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                device,
+            } => writeln!(
+                s,
+                r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream},"device":{device}}}"#
             ),
             Op::Free { id } => writeln!(s, r#"{{"op":"free","id":{id}}}"#),
             Op::RecordStream { id, stream } => {
@@ -231,87 +214,78 @@ pub fn write_trace(case: &Case, path: &Path) -> std::io::Result<()> {
     std::fs::write(path, trace_text(case))
 }
 
-/// The result of replaying a case on the core.
+/// The result of replaying a case: the CLI's report and replay state.
 pub struct Replayed {
-    /// The allocator at the end.
-    pub alloc: MockAllocator,
-    /// Allocations still live at the end.
-    pub live: HashMap<u64, Allocation>,
-    /// Allocs that failed with out-of-memory.
-    pub ooms: u64,
+    /// The report (statistics per device, OOMs, peaks).
+    pub report: replay::Report,
+    /// The replay state (the device allocators).
+    pub replay: Replay,
 }
 
-/// Replay a case on the core with the trace format's rules, checking the
-/// invariants after every op. Like the reference model (and PyTorch, whose
-/// allocators exist only once CUDA is initialised), an `empty_cache` before
-/// the first allocation does nothing.
+impl Replayed {
+    /// Device 0's allocator.
+    pub fn alloc(&self) -> &replay::Alloc {
+        &self.replay.devices[0].alloc
+    }
+}
+
+/// Checks the invariants of every device after every `every`-th event and
+/// stops at the first violation.
+struct Check {
+    every: u64,
+    violation: Option<String>,
+}
+
+impl Observer for Check {
+    fn after_event(&mut self, index: u64, r: &Replay) {
+        if self.violation.is_none() && index % self.every == 0 {
+            for d in &r.devices {
+                if let Err(v) = d.alloc.check_invariants() {
+                    self.violation = Some(format!("after event {index}, device {}: {v}", d.index));
+                }
+            }
+        }
+    }
+    fn stop_after(&self, _index: u64) -> bool {
+        self.violation.is_some()
+    }
+}
+
+/// Replay a case (through its trace text), checking the invariants after
+/// every event.
 pub fn replay(case: &Case) -> Result<Replayed, String> {
     replay_checked(case, 1)
 }
 
-/// [`replay`], checking the invariants after every `check_every`-th op and at the end.
-pub fn replay_checked(case: &Case, check_every: usize) -> Result<Replayed, String> {
+/// [`replay`], checking the invariants after every `check_every`-th event and at the end.
+pub fn replay_checked(case: &Case, check_every: u64) -> Result<Replayed, String> {
     let config = Config::parse(&case.conf).map_err(|e| e.to_string())?;
-    let mut a = allocator(case.capacity, config, 1 << 14);
-    if let Some(f) = case.memory_fraction {
-        a.set_memory_fraction(f).map_err(|e| e.to_string())?;
+    let opts = Options {
+        config,
+        conf: case.conf.clone(),
+        capacity: case.capacity,
+        memory_fraction: case.memory_fraction,
+        slots: 1 << 14,
+    };
+    let reader = TraceReader::from_bytes(
+        &format!("case-{}", case.seed),
+        trace_text(case).into_bytes(),
+        false,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut check = Check {
+        every: check_every.max(1),
+        violation: None,
+    };
+    let (report, replay) =
+        replay::run_reader(reader, &opts, &mut check).map_err(|e| e.to_string())?;
+    if let Some(v) = check.violation {
+        return Err(v);
     }
-    let mut live: HashMap<u64, Allocation> = HashMap::new();
-    let mut failed: HashSet<u64> = HashSet::new();
-    let mut started = false;
-    let mut ooms = 0;
-    for (n, op) in case.ops.iter().enumerate() {
-        let at = |e: String| format!("op {n} {op:?}: {e}");
-        match *op {
-            Op::Alloc { id, size, stream } => {
-                failed.remove(&id);
-                started = true;
-                match a.malloc(size, stream) {
-                    Ok(x) => {
-                        live.insert(id, x);
-                    }
-                    Err(e) if e.is_out_of_memory() => {
-                        failed.insert(id);
-                        ooms += 1;
-                    }
-                    Err(e) => return Err(at(e.to_string())),
-                }
-            }
-            Op::Free { id } => {
-                if failed.remove(&id) {
-                    continue;
-                }
-                let x = live
-                    .remove(&id)
-                    .ok_or_else(|| at("free of an id that is not live".into()))?;
-                a.free_ptr(x.ptr).map_err(|e| at(e.to_string()))?;
-            }
-            Op::RecordStream { id, stream } => {
-                if failed.contains(&id) {
-                    continue;
-                }
-                let x = live
-                    .get(&id)
-                    .ok_or_else(|| at("record_stream of an id that is not live".into()))?;
-                a.record_stream_ptr(x.ptr, stream)
-                    .map_err(|e| at(e.to_string()))?;
-            }
-            Op::Sync { stream } => a.backend_mut().sync(stream),
-            Op::EmptyCache => {
-                if started {
-                    a.empty_cache().map_err(|e| at(e.to_string()))?;
-                }
-            }
-        }
-        if n % check_every.max(1) == 0 {
-            a.check_invariants().map_err(|e| at(e.to_string()))?;
-        }
+    for d in &replay.devices {
+        d.alloc
+            .check_invariants()
+            .map_err(|e| format!("at the end: {e}"))?;
     }
-    a.check_invariants()
-        .map_err(|e| format!("at the end: {e}"))?;
-    Ok(Replayed {
-        alloc: a,
-        live,
-        ooms,
-    })
+    Ok(Replayed { report, replay })
 }

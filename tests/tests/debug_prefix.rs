@@ -31,7 +31,7 @@ fn first_divergence() {
         let mut c = case.clone();
         c.ops.truncate(k + 1);
         let ours = ops::replay(&c).unwrap();
-        let d = oracle::diff(&stats_map(&ours.alloc), t.as_ref().unwrap());
+        let d = oracle::diff(&stats_map(ours.alloc().stats()), t.as_ref().unwrap());
         if !d.is_empty() {
             println!(
                 "conf {:?} cap {:?} frac {:?}",

@@ -70,7 +70,7 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
                 continue;
             }
         };
-        let d = oracle::diff(&stats_map(&ours.alloc), model);
+        let d = oracle::diff(&stats_map(ours.alloc().stats()), model);
         if !d.is_empty() {
             failures.push(format!(
                 "case seed {} ({}, conf {:?}, capacity {:?}, fraction {:?}):\n    {}",
@@ -88,7 +88,7 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
             .iter()
             .any(|o| matches!(o, ops::Op::Alloc { stream: 1.., .. })) as u32;
         capped += c.capacity.is_some() as u32;
-        with_oom += (ours.ooms > 0) as u32;
+        with_oom += (ours.report.ooms > 0) as u32;
         with_events += c
             .ops
             .iter()

@@ -360,3 +360,30 @@ fn snapshot_cache_info_and_allocation_info() {
         a.stats().reserved_bytes.all().current - a.stats().active_bytes.all().current
     );
 }
+
+/// Regression (found by the `ops` fuzz logic): with the event queue full of
+/// events that have already completed, a free of a record_stream'd block
+/// used to fail with EventQueueFull until some later malloc drained the
+/// queue. It now drains completed events itself before refusing.
+#[test]
+fn free_drains_completed_events_before_refusing() {
+    type Small = DeviceAllocator<MockDevice, Vec<BlockSlot>, 2>;
+    let mut a: Small = DeviceAllocator::new(
+        MockDevice::unlimited(),
+        vec![BlockSlot::VACANT; 64],
+        Config::DEFAULT,
+    );
+    let x = a.malloc(4096, 0).unwrap();
+    a.record_stream(x.id.unwrap(), 1).unwrap();
+    a.record_stream(x.id.unwrap(), 2).unwrap();
+    let z = a.malloc(4096, 0).unwrap();
+    a.free(x.id.unwrap()).unwrap(); // the queue is full: two events
+    a.record_stream(z.id.unwrap(), 1).unwrap();
+    a.backend_mut().sync(None); // both events complete; nobody has looked yet
+    a.free(z.id.unwrap()).expect("completed events make room");
+    assert_eq!(a.pending_events(), 1);
+    a.check_invariants().unwrap();
+    a.backend_mut().sync(None);
+    a.empty_cache().unwrap();
+    assert_eq!(a.backend().held_bytes(), 0);
+}

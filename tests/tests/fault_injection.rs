@@ -93,7 +93,7 @@ fn every_backend_call_of_generated_sequences_can_fail_cleanly() {
         cases += 1;
         let setup_calls = c.memory_fraction.is_some() as u64;
         let calls =
-            (ops::replay(&c).unwrap().alloc.backend().counters().total - setup_calls).min(400);
+            (ops::replay(&c).unwrap().alloc().backend().counters().total - setup_calls).min(400);
         for i in 0..calls {
             let mut a = cachealloc_tests::allocator(
                 c.capacity,
@@ -111,7 +111,9 @@ fn every_backend_call_of_generated_sequences_can_fail_cleanly() {
             for op in &c.ops {
                 let before = a.backend().counters().total;
                 let ok = match *op {
-                    ops::Op::Alloc { id, size, stream } => match a.malloc(size, stream) {
+                    ops::Op::Alloc {
+                        id, size, stream, ..
+                    } => match a.malloc(size, stream) {
                         Ok(x) => {
                             // A free that failed leaves its id live; the trace may reuse it.
                             if let Some(old) = live.insert(id, x.ptr) {
