@@ -7,7 +7,9 @@ use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, DeviceStats
 use cachealloc_mock::{MockDevice, MockError};
 use std::path::PathBuf;
 
+pub mod backend_suite;
 pub mod fuzz;
+pub mod harness;
 pub mod ops;
 pub mod oracle;
 pub mod scenario;
@@ -47,31 +49,58 @@ pub fn stats_map(stats: &DeviceStats) -> serde_json::Map<String, serde_json::Val
     m
 }
 
+/// A backend that is the simulated device, possibly wrapped.
+pub trait AsMock: cachealloc_core::DeviceBackend {
+    /// The device.
+    fn mock(&self) -> &MockDevice;
+    /// The device, mutably.
+    fn mock_mut(&mut self) -> &mut MockDevice;
+}
+
+impl AsMock for MockDevice {
+    fn mock(&self) -> &MockDevice {
+        self
+    }
+    fn mock_mut(&mut self) -> &mut MockDevice {
+        self
+    }
+}
+
+impl AsMock for harness::Logged<MockDevice> {
+    fn mock(&self) -> &MockDevice {
+        &self.inner
+    }
+    fn mock_mut(&mut self) -> &mut MockDevice {
+        &mut self.inner
+    }
+}
+
 /// Free everything still live, empty the cache, drop idle events; then the
 /// mock must hold nothing. Returns a description of what is left, if anything.
-pub fn teardown<S, const E: usize>(
-    a: &mut DeviceAllocator<MockDevice, S, E>,
+pub fn teardown<B, S, const E: usize>(
+    a: &mut DeviceAllocator<B, S, E>,
     live: impl IntoIterator<Item = DevicePtr>,
 ) -> Result<(), String>
 where
+    B: AsMock,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
 {
-    a.backend_mut().clear_faults();
+    a.backend_mut().mock_mut().clear_faults();
     // All streams finish first, so frees with recorded streams find room in
     // the event queue.
-    a.backend_mut().sync(None);
+    a.backend_mut().mock_mut().sync(None);
     for p in live {
         a.free_ptr(p)
             .map_err(|e| format!("teardown free of {p}: {e}"))?;
     }
-    a.backend_mut().sync(None);
+    a.backend_mut().mock_mut().sync(None);
     a.empty_cache()
         .map_err(|e| format!("teardown empty_cache: {e}"))?;
     a.release_idle_events()
         .map_err(|e| format!("teardown events: {e}"))?;
     a.check_invariants()
         .map_err(|e| format!("after teardown: {e}"))?;
-    let m = a.backend();
+    let m = a.backend().mock();
     if m.held_bytes() != 0 || m.live_segments() != 0 || m.live_events() != 0 {
         return Err(format!(
             "leak: {} bytes in {} segments and {} events still held",

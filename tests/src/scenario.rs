@@ -2,8 +2,8 @@
 //! file and every ```json block of the Markdown file, which has more) and
 //! running them against the core on the mock.
 
-use crate::{allocator, MockAllocator};
-use cachealloc_core::{Allocation, Config};
+use crate::harness::{Harness, Logged};
+use cachealloc_core::{Allocation, BlockSlot, Config, DeviceAllocator, DevicePtr};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -130,10 +130,31 @@ pub fn parse(v: &Value) -> Result<Scenario, String> {
     })
 }
 
+/// The allocator a scenario drives on harness `H`.
+pub type HarnessAllocator<H> = DeviceAllocator<Logged<<H as Harness>::B>, Box<[BlockSlot]>, 256>;
+
+/// Whether scenario `sc` can run on harness `h`: capacities and memory
+/// fractions need a simulated device, and event timing (record_stream) a
+/// device whose stream work completes only when told.
+pub fn runnable<H: Harness>(h: &H, sc: &Scenario) -> bool {
+    let needs_capacity = sc.capacity.is_some()
+        || sc
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::SetMemoryFraction(_)));
+    let needs_timing = sc
+        .steps
+        .iter()
+        .any(|s| matches!(s, Step::RecordStream { .. }));
+    (h.simulated() || !needs_capacity) && (h.deterministic() || !needs_timing)
+}
+
 /// The state of a running scenario.
-pub struct Run {
+pub struct Run<'h, H: Harness> {
+    /// The device.
+    pub harness: &'h H,
     /// The allocator.
-    pub alloc: MockAllocator,
+    pub alloc: HarnessAllocator<H>,
     /// Live allocations by name.
     pub names: HashMap<String, Allocation>,
     /// The message of the last OOM.
@@ -143,12 +164,18 @@ pub struct Run {
     pub orphans: Vec<Allocation>,
 }
 
-impl Run {
-    /// A fresh run of `sc` with `slots` block slots.
-    pub fn new(sc: &Scenario, slots: usize) -> Result<Run, String> {
+impl<'h, H: Harness> Run<'h, H> {
+    /// A fresh run of `sc` on `harness` with `slots` block slots.
+    pub fn new(harness: &'h H, sc: &Scenario, slots: usize) -> Result<Self, String> {
         let config = Config::parse(&sc.conf).map_err(|e| e.to_string())?;
+        let backend = harness.open(sc.capacity)?;
         Ok(Run {
-            alloc: allocator(sc.capacity, config, slots),
+            harness,
+            alloc: DeviceAllocator::new(
+                Logged::new(backend),
+                vec![BlockSlot::VACANT; slots].into_boxed_slice(),
+                config,
+            ),
             names: HashMap::new(),
             last_oom: None,
             orphans: Vec::new(),
@@ -157,6 +184,7 @@ impl Run {
 
     /// Execute one non-`expect` step. `Err` carries the allocator's error text.
     pub fn step(&mut self, step: &Step) -> Result<(), String> {
+        let h = self.harness;
         let a = &mut self.alloc;
         match step {
             Step::Alloc {
@@ -164,7 +192,7 @@ impl Run {
                 size,
                 stream,
                 must_oom,
-            } => match a.malloc(*size, *stream) {
+            } => match a.malloc(*size, h.stream(*stream)) {
                 Ok(x) => {
                     if let Some(old) = self.names.insert(name.clone(), x) {
                         self.orphans.push(old);
@@ -193,10 +221,10 @@ impl Run {
                     .names
                     .get(name)
                     .ok_or_else(|| format!("record_stream of unknown name {name}"))?;
-                a.record_stream_ptr(x.ptr, *stream)
+                a.record_stream_ptr(x.ptr, h.stream(*stream))
                     .map_err(|e| e.to_string())?;
             }
-            Step::Sync { stream } => a.backend_mut().sync(*stream),
+            Step::Sync { stream } => h.finish(&mut a.backend_mut().inner, *stream),
             Step::EmptyCache => a.empty_cache().map_err(|e| e.to_string())?,
             Step::SetMemoryFraction(f) => a.set_memory_fraction(*f).map_err(|e| e.to_string())?,
             Step::Config(c) => a.set_config(Config::parse(c).map_err(|e| e.to_string())?),
@@ -207,7 +235,7 @@ impl Run {
     }
 
     /// Every allocation the run still holds.
-    pub fn live(&self) -> Vec<cachealloc_core::DevicePtr> {
+    pub fn live(&self) -> Vec<DevicePtr> {
         self.names
             .values()
             .chain(&self.orphans)
@@ -252,13 +280,46 @@ impl Run {
             }
         }
     }
+
+    /// Free what is live, wait for all streams, empty the cache and drop the
+    /// idle events: afterwards the device must hold nothing.
+    pub fn release_all(&mut self) -> Result<(), String> {
+        let live = self.live();
+        self.harness
+            .finish(&mut self.alloc.backend_mut().inner, None);
+        for p in live {
+            self.alloc
+                .free_ptr(p)
+                .map_err(|e| format!("free {p}: {e}"))?;
+        }
+        self.names.clear();
+        self.orphans.clear();
+        self.harness
+            .finish(&mut self.alloc.backend_mut().inner, None);
+        self.alloc.empty_cache().map_err(|e| e.to_string())?;
+        self.alloc
+            .release_idle_events()
+            .map_err(|e| e.to_string())?;
+        self.alloc.check_invariants().map_err(|e| e.to_string())?;
+        let b = self.alloc.backend();
+        if b.held != 0 || b.event_creates != b.event_destroys {
+            return Err(format!(
+                "{} still holds {} bytes and {} events",
+                self.harness.name(),
+                b.held,
+                b.event_creates - b.event_destroys
+            ));
+        }
+        Ok(())
+    }
 }
 
-/// Run a scenario, checking every expectation and the invariants after every
-/// op. Returns the mismatches (empty: pass).
-pub fn run(sc: &Scenario) -> Vec<String> {
+/// Run a scenario on `harness`, checking every expectation and the
+/// invariants after every op, then release everything. Returns the
+/// mismatches (empty: pass).
+pub fn run<H: Harness>(harness: &H, sc: &Scenario) -> Vec<String> {
     let mut out = Vec::new();
-    let mut r = match Run::new(sc, 4096) {
+    let mut r = match Run::new(harness, sc, 4096) {
         Ok(r) => r,
         Err(e) => return vec![e],
     };
@@ -279,6 +340,9 @@ pub fn run(sc: &Scenario) -> Vec<String> {
         if let Err(v) = r.alloc.check_invariants() {
             out.push(format!("{where_}: {v}"));
         }
+    }
+    if let Err(e) = r.release_all() {
+        out.push(format!("release: {e}"));
     }
     out
 }

@@ -1,6 +1,7 @@
 //! Every PyTorch-parity scenario of `../shared/conformance/` (the JSON file
 //! and the extra blocks of the Markdown file), every op and expected key.
 
+use cachealloc_tests::harness::MockHarness;
 use cachealloc_tests::{scenario, shared_dir};
 
 #[test]
@@ -14,7 +15,7 @@ fn all_conformance_scenarios_pass() {
     let mut failures = Vec::new();
     for v in &all {
         let sc = scenario::parse(v).expect("parse scenario");
-        let fails = scenario::run(&sc);
+        let fails = scenario::run(&MockHarness, &sc);
         println!(
             "{} {}",
             if fails.is_empty() { "ok  " } else { "FAIL" },
@@ -42,6 +43,6 @@ fn runner_reports_every_kind_of_mismatch() {
                             "oom_message_contains": "Tried to allocate 3.00 MiB",
                             "no_such_key.all.current": 0}]]
     });
-    let fails = scenario::run(&scenario::parse(&v).unwrap());
+    let fails = scenario::run(&MockHarness, &scenario::parse(&v).unwrap());
     assert_eq!(fails.len(), 4, "{fails:#?}");
 }

@@ -3,7 +3,8 @@
 //! call returns an error, the invariants hold after every op, and after
 //! freeing everything and `empty_cache` the mock holds 0 bytes and 0 events.
 
-use cachealloc_tests::{ops, scenario, shared_dir, teardown};
+use cachealloc_tests::harness::MockHarness;
+use cachealloc_tests::{ops, scenario, shared_dir, teardown, AsMock};
 
 const SCENARIOS: &[&str] = &[
     "S04 1 MiB is small; 2 MiB segments",
@@ -19,15 +20,15 @@ const SCENARIOS: &[&str] = &[
 ];
 
 fn run_with_fault(sc: &scenario::Scenario, fail_at: Option<u64>) -> Result<(u64, bool), String> {
-    let mut r = scenario::Run::new(sc, 4096)?;
+    let mut r = scenario::Run::new(&MockHarness, sc, 4096)?;
     if let Some(i) = fail_at {
-        r.alloc.backend_mut().fail_call(i);
+        r.alloc.backend_mut().mock_mut().fail_call(i);
     }
     let mut fired = false;
     for (n, step) in sc.steps.iter().enumerate() {
-        let before = r.alloc.backend().counters().total;
+        let before = r.alloc.backend().mock().counters().total;
         let res = r.step(step);
-        let after = r.alloc.backend().counters().total;
+        let after = r.alloc.backend().mock().counters().total;
         if let Some(i) = fail_at {
             if (before..after).contains(&i) {
                 fired = true;
@@ -42,7 +43,7 @@ fn run_with_fault(sc: &scenario::Scenario, fail_at: Option<u64>) -> Result<(u64,
             .check_invariants()
             .map_err(|v| format!("op {n} {step:?} (fault at {fail_at:?}): {v}"))?;
     }
-    let total = r.alloc.backend().counters().total;
+    let total = r.alloc.backend().mock().counters().total;
     let live = r.live();
     teardown(&mut r.alloc, live).map_err(|e| format!("fault at {fail_at:?}: {e}"))?;
     Ok((total, fired))

@@ -1,0 +1,226 @@
+//! # cachealloc-cuda
+//!
+//! A [`DeviceBackend`] for NVIDIA GPUs on the CUDA driver API, through
+//! `cudarc`'s `sys` and `result` layers with dynamic loading (its `safe`
+//! types free memory when dropped, which fights a cache). A machine without
+//! a driver or a GPU gets an error value from [`CudaBackend::new`], never a
+//! panic: the driver library is probed before the first call.
+//!
+//! ```no_run
+//! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
+//! use cachealloc_cuda::{CudaBackend, CudaStream};
+//! let backend = CudaBackend::new(0)?;
+//! let mut a: DeviceAllocator<CudaBackend, _> =
+//!     DeviceAllocator::new(backend, vec![BlockSlot::VACANT; 1 << 16], Config::DEFAULT);
+//! let x = a.malloc(1 << 20, CudaStream::DEFAULT).expect("malloc");
+//! a.free(x.id.unwrap()).expect("free");
+//! # Ok::<(), cachealloc_cuda::CudaError>(())
+//! ```
+
+mod conv;
+
+pub use conv::CudaError;
+
+use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use conv::{check, driver_error, is_not_ready, is_out_of_memory};
+use cudarc::driver::{result, sys};
+
+/// A CUDA stream handle (`CUstream`), compared by its raw value as PyTorch
+/// does. `CudaStream::DEFAULT` is the legacy default stream (null).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct CudaStream(usize);
+
+impl CudaStream {
+    /// The default stream.
+    pub const DEFAULT: CudaStream = CudaStream(0);
+
+    /// Wrap a raw stream created elsewhere (by the runtime that owns it).
+    pub fn from_raw(stream: sys::CUstream) -> CudaStream {
+        CudaStream(stream as usize)
+    }
+
+    /// The raw handle.
+    pub fn as_raw(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+}
+
+impl From<CudaStream> for u64 {
+    fn from(s: CudaStream) -> u64 {
+        s.0 as u64
+    }
+}
+
+/// A CUDA event created with timing disabled.
+#[derive(Debug)]
+pub struct CudaEvent(sys::CUevent);
+
+// SAFETY: a CUevent is a handle into the driver, which allows using it from
+// any thread (the driver API is thread-safe); we never alias it mutably.
+unsafe impl Send for CudaEvent {}
+
+/// One CUDA device, through its primary context.
+#[derive(Debug)]
+pub struct CudaBackend {
+    ordinal: u32,
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: the primary context may be made current on any thread
+// (`cuCtxSetCurrent`), which every call here does first; the handles are
+// driver objects, not thread-bound memory.
+unsafe impl Send for CudaBackend {}
+
+impl CudaBackend {
+    /// Open device `ordinal`: checks that the driver library loads and that
+    /// the device exists, then retains its primary context.
+    pub fn new(ordinal: u32) -> Result<CudaBackend, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        check(result::init(), "cuInit")?;
+        let count = check(result::device::get_count(), "cuDeviceGetCount")?.max(0) as u32;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let device = check(result::device::get(ordinal as i32), "cuDeviceGet")?;
+        // SAFETY: `device` is a valid device handle from cuDeviceGet; the
+        // retained context is released in Drop.
+        let ctx = check(
+            unsafe { result::primary_ctx::retain(device) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        let b = CudaBackend {
+            ordinal,
+            device,
+            ctx,
+        };
+        b.bind()?;
+        Ok(b)
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// Make this device's primary context current on the calling thread.
+    fn bind(&self) -> Result<(), CudaError> {
+        // SAFETY: `ctx` is the primary context retained in `new` and not yet
+        // released (that happens only in Drop).
+        check(
+            unsafe { result::ctx::set_current(self.ctx) },
+            "cuCtxSetCurrent",
+        )
+    }
+
+    /// Block until all work queued on `stream` is done (`cuStreamSynchronize`).
+    pub fn synchronize(&self, stream: CudaStream) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: the stream handle is the default stream or one the caller
+        // created in this context and keeps alive while it uses it here.
+        check(
+            unsafe { result::stream::synchronize(stream.as_raw()) },
+            "cuStreamSynchronize",
+        )
+    }
+}
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn driver_present() -> bool {
+    // SAFETY: this only tries to dlopen the candidate library names and
+    // closes them again; no driver function is called.
+    unsafe { sys::is_culib_present() }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // SAFETY: releases the reference taken by cuDevicePrimaryCtxRetain in `new`.
+        let _ = unsafe { result::primary_ctx::release(self.device) };
+    }
+}
+
+impl DeviceBackend for CudaBackend {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type Error = CudaError;
+
+    fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<CudaError>> {
+        self.bind().map_err(MallocError::Other)?;
+        // SAFETY: a plain device allocation in the current (primary) context;
+        // the pointer is freed only through `free` below.
+        match unsafe { result::malloc_sync(size as usize) } {
+            Ok(p) => Ok(DevicePtr(p)),
+            Err(e) if is_out_of_memory(&e) => Err(MallocError::OutOfMemory),
+            Err(e) => Err(MallocError::Other(driver_error(e, "cuMemAlloc_v2"))),
+        }
+    }
+
+    fn free(&mut self, ptr: DevicePtr, _size: u64) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: the allocator frees only whole segments it obtained from
+        // `malloc` above, once each.
+        check(unsafe { result::free_sync(ptr.0) }, "cuMemFree_v2")
+    }
+
+    fn event_create(&mut self) -> Result<CudaEvent, CudaError> {
+        self.bind()?;
+        let e = check(
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+            "cuEventCreate",
+        )?;
+        Ok(CudaEvent(e))
+    }
+
+    fn event_record(&mut self, event: &CudaEvent, stream: CudaStream) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: `event` was created by `event_create` and not destroyed;
+        // the stream belongs to this context.
+        check(
+            unsafe { result::event::record(event.0, stream.as_raw()) },
+            "cuEventRecord",
+        )
+    }
+
+    fn event_query(&mut self, event: &CudaEvent) -> Result<EventStatus, CudaError> {
+        self.bind()?;
+        // SAFETY: `event` is a live event from `event_create`.
+        match unsafe { result::event::query(event.0) } {
+            Ok(()) => Ok(EventStatus::Ready),
+            Err(e) if is_not_ready(&e) => Ok(EventStatus::Pending),
+            Err(e) => Err(driver_error(e, "cuEventQuery")),
+        }
+    }
+
+    fn event_synchronize(&mut self, event: &CudaEvent) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: `event` is a live event from `event_create`.
+        check(
+            unsafe { result::event::synchronize(event.0) },
+            "cuEventSynchronize",
+        )
+    }
+
+    fn event_destroy(&mut self, event: CudaEvent) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: `event` is consumed, so it is destroyed exactly once.
+        check(
+            unsafe { result::event::destroy(event.0) },
+            "cuEventDestroy_v2",
+        )
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, CudaError> {
+        self.bind()?;
+        let (free, total) = check(result::mem_get_info(), "cuMemGetInfo_v2")?;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+}

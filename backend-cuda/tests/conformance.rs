@@ -1,0 +1,76 @@
+//! The backend conformance suite of `cachealloc-tests` on a real CUDA device
+//! (device 0). Without a driver or a device it prints one line saying why it
+//! skipped. Scenarios that depend on a simulated capacity or on event timing
+//! are left out (a real device runs this test's work at its own pace).
+
+use cachealloc_cuda::{CudaBackend, CudaStream};
+use cachealloc_tests::harness::Harness;
+use cachealloc_tests::{backend_suite, shared_dir};
+use cudarc::driver::result;
+use std::cell::RefCell;
+
+const SCRATCH: usize = 256 << 20;
+
+#[derive(Default)]
+struct CudaHarness {
+    /// Keeps the primary context (and so the streams) alive between opens.
+    keeper: RefCell<Option<CudaBackend>>,
+    streams: RefCell<Vec<CudaStream>>,
+    scratch: RefCell<Option<u64>>,
+}
+
+impl Harness for CudaHarness {
+    type B = CudaBackend;
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn open(&self, _capacity: Option<u64>) -> Result<CudaBackend, String> {
+        let b = CudaBackend::new(0).map_err(|e| e.to_string())?;
+        if self.keeper.borrow().is_none() {
+            *self.keeper.borrow_mut() = Some(CudaBackend::new(0).map_err(|e| e.to_string())?);
+            for _ in 0..3 {
+                let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+                    .map_err(|e| e.to_string())?;
+                self.streams.borrow_mut().push(CudaStream::from_raw(s));
+            }
+            // SAFETY: a plain device allocation in the current context, used
+            // only as the target of memsets and never freed while in use.
+            let p = unsafe { result::malloc_sync(SCRATCH) }.map_err(|e| e.to_string())?;
+            *self.scratch.borrow_mut() = Some(p);
+        }
+        Ok(b)
+    }
+    fn stream(&self, k: u64) -> CudaStream {
+        if k == 0 {
+            CudaStream::DEFAULT
+        } else {
+            self.streams.borrow()[(k as usize - 1) % 3]
+        }
+    }
+    fn enqueue_work(&self, _b: &mut CudaBackend, k: u64) -> bool {
+        if let Some(p) = *self.scratch.borrow() {
+            // SAFETY: `p` is a live SCRATCH-byte allocation; the stream is
+            // the default stream or one created above in this context.
+            let _ = unsafe { result::memset_d8_async(p, 1, SCRATCH, self.stream(k).as_raw()) };
+        }
+        false // a memset may finish before the event is queried
+    }
+    fn finish(&self, b: &mut CudaBackend, k: Option<u64>) {
+        let r = match k {
+            Some(k) => b.synchronize(self.stream(k)).map_err(|e| e.to_string()),
+            None => result::ctx::synchronize().map_err(|e| e.to_string()),
+        };
+        r.expect("synchronize");
+    }
+    fn deterministic(&self) -> bool {
+        false
+    }
+    fn simulated(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn cuda_backend_conformance() {
+    backend_suite::run_and_report(&CudaHarness::default(), &shared_dir());
+}

@@ -1,0 +1,175 @@
+//! The backend conformance suite: the same checks for any [`Harness`] (the
+//! mock always; CUDA and HIP where a device is present).
+
+use crate::harness::{Harness, Logged};
+use crate::scenario;
+use cachealloc_core::{
+    BlockSlot, Config, DeviceAllocator, DeviceBackend, EventStatus, MallocError,
+};
+use std::path::Path;
+
+/// What ran, what failed, what could not run on this device.
+#[derive(Debug, Default)]
+pub struct SuiteReport {
+    /// Checks that passed.
+    pub passed: Vec<String>,
+    /// Checks that failed, with why.
+    pub failed: Vec<String>,
+    /// Scenarios left out (they need a simulated capacity or event timing).
+    pub skipped: Vec<String>,
+}
+
+fn check(report: &mut SuiteReport, name: &str, r: Result<(), String>) {
+    match r {
+        Ok(()) => report.passed.push(name.to_string()),
+        Err(e) => report.failed.push(format!("{name}: {e}")),
+    }
+}
+
+type Alloc<H> = DeviceAllocator<Logged<<H as Harness>::B>, Vec<BlockSlot>, 64>;
+
+fn allocator<H: Harness>(h: &H, capacity: Option<u64>) -> Result<Alloc<H>, String> {
+    Ok(DeviceAllocator::new(
+        Logged::new(h.open(capacity)?),
+        vec![BlockSlot::VACANT; 1024],
+        Config::DEFAULT,
+    ))
+}
+
+fn round_trip<H: Harness>(h: &H) -> Result<(), String> {
+    let mut b = h.open(None)?;
+    let p = b.malloc(2 << 20).map_err(|e| format!("{e:?}"))?;
+    if p.is_null() {
+        return Err("malloc returned null".into());
+    }
+    b.free(p, 2 << 20).map_err(|e| e.to_string())
+}
+
+fn zero_size<H: Harness>(h: &H) -> Result<(), String> {
+    let mut a = allocator(h, None)?;
+    let x = a.malloc(0, h.stream(0)).map_err(|e| e.to_string())?;
+    if !x.ptr.is_null() || x.id.is_some() || !a.backend().mallocs.is_empty() {
+        return Err(format!("zero bytes reached the device: {x:?}"));
+    }
+    a.free_ptr(x.ptr).map_err(|e| e.to_string())
+}
+
+fn huge_is_oom<H: Harness>(h: &H) -> Result<(), String> {
+    let mut b = h.open(Some(1 << 40))?;
+    match b.malloc(1 << 50) {
+        Err(MallocError::OutOfMemory) => Ok(()),
+        Err(MallocError::Other(e)) => {
+            Err(format!("a 1 PiB malloc failed with {e}, not out-of-memory"))
+        }
+        Ok(p) => {
+            let _ = b.free(p, 1 << 50);
+            Err("a 1 PiB malloc succeeded".into())
+        }
+    }
+}
+
+fn events<H: Harness>(h: &H) -> Result<(), String> {
+    let mut b = h.open(None)?;
+    let e = b.event_create().map_err(|e| e.to_string())?;
+    let sure = h.enqueue_work(&mut b, 1);
+    b.event_record(&e, h.stream(1)).map_err(|e| e.to_string())?;
+    let before = b.event_query(&e).map_err(|e| e.to_string())?;
+    if sure && before != EventStatus::Pending {
+        return Err("an event behind queued work was already ready".into());
+    }
+    h.finish(&mut b, Some(1));
+    let after = b.event_query(&e).map_err(|e| e.to_string())?;
+    if after != EventStatus::Ready {
+        return Err("the event is not ready after its stream finished".into());
+    }
+    b.event_synchronize(&e).map_err(|e| e.to_string())?;
+    b.event_destroy(e).map_err(|e| e.to_string())
+}
+
+fn event_reuse<H: Harness>(h: &H) -> Result<(), String> {
+    let mut a = allocator(h, None)?;
+    for _ in 0..3 {
+        let x = a.malloc(4096, h.stream(1)).map_err(|e| e.to_string())?;
+        a.record_stream(x.id.ok_or("no handle")?, h.stream(2))
+            .map_err(|e| e.to_string())?;
+        a.free(x.id.ok_or("no handle")?)
+            .map_err(|e| e.to_string())?;
+        h.finish(&mut a.backend_mut().inner, None);
+        a.empty_cache().map_err(|e| e.to_string())?;
+    }
+    if a.backend().event_creates != 1 {
+        return Err(format!(
+            "{} events created for 3 sequential pending frees",
+            a.backend().event_creates
+        ));
+    }
+    a.release_idle_events().map_err(|e| e.to_string())?;
+    if a.backend().event_destroys != 1 || a.backend().held != 0 {
+        return Err("events or memory left behind".into());
+    }
+    Ok(())
+}
+
+/// Run the suite on `h`; `Err` says why it cannot run on this machine.
+pub fn run<H: Harness>(h: &H, shared: &Path) -> Result<SuiteReport, String> {
+    // Probe first: no device, no suite (the caller prints why).
+    drop(h.open(None)?);
+    let mut r = SuiteReport::default();
+    check(&mut r, "malloc/free round trip", round_trip(h));
+    check(
+        &mut r,
+        "zero-byte request never reaches the device",
+        zero_size(h),
+    );
+    check(&mut r, "huge malloc is out-of-memory", huge_is_oom(h));
+    check(
+        &mut r,
+        "event pending, then ready after the stream's work",
+        events(h),
+    );
+    check(&mut r, "events are reused from the pool", event_reuse(h));
+    for v in scenario::load_all(shared)? {
+        let sc = scenario::parse(&v)?;
+        if !scenario::runnable(h, &sc) {
+            r.skipped.push(sc.name);
+            continue;
+        }
+        let fails = scenario::run(h, &sc);
+        let name = format!("scenario {}", sc.name);
+        check(
+            &mut r,
+            &name,
+            if fails.is_empty() {
+                Ok(())
+            } else {
+                Err(fails.join("; "))
+            },
+        );
+    }
+    Ok(r)
+}
+
+/// Run and report for a test: prints every line; panics on a failure;
+/// prints one line saying why when there is no device.
+pub fn run_and_report<H: Harness>(h: &H, shared: &Path) {
+    match run(h, shared) {
+        Err(why) => println!("{}: backend conformance suite skipped: {why}", h.name()),
+        Ok(r) => {
+            for p in &r.passed {
+                println!("{}: ok   {p}", h.name());
+            }
+            for f in &r.failed {
+                println!("{}: FAIL {f}", h.name());
+            }
+            println!(
+                "{}: {} passed, {} failed, {} scenarios not applicable ({})",
+                h.name(),
+                r.passed.len(),
+                r.failed.len(),
+                r.skipped.len(),
+                r.skipped.join(", ")
+            );
+            assert!(r.failed.is_empty(), "{}: {:#?}", h.name(), r.failed);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! What the backend-generic tests need from a device beside the
+//! `DeviceBackend` trait: how to open one, its streams, and how to make
+//! stream work pending and finished. [`Logged`] wraps any backend to record
+//! its device mallocs (for `at:` placements) and count its events.
+
+use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use cachealloc_mock::MockDevice;
+
+/// A device under test.
+pub trait Harness {
+    /// The backend.
+    type B: DeviceBackend;
+    /// Its name, for messages.
+    fn name(&self) -> &'static str;
+    /// A fresh backend (with `capacity`, where the device is simulated), or
+    /// why there is none on this machine.
+    fn open(&self, capacity: Option<u64>) -> Result<Self::B, String>;
+    /// Stream number `k` (0: the default stream).
+    fn stream(&self, k: u64) -> <Self::B as DeviceBackend>::Stream;
+    /// Queue work on stream `k`; whether it is sure to be still running when
+    /// this returns (on a simulated device: until [`finish`](Self::finish)).
+    fn enqueue_work(&self, b: &mut Self::B, k: u64) -> bool;
+    /// The host waits for stream `k` (all streams when `None`).
+    fn finish(&self, b: &mut Self::B, k: Option<u64>);
+    /// Whether stream work completes only when `finish` says so (then
+    /// scenarios that depend on event timing can run).
+    fn deterministic(&self) -> bool;
+    /// Whether the device can be given a capacity.
+    fn simulated(&self) -> bool;
+}
+
+/// The simulated device.
+pub struct MockHarness;
+
+impl Harness for MockHarness {
+    type B = MockDevice;
+    fn name(&self) -> &'static str {
+        "mock"
+    }
+    fn open(&self, capacity: Option<u64>) -> Result<MockDevice, String> {
+        Ok(MockDevice::new(capacity))
+    }
+    fn stream(&self, k: u64) -> u64 {
+        k
+    }
+    fn enqueue_work(&self, _b: &mut MockDevice, _k: u64) -> bool {
+        true
+    }
+    fn finish(&self, b: &mut MockDevice, k: Option<u64>) {
+        b.sync(k)
+    }
+    fn deterministic(&self) -> bool {
+        true
+    }
+    fn simulated(&self) -> bool {
+        true
+    }
+}
+
+/// A backend that records every successful device malloc and counts events.
+#[derive(Debug)]
+pub struct Logged<B> {
+    /// The backend.
+    pub inner: B,
+    /// Every successful malloc, in order: (base, size).
+    pub mallocs: Vec<(DevicePtr, u64)>,
+    /// Bytes held (malloc'd and not freed).
+    pub held: u64,
+    /// Events created.
+    pub event_creates: u64,
+    /// Events destroyed.
+    pub event_destroys: u64,
+}
+
+impl<B> Logged<B> {
+    /// Wrap `inner`.
+    pub fn new(inner: B) -> Self {
+        Logged {
+            inner,
+            mallocs: Vec::new(),
+            held: 0,
+            event_creates: 0,
+            event_destroys: 0,
+        }
+    }
+
+    /// Which malloc (0-based) made the segment holding `ptr`, and the offset.
+    /// Real devices may reuse addresses, so the latest matching malloc wins.
+    pub fn locate(&self, ptr: DevicePtr) -> Option<(usize, u64)> {
+        self.mallocs
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, (b, s))| b.0 <= ptr.0 && ptr.0 - b.0 < *s)
+            .map(|(k, (b, _))| (k, ptr.0 - b.0))
+    }
+}
+
+impl<B: DeviceBackend> DeviceBackend for Logged<B> {
+    type Stream = B::Stream;
+    type Event = B::Event;
+    type Error = B::Error;
+
+    fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<B::Error>> {
+        let p = self.inner.malloc(size)?;
+        self.mallocs.push((p, size));
+        self.held += size;
+        Ok(p)
+    }
+    fn free(&mut self, ptr: DevicePtr, size: u64) -> Result<(), B::Error> {
+        self.inner.free(ptr, size)?;
+        self.held -= size;
+        Ok(())
+    }
+    fn event_create(&mut self) -> Result<B::Event, B::Error> {
+        let e = self.inner.event_create()?;
+        self.event_creates += 1;
+        Ok(e)
+    }
+    fn event_record(&mut self, event: &B::Event, stream: B::Stream) -> Result<(), B::Error> {
+        self.inner.event_record(event, stream)
+    }
+    fn event_query(&mut self, event: &B::Event) -> Result<EventStatus, B::Error> {
+        self.inner.event_query(event)
+    }
+    fn event_synchronize(&mut self, event: &B::Event) -> Result<(), B::Error> {
+        self.inner.event_synchronize(event)
+    }
+    fn event_destroy(&mut self, event: B::Event) -> Result<(), B::Error> {
+        self.inner.event_destroy(event)?;
+        self.event_destroys += 1;
+        Ok(())
+    }
+    fn mem_info(&mut self) -> Result<MemInfo, B::Error> {
+        self.inner.mem_info()
+    }
+    fn ordinal(&self) -> u32 {
+        self.inner.ordinal()
+    }
+}
