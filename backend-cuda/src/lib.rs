@@ -115,6 +115,23 @@ impl CudaBackend {
         )
     }
 
+    /// A new non-blocking stream in this device's context (never destroyed:
+    /// streams live as long as the runtime that asked for them).
+    pub fn create_stream(&self) -> Result<CudaStream, CudaError> {
+        self.bind()?;
+        let s = check(
+            result::stream::create(result::stream::StreamKind::NonBlocking),
+            "cuStreamCreate",
+        )?;
+        Ok(CudaStream::from_raw(s))
+    }
+
+    /// Block until all work on the device is done (`cuCtxSynchronize`).
+    pub fn synchronize_all(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        check(result::ctx::synchronize(), "cuCtxSynchronize")
+    }
+
     /// Block until all work queued on `stream` is done (`cuStreamSynchronize`).
     pub fn synchronize(&self, stream: CudaStream) -> Result<(), CudaError> {
         self.bind()?;

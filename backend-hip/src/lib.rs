@@ -100,6 +100,25 @@ impl HipBackend {
         )
     }
 
+    /// A new non-blocking stream on this device (never destroyed: streams
+    /// live as long as the runtime that asked for them).
+    pub fn create_stream(&self) -> Result<HipStream, HipError> {
+        self.bind()?;
+        let mut s: hip::hipStream_t = core::ptr::null_mut();
+        // SAFETY: `s` is a valid out-pointer.
+        let e = unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) };
+        check(e, "hipStreamCreateWithFlags")?;
+        Ok(HipStream::from_raw(s))
+    }
+
+    /// Block until all work on the device is done (`hipDeviceSynchronize`).
+    pub fn synchronize_all(&self) -> Result<(), HipError> {
+        self.bind()?;
+        // SAFETY: plain call on the current device.
+        let e = unsafe { hip::hipDeviceSynchronize() };
+        check(e, "hipDeviceSynchronize")
+    }
+
     /// Block until all work queued on `stream` is done.
     pub fn synchronize(&self, stream: HipStream) -> Result<(), HipError> {
         self.bind()?;

@@ -6,6 +6,7 @@
 //! ([`check`]), SVG charts ([`plot`]), and the logic of the `trace` fuzz target ([`fuzzing`]).
 
 pub mod check;
+mod devices;
 pub mod fuzzing;
 pub mod human;
 pub mod plot;

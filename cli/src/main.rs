@@ -3,7 +3,7 @@
 use cachealloc_cli::check::check;
 use cachealloc_cli::human;
 use cachealloc_cli::plot::{plot, PlotError};
-use cachealloc_cli::replay::{self, Observer, Options, ReplayError, Report};
+use cachealloc_cli::replay::{self, Observer, Options, ReplayDevice, ReplayError, Report};
 use cachealloc_core::Config;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -26,6 +26,12 @@ struct Cli {
 enum Backend {
     /// The simulated device (deterministic, any machine).
     Mock,
+    /// An NVIDIA GPU through the CUDA driver (built with `--features cuda`).
+    #[cfg(feature = "cuda")]
+    Cuda,
+    /// An AMD GPU through HIP (built with `--features hip`).
+    #[cfg(feature = "hip")]
+    Hip,
 }
 
 #[derive(Subcommand)]
@@ -151,7 +157,7 @@ impl Drop for Progress {
     }
 }
 
-impl Observer for Progress {
+impl<B: ReplayDevice> Observer<B> for Progress {
     fn progress(&mut self, read: u64, total: u64) {
         self.update(read, total);
     }
@@ -222,7 +228,9 @@ fn print_summary(r: &Report) {
     );
 }
 
+#[allow(clippy::too_many_arguments)]
 fn cmd_replay(
+    backend: Backend,
     json: bool,
     conf: String,
     capacity: Option<u64>,
@@ -248,8 +256,21 @@ fn cmd_replay(
     let mut status = 0;
     for t in &traces {
         let mut progress = Progress::new(quiet, t);
-        match replay::run(t, &opts, &mut progress) {
-            Ok((r, _)) => {
+        let result = match backend {
+            Backend::Mock => replay::run(t, &opts, &mut progress).map(|(r, _)| r),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => {
+                replay::run_on::<cachealloc_cuda::CudaBackend, _>(t, &opts, &mut progress)
+                    .map(|(r, _)| r)
+            }
+            #[cfg(feature = "hip")]
+            Backend::Hip => {
+                replay::run_on::<cachealloc_hip::HipBackend, _>(t, &opts, &mut progress)
+                    .map(|(r, _)| r)
+            }
+        };
+        match result {
+            Ok(r) => {
                 drop(progress);
                 if json {
                     println!("{}", r.to_json());
@@ -460,11 +481,20 @@ fn main() -> ExitCode {
             conf,
             capacity,
             memory_fraction,
-            backend: Backend::Mock,
+            backend,
             slots,
             quiet,
             traces,
-        } => cmd_replay(json, conf, capacity, memory_fraction, slots, quiet, traces),
+        } => cmd_replay(
+            backend,
+            json,
+            conf,
+            capacity,
+            memory_fraction,
+            slots,
+            quiet,
+            traces,
+        ),
         Command::Compare {
             confs,
             capacity,

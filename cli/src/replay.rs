@@ -7,13 +7,43 @@
 //! `empty_cache` since then in `num_sync_all_streams`.
 
 use crate::trace::{Event, TraceError, TraceReader};
-use cachealloc_core::{BlockId, BlockSlot, Config, DeviceAllocator, DevicePtr, DeviceStats};
+use cachealloc_core::{
+    BlockId, BlockSlot, Config, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
+};
 use cachealloc_mock::MockDevice;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::time::Instant;
 
-/// The allocator a replay drives.
-pub type Alloc = DeviceAllocator<MockDevice, Box<[BlockSlot]>, 1024>;
+/// The allocator a replay drives (on the simulated device unless said).
+pub type Alloc<B = MockDevice> = DeviceAllocator<B, Box<[BlockSlot]>, 1024>;
+
+/// A device a trace can be replayed on: opened by index, trace stream ids
+/// mapped to its streams, and a host wait for a stream or for everything.
+pub trait ReplayDevice: DeviceBackend + Sized {
+    /// Whether the device is simulated (a capacity is then the device's
+    /// size; on a real device it becomes a memory limit).
+    const SIMULATED: bool;
+    /// Open device `index`.
+    fn open(index: u64, capacity: Option<u64>) -> Result<Self, String>;
+    /// The stream for trace stream `id` (called once per id and device).
+    fn stream_for(&mut self, id: u64) -> Result<Self::Stream, String>;
+    /// The host waits for `stream` (everything when `None`).
+    fn sync(&mut self, stream: Option<Self::Stream>) -> Result<(), String>;
+}
+
+impl ReplayDevice for MockDevice {
+    const SIMULATED: bool = true;
+    fn open(index: u64, capacity: Option<u64>) -> Result<Self, String> {
+        Ok(MockDevice::new(capacity).with_ordinal(index as u32))
+    }
+    fn stream_for(&mut self, id: u64) -> Result<u64, String> {
+        Ok(id)
+    }
+    fn sync(&mut self, stream: Option<u64>) -> Result<(), String> {
+        MockDevice::sync(self, stream);
+        Ok(())
+    }
+}
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -68,19 +98,36 @@ struct Live {
 }
 
 /// One device's allocator.
-pub struct Device {
+pub struct Device<B: ReplayDevice = MockDevice> {
     /// The device index of the trace.
     pub index: u64,
     /// Its allocator.
-    pub alloc: Alloc,
+    pub alloc: Alloc<B>,
+    streams: FxHashMap<u64, B::Stream>,
+}
+
+impl<B: ReplayDevice> Device<B> {
+    #[inline]
+    fn stream(&mut self, id: u64) -> Result<B::Stream, ApplyError> {
+        if let Some(s) = self.streams.get(&id) {
+            return Ok(*s);
+        }
+        let s = self
+            .alloc
+            .backend_mut()
+            .stream_for(id)
+            .map_err(ApplyError::Allocator)?;
+        self.streams.insert(id, s);
+        Ok(s)
+    }
 }
 
 /// The state of a replay.
-pub struct Replay {
+pub struct Replay<B: ReplayDevice = MockDevice> {
     opts: Options,
     capacity: Option<u64>,
     /// Device allocators, in order of first use.
-    pub devices: Vec<Device>,
+    pub devices: Vec<Device<B>>,
     live: FxHashMap<u64, Live>,
     /// Slot storage made ahead for the first device, so it is not timed.
     spare: Option<Box<[BlockSlot]>>,
@@ -106,9 +153,9 @@ pub enum ApplyError {
     Allocator(String),
 }
 
-impl Replay {
+impl<B: ReplayDevice> Replay<B> {
     /// A replay with `opts`; `header_capacity` is the trace's `device_capacity`.
-    pub fn new(opts: Options, header_capacity: Option<u64>) -> Replay {
+    pub fn new(opts: Options, header_capacity: Option<u64>) -> Self {
         let capacity = opts.capacity.or(header_capacity);
         let slots = opts.slots;
         Replay {
@@ -140,11 +187,11 @@ impl Replay {
             .spare
             .take()
             .unwrap_or_else(|| vec![BlockSlot::VACANT; self.opts.slots].into_boxed_slice());
-        let mut alloc = DeviceAllocator::new(
-            MockDevice::new(self.capacity).with_ordinal(index as u32),
-            storage,
-            self.opts.config,
-        );
+        let backend = B::open(index, self.capacity).map_err(ApplyError::Allocator)?;
+        let mut alloc = DeviceAllocator::new(backend, storage, self.opts.config);
+        if let (false, Some(cap)) = (B::SIMULATED, self.capacity) {
+            alloc.set_memory_limit(cap);
+        }
         if let Some(f) = self.opts.memory_fraction {
             alloc
                 .set_memory_fraction(f)
@@ -155,7 +202,11 @@ impl Replay {
                 .empty_cache()
                 .map_err(|e| ApplyError::Allocator(e.to_string()))?;
         }
-        self.devices.push(Device { index, alloc });
+        self.devices.push(Device {
+            index,
+            alloc,
+            streams: FxHashMap::default(),
+        });
         Ok(self.devices.len() - 1)
     }
 
@@ -186,7 +237,8 @@ impl Replay {
                 self.failed.remove(&id);
                 self.allocs += 1;
                 let dev = self.device(device)?;
-                match self.devices[dev].alloc.malloc(size, stream) {
+                let s = self.devices[dev].stream(stream)?;
+                match self.devices[dev].alloc.malloc(size, s) {
                     Ok(x) => {
                         self.live.insert(
                             id,
@@ -197,7 +249,7 @@ impl Replay {
                                 size,
                             },
                         );
-                        self.live_bytes += size;
+                        self.live_bytes = self.live_bytes.saturating_add(size);
                         self.peak_live = self.peak_live.max(self.live_bytes);
                     }
                     Err(e) if e.is_out_of_memory() => {
@@ -230,15 +282,23 @@ impl Replay {
                     ApplyError::Input(format!("record_stream of id {id}, which is not live"))
                 })?;
                 if let Some(bid) = l.id {
-                    self.devices[l.dev]
-                        .alloc
-                        .record_stream(bid, stream)
+                    let dev = &mut self.devices[l.dev];
+                    let s = dev.stream(stream)?;
+                    dev.alloc
+                        .record_stream(bid, s)
                         .map_err(|e| ApplyError::Allocator(e.to_string()))?;
                 }
             }
             Event::Sync { stream } => {
                 for d in &mut self.devices {
-                    d.alloc.backend_mut().sync(stream);
+                    let s = match stream {
+                        Some(id) => Some(d.stream(id)?),
+                        None => None,
+                    };
+                    d.alloc
+                        .backend_mut()
+                        .sync(s)
+                        .map_err(ApplyError::Allocator)?;
                 }
             }
             Event::EmptyCache => {
@@ -260,6 +320,30 @@ impl Replay {
         self.live.get(&id).map(|l| l.ptr)
     }
 
+    /// Free every live allocation, wait for all streams, and return every
+    /// cached segment and idle event to the device (after a replay on a real
+    /// device, so the next one starts from an empty GPU).
+    pub fn release(&mut self) -> Result<(), ApplyError> {
+        let err = |e: String| ApplyError::Allocator(e);
+        for (_, l) in self.live.drain() {
+            if let Some(id) = l.id {
+                self.devices[l.dev]
+                    .alloc
+                    .free(id)
+                    .map_err(|e| err(e.to_string()))?;
+            }
+        }
+        self.live_bytes = 0;
+        for d in &mut self.devices {
+            d.alloc.backend_mut().sync(None).map_err(err)?;
+            d.alloc.empty_cache().map_err(|e| err(e.to_string()))?;
+            d.alloc
+                .release_idle_events()
+                .map_err(|e| err(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Make sure device 0 exists when no event created a device (so an empty
     /// trace still reports a full set of statistics).
     pub fn finish(&mut self) -> Result<(), ApplyError> {
@@ -272,9 +356,9 @@ impl Replay {
 }
 
 /// Called as a replay goes.
-pub trait Observer {
+pub trait Observer<B: ReplayDevice = MockDevice> {
     /// After each event (`index` counts from 0).
-    fn after_event(&mut self, _index: u64, _replay: &Replay) {}
+    fn after_event(&mut self, _index: u64, _replay: &Replay<B>) {}
     /// Bytes of the file read so far, and its size.
     fn progress(&mut self, _read: u64, _total: u64) {}
     /// Whether to stop after the event with this index.
@@ -286,7 +370,7 @@ pub trait Observer {
 /// Observes nothing.
 pub struct Quiet;
 
-impl Observer for Quiet {}
+impl<B: ReplayDevice> Observer<B> for Quiet {}
 
 /// The result of a replay.
 pub struct Report {
@@ -404,18 +488,37 @@ pub fn run<O: Observer>(
     opts: &Options,
     obs: &mut O,
 ) -> Result<(Report, Replay), ReplayError> {
-    let reader = TraceReader::open(path).map_err(ReplayError::Input)?;
-    run_reader(reader, opts, obs)
+    run_on::<MockDevice, O>(path, opts, obs)
 }
 
 /// [`run`] on an opened trace.
 pub fn run_reader<O: Observer>(
-    mut reader: TraceReader,
+    reader: TraceReader,
     opts: &Options,
     obs: &mut O,
 ) -> Result<(Report, Replay), ReplayError> {
+    run_reader_on::<MockDevice, O>(reader, opts, obs)
+}
+
+/// [`run`] on device type `B` (a real device: the replay queues no kernels,
+/// so stream work completes at once; `sync` is a stream synchronize).
+pub fn run_on<B: ReplayDevice, O: Observer<B>>(
+    path: &str,
+    opts: &Options,
+    obs: &mut O,
+) -> Result<(Report, Replay<B>), ReplayError> {
+    let reader = TraceReader::open(path).map_err(ReplayError::Input)?;
+    run_reader_on(reader, opts, obs)
+}
+
+/// [`run_on`] on an opened trace.
+pub fn run_reader_on<B: ReplayDevice, O: Observer<B>>(
+    mut reader: TraceReader,
+    opts: &Options,
+    obs: &mut O,
+) -> Result<(Report, Replay<B>), ReplayError> {
     let path = reader.path().to_string();
-    let mut r = Replay::new(opts.clone(), reader.header.device_capacity);
+    let mut r = Replay::<B>::new(opts.clone(), reader.header.device_capacity);
     if opts.memory_fraction.is_some() && r.capacity().is_none() {
         return Err(ReplayError::Input(reader.error(0, "--memory-fraction needs a device capacity (--capacity or the trace's device_capacity)".to_string())));
     }
@@ -482,6 +585,9 @@ pub fn run_reader<O: Observer>(
         parse_seconds: parse,
         replay_seconds: alloc,
     };
+    if !B::SIMULATED {
+        r.release().map_err(|e| to_error(&reader, 0, e))?;
+    }
     Ok((report, r))
 }
 
@@ -493,6 +599,11 @@ fn to_error(reader: &TraceReader, line: u64, e: ApplyError) -> ReplayError {
 }
 
 #[inline]
-fn apply(r: &mut Replay, reader: &TraceReader, line: u64, ev: Event) -> Result<(), ReplayError> {
+fn apply<B: ReplayDevice>(
+    r: &mut Replay<B>,
+    reader: &TraceReader,
+    line: u64,
+    ev: Event,
+) -> Result<(), ReplayError> {
     r.apply(ev).map_err(|e| to_error(reader, line, e))
 }
