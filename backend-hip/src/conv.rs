@@ -55,10 +55,35 @@ pub(crate) fn check(e: hipError_t, call: &'static str) -> Result<(), HipError> {
     if e == hipError_t::hipSuccess {
         Ok(())
     } else {
-        Err(HipError::Runtime {
-            call,
-            code: e as u32,
-            name: name(e),
-        })
+        Err(error(e, call))
     }
+}
+
+/// The named error of a failed call.
+pub(crate) fn error(e: hipError_t, call: &'static str) -> HipError {
+    HipError::Runtime {
+        call,
+        code: e as u32,
+        name: name(e),
+    }
+}
+
+/// `hipSuccess`.
+pub(crate) fn is_success(e: hipError_t) -> bool {
+    e == hipError_t::hipSuccess
+}
+
+/// `hipErrorOutOfMemory`.
+pub(crate) fn is_out_of_memory(e: hipError_t) -> bool {
+    e == hipError_t::hipErrorOutOfMemory
+}
+
+/// `hipErrorNotReady`: an event still pending.
+pub(crate) fn is_not_ready(e: hipError_t) -> bool {
+    e == hipError_t::hipErrorNotReady
+}
+
+/// `hipErrorNoDevice`.
+pub(crate) fn is_no_device(e: hipError_t) -> bool {
+    e == hipError_t::hipErrorNoDevice
 }

@@ -25,9 +25,8 @@ mod conv;
 pub use conv::HipError;
 
 use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
-use conv::{check, name};
+use conv::{check, error, is_no_device, is_not_ready, is_out_of_memory, is_success};
 use hip_sys::hiprt as hip;
-use hip_sys::hiprt::hipError_t;
 
 /// A HIP stream handle (`hipStream_t`), compared by raw value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -73,7 +72,7 @@ pub fn device_count() -> Result<u32, HipError> {
     let mut n: i32 = 0;
     // SAFETY: `n` is a valid out-pointer for the duration of the call.
     let e = unsafe { hip::hipGetDeviceCount(&mut n) };
-    if e == hipError_t::hipErrorNoDevice {
+    if is_no_device(e) {
         return Ok(0);
     }
     check(e, "hipGetDeviceCount")?;
@@ -140,14 +139,12 @@ impl DeviceBackend for HipBackend {
         let mut p: *mut core::ffi::c_void = core::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; the memory is freed only through `free`.
         let e = unsafe { hip::hipMalloc(&mut p, size as usize) };
-        match e {
-            hipError_t::hipSuccess => Ok(DevicePtr(p as u64)),
-            hipError_t::hipErrorOutOfMemory => Err(MallocError::OutOfMemory),
-            e => Err(MallocError::Other(HipError::Runtime {
-                call: "hipMalloc",
-                code: e as u32,
-                name: name(e),
-            })),
+        if is_success(e) {
+            Ok(DevicePtr(p as u64))
+        } else if is_out_of_memory(e) {
+            Err(MallocError::OutOfMemory)
+        } else {
+            Err(MallocError::Other(error(e, "hipMalloc")))
         }
     }
 
@@ -181,14 +178,13 @@ impl DeviceBackend for HipBackend {
     fn event_query(&mut self, event: &HipEvent) -> Result<EventStatus, HipError> {
         self.bind()?;
         // SAFETY: a live event from `event_create`.
-        match unsafe { hip::hipEventQuery(event.0) } {
-            hipError_t::hipSuccess => Ok(EventStatus::Ready),
-            hipError_t::hipErrorNotReady => Ok(EventStatus::Pending),
-            e => Err(HipError::Runtime {
-                call: "hipEventQuery",
-                code: e as u32,
-                name: name(e),
-            }),
+        let e = unsafe { hip::hipEventQuery(event.0) };
+        if is_success(e) {
+            Ok(EventStatus::Ready)
+        } else if is_not_ready(e) {
+            Ok(EventStatus::Pending)
+        } else {
+            Err(error(e, "hipEventQuery"))
         }
     }
 
