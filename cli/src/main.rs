@@ -284,29 +284,6 @@ fn cmd_replay(
     status
 }
 
-/// The smallest capacity (a multiple of 2 MiB) at which the trace replays
-/// without an OOM, by bisection between the peak live bytes (which must
-/// fail below) and the unlimited run's peak reserved bytes (which succeeds).
-fn min_capacity(trace: &str, opts: &Options, unlimited: &Report) -> Result<u64, ReplayError> {
-    const STEP: u64 = 2 << 20;
-    let mut hi = unlimited.peak_reserved_bytes.div_ceil(STEP).max(1);
-    let mut lo = (unlimited.peak_live_bytes / STEP).saturating_sub(1);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        let o = Options {
-            capacity: Some(mid * STEP),
-            ..opts.clone()
-        };
-        let (r, _) = replay::run(trace, &o, &mut replay::Quiet)?;
-        if r.ooms == 0 {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Ok(hi * STEP)
-}
-
 fn cmd_compare(
     confs: Vec<String>,
     capacity: Option<u64>,
@@ -362,7 +339,7 @@ fn cmd_compare(
                         }
                     }
                 };
-                match min_capacity(
+                match replay::min_capacity(
                     t,
                     &Options {
                         capacity: None,

@@ -50,5 +50,47 @@ fn pair(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pair);
+/// The same pair with N cached blocks of assorted sizes already in the free
+/// index (fragmented: every cached block sits between two live ones), so the
+/// best-fit search walks a tree of N nodes.
+fn scaling(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scaling");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(30);
+    for n in [1_000usize, 10_000, 100_000, 1_000_000] {
+        let mut a: Alloc = DeviceAllocator::new(
+            MockDevice::unlimited(),
+            vec![BlockSlot::VACANT; 2 * n + 4096].into_boxed_slice(),
+            Config::DEFAULT,
+        );
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut holes = Vec::with_capacity(n);
+        let mut keep = Vec::with_capacity(n);
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Sizes from 512 B to 32 KiB, never exactly the pair's 4 KiB.
+            let size = 512 * (1 + x % 64);
+            let size = if size == 4096 { 4608 } else { size };
+            holes.push(a.malloc(size, 0).unwrap());
+            keep.push(a.malloc(512, 0).unwrap());
+        }
+        for h in holes {
+            a.free(h.id.unwrap()).unwrap();
+        }
+        let cached = a.cache_info();
+        assert!(cached.cached_bytes > 0);
+        g.bench_function(BenchmarkId::new("pair_4KiB_with_free_blocks", n), |b| {
+            b.iter(|| {
+                let x = a.malloc(black_box(4096), 0).unwrap();
+                a.free(x.id.unwrap()).unwrap();
+            })
+        });
+        drop(keep);
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pair, scaling);
 criterion_main!(benches);

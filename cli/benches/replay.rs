@@ -1,0 +1,119 @@
+//! Replay speed and peers, on the real traces of `../shared/traces/`:
+//! - `parse/<trace>`: reading + gunzip + JSON only;
+//! - `replay/<trace>`: applying the parsed events to the allocator on the
+//!   simulated device (bookkeeping only);
+//! - `peers/<trace>/<allocator>`: the trace's alloc/free sequence on ours,
+//!   offset-allocator, rlsf and a BTreeMap best-fit baseline.
+//!
+//! cargo bench -p cachealloc-cli --bench replay
+
+#[path = "common/peers.rs"]
+mod peers;
+
+use cachealloc_cli::replay::{Options, Replay};
+use cachealloc_cli::trace::{Event, TraceReader};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use std::time::Duration;
+
+fn traces() -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    let mut v: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().to_string_lossy().into_owned())
+                .filter(|p| p.ends_with(".jsonl.gz"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if v.is_empty() {
+        v.push(format!(
+            "{}/../traces/resnet50-train.jsonl.gz",
+            env!("CARGO_MANIFEST_DIR")
+        ));
+    }
+    v.sort();
+    v
+}
+
+fn parse_all(path: &str) -> Vec<Event> {
+    let mut r = TraceReader::open(path).expect("open");
+    let mut v = Vec::new();
+    while let Some(e) = r.next_event() {
+        v.push(e.expect("valid").1);
+    }
+    v
+}
+
+fn name(path: &str) -> String {
+    std::path::Path::new(path)
+        .file_name()
+        .map(|f| f.to_string_lossy().replace(".jsonl.gz", ""))
+        .unwrap_or_default()
+}
+
+fn replay(c: &mut Criterion) {
+    for t in traces() {
+        let events = parse_all(&t);
+        let mut g = c.benchmark_group(format!("replay/{}", name(&t)));
+        g.throughput(Throughput::Elements(events.len() as u64));
+        g.sample_size(20).measurement_time(Duration::from_secs(4));
+        g.bench_function("parse", |b| b.iter(|| parse_all(&t).len()));
+        g.bench_function("bookkeeping", |b| {
+            b.iter_batched(
+                || Replay::<cachealloc_mock::MockDevice>::new(Options::default(), None),
+                |mut r| {
+                    for e in &events {
+                        if r.apply(*e).is_err() {
+                            panic!("replay failed");
+                        }
+                    }
+                    r.events
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        g.finish();
+    }
+}
+
+fn peers_bench(c: &mut Criterion) {
+    for t in traces() {
+        let seq = peers::load(&t);
+        let pool = peers::Pool::new(&seq);
+        let mut g = c.benchmark_group(format!("peers/{}", name(&t)));
+        g.throughput(Throughput::Elements(seq.ops.len() as u64));
+        g.sample_size(20).measurement_time(Duration::from_secs(4));
+        g.bench_function("cachealloc", |b| {
+            b.iter_batched(
+                || peers::Ours::new(&seq),
+                |mut a| a.run(&seq),
+                BatchSize::PerIteration,
+            )
+        });
+        g.bench_function("offset-allocator", |b| {
+            b.iter_batched(
+                || peers::Offset::new(&seq),
+                |mut a| a.run(&seq),
+                BatchSize::PerIteration,
+            )
+        });
+        g.bench_function("rlsf", |b| {
+            b.iter_batched(
+                || peers::Rlsf::new(&seq, &pool),
+                |mut a| a.run(&seq),
+                BatchSize::PerIteration,
+            )
+        });
+        g.bench_function("btreemap-best-fit", |b| {
+            b.iter_batched(
+                || peers::BTreeBestFit::new(&seq),
+                |mut a| a.run(&seq),
+                BatchSize::PerIteration,
+            )
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, replay, peers_bench);
+criterion_main!(benches);
