@@ -358,7 +358,9 @@ where
             return Err(Error::TooLarge { requested: orig });
         }
         self.reserve_slots()?;
-        self.process_events()?;
+        if !self.queue_order.is_empty() {
+            self.process_events()?;
+        }
         let size = policy::round_size(orig, &self.config)
             .ok_or(Error::SizeOverflow { requested: orig })?;
         let alloc_size =
@@ -776,7 +778,8 @@ where
         {
             return NIL;
         }
-        self.cache_remove(b);
+        // Still in the free index: `alloc_found_block` takes it out, or
+        // re-keys it in place as the remainder of a split.
         b
     }
 
@@ -864,10 +867,49 @@ where
 
     /// `alloc_found_block`: split if the policy says so (the allocation takes
     /// the low end), mark allocated, count.
-    fn alloc_found_block(&mut self, i: u32, orig: u64, size: u64, pool: Pool) -> Allocation {
+    fn alloc_found_block(&mut self, found: u32, orig: u64, size: u64, pool: Pool) -> Allocation {
+        let i = found;
         let already_split = self.slot(i).is_split();
         let bsize = self.slot(i).size;
         let split = policy::should_split(pool, bsize, size, &self.config);
+        // Fast split: a cached block that is not a segment head, with a
+        // remainder at least as large as the request, stays in the free
+        // index as the remainder, re-keyed in place: its new key (same
+        // stream, smaller size, higher address) is still above every key
+        // below it, because it was the lower bound of (stream, size, 0) and
+        // the remainder's key is not below that. The allocation takes a new
+        // slot at the low end. This saves a remove and an insert; segment
+        // heads never move.
+        let in_place = split
+            && self.slot(i).has(Flags::CACHED)
+            && self.slot(i).prev != NIL
+            && bsize - size >= size;
+        let fast = if in_place { self.arena.alloc() } else { None };
+        if let Some(n) = fast {
+            let clock = self.pools[pool_idx(pool)].gc_clock;
+            let (addr, stream, prev) = {
+                let s = self.slot(i);
+                (s.addr, s.stream, s.prev)
+            };
+            let ns = self.slot_mut(n);
+            ns.addr = addr;
+            ns.size = size;
+            ns.stream = stream;
+            ns.flags.insert(pool_flag(pool));
+            ns.prev = prev;
+            ns.next = i;
+            self.slot_mut(prev).next = n;
+            let rs = self.slot_mut(i);
+            rs.prev = n;
+            rs.addr = addr + size;
+            rs.size = bsize - size;
+            rs.aux = clock; // re-cached now, as PyTorch re-inserts the remainder
+            self.stats.inactive_split_bytes.decrease(pool, size);
+            return self.mark_allocated(n, orig, pool);
+        }
+        if self.slot(i).has(Flags::CACHED) {
+            self.cache_remove(i);
+        }
         let remainder = if split { self.arena.alloc() } else { None };
         if let Some(r) = remainder {
             let (addr, stream, next) = {
@@ -898,6 +940,12 @@ where
             self.stats.inactive_split_bytes.decrease(pool, bsize);
             self.stats.inactive_split.decrease(pool, 1);
         }
+        self.mark_allocated(i, orig, pool)
+    }
+
+    /// Hand block `i` out: allocated, live-indexed, counted.
+    #[inline]
+    fn mark_allocated(&mut self, i: u32, orig: u64, pool: Pool) -> Allocation {
         let allocation_id = self.next_allocation_id;
         self.next_allocation_id += 1;
         let s = self.slot_mut(i);
@@ -1059,10 +1107,50 @@ where
             let s = self.slot(i);
             (pool_of(s.flags), s.size, s.requested)
         };
+        // Fast merge: the block below is not cached and the block above, T,
+        // is. T absorbs the freed block in place when its grown key (same
+        // stream, larger size, lower address) stays below T's successor in
+        // the free index: one search instead of a remove and an insert.
+        // Segment heads never move (the freed block has a predecessor).
+        let (p, n) = (self.slot(i).prev, self.slot(i).next);
+        if p != NIL
+            && !self.slot(p).has(Flags::CACHED)
+            && n != NIL
+            && self.slot(n).has(Flags::CACHED)
+        {
+            let t = *self.slot(n);
+            let grown = (t.stream, t.size + orig_size, t.addr - orig_size);
+            let pi = pool_idx(pool);
+            let succ = index::successor::<FreeIndex>(
+                self.arena.slots(),
+                self.pools[pi].root,
+                (t.stream, t.size, t.addr),
+            );
+            if succ == NIL || {
+                let s = self.slot(succ);
+                (s.stream, s.size, s.addr) > grown
+            } {
+                let clock = self.pools[pi].gc_clock;
+                let ts = self.slot_mut(n);
+                ts.addr = grown.2;
+                ts.size = grown.1;
+                ts.prev = p;
+                ts.aux = clock; // re-cached now
+                self.slot_mut(p).next = n;
+                self.arena.release(i);
+                // One cached block absorbed the freed one: the split count is
+                // unchanged and the cached bytes grow by the freed block.
+                let st = &mut self.stats;
+                st.inactive_split_bytes.increase(pool, orig_size);
+                st.active.decrease(pool, 1);
+                st.active_bytes.decrease(pool, orig_size);
+                st.requested_bytes.decrease(pool, requested);
+                return;
+            }
+        }
         let mut net_blocks = 0i64;
         let mut net_bytes = 0i64;
         let mut b = i;
-        let p = self.slot(b).prev;
         if p != NIL && self.slot(p).has(Flags::CACHED) {
             let psize = self.slot(p).size;
             self.cache_remove(p);

@@ -44,6 +44,7 @@ pub enum Pool {
 }
 
 /// Which pool serves a rounded size (`get_pool`: `<= 1 MiB` is small).
+#[inline]
 pub const fn pool_for(rounded: u64) -> Pool {
     if rounded <= SMALL_SIZE {
         Pool::Small
@@ -54,6 +55,7 @@ pub const fn pool_for(rounded: u64) -> Pool {
 
 /// The `roundup_power2_divisions` bucket of a size: `floor(log2(size)) - 20`,
 /// clamped to `0..16`.
+#[inline]
 pub const fn division_bucket(size: u64) -> usize {
     if size == 0 {
         return 0;
@@ -71,6 +73,7 @@ pub const fn division_bucket(size: u64) -> usize {
 
 /// `roundup_power2_next_division`: round `size` up to the next of
 /// `divisions` equal steps between two powers of two. `None` on overflow.
+#[inline]
 pub fn roundup_power2_next_division(size: u64, divisions: u32) -> Option<u64> {
     if size.is_power_of_two() || divisions < 2 {
         return Some(size);
@@ -90,6 +93,7 @@ pub fn roundup_power2_next_division(size: u64, divisions: u32) -> Option<u64> {
 
 /// `round_size`: the block size a request of `size` bytes needs. `None` when
 /// rounding overflows.
+#[inline]
 pub fn round_size(size: u64, config: &Config) -> Option<u64> {
     if size < MIN_BLOCK_SIZE {
         return Some(MIN_BLOCK_SIZE);
@@ -103,6 +107,7 @@ pub fn round_size(size: u64, config: &Config) -> Option<u64> {
 
 /// `get_allocation_size`: the device malloc size of a new segment for a
 /// rounded request. `None` on overflow.
+#[inline]
 pub fn allocation_size(rounded: u64) -> Option<u64> {
     if rounded <= SMALL_SIZE {
         Some(SMALL_BUFFER)
@@ -117,6 +122,7 @@ pub fn allocation_size(rounded: u64) -> Option<u64> {
 /// `rounded` bytes splits off the remainder. Small pool: at least 512 bytes
 /// would remain. Large pool: the request is not oversize and more than
 /// 1 MiB would remain.
+#[inline]
 pub fn should_split(pool: Pool, block_size: u64, rounded: u64, config: &Config) -> bool {
     let remaining = block_size.saturating_sub(rounded);
     match pool {
@@ -126,6 +132,7 @@ pub fn should_split(pool: Pool, block_size: u64, rounded: u64, config: &Config) 
 }
 
 /// `size` rounded up to a multiple of `to` (a power of two), or `None`.
+#[inline]
 pub const fn round_up(size: u64, to: u64) -> Option<u64> {
     match size.checked_add(to - 1) {
         Some(v) => Some(v & !(to - 1)),

@@ -1,0 +1,26 @@
+//! A loop of cache-hit malloc+free pairs, for `valgrind --tool=callgrind`
+//! (repeatable instruction counts): `cargo build --release -p cachealloc-core
+//! --example pair_loop && valgrind --tool=callgrind target/release/examples/pair_loop 1000000`.
+
+use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
+use cachealloc_mock::MockDevice;
+use std::hint::black_box;
+
+fn main() {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let mut a: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64> = DeviceAllocator::new(
+        MockDevice::unlimited(),
+        vec![BlockSlot::VACANT; 4096].into_boxed_slice(),
+        Config::DEFAULT,
+    );
+    let _keep = a.malloc(4096, 0).expect("warm-up");
+    for i in 0..n {
+        let size = if i % 2 == 0 { 4096 } else { 8 << 20 };
+        let x = a.malloc(black_box(size), 0).expect("malloc");
+        a.free(x.id.expect("handle")).expect("free");
+    }
+    black_box(a.stats().allocation.all().allocated);
+}
