@@ -283,13 +283,16 @@ impl TraceReader {
             inner,
             count: bytes.clone(),
         };
+        // Large buffers for files; small ones for small inputs (a 256 KiB
+        // buffer is an mmap of its own).
+        let (outer, raw) = if file_len < 1 << 16 { (1 << 13, 1 << 12) } else { (1 << 18, 1 << 16) };
         let reader: Box<dyn BufRead> = if gzip {
             Box::new(BufReader::with_capacity(
-                1 << 18,
-                flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, counting)),
+                outer,
+                flate2::read::MultiGzDecoder::new(BufReader::with_capacity(raw, counting)),
             ))
         } else {
-            Box::new(BufReader::with_capacity(1 << 18, counting))
+            Box::new(BufReader::with_capacity(outer, counting))
         };
         let mut r = TraceReader {
             path: path.to_string(),
