@@ -15,26 +15,6 @@ use cachealloc_cli::trace::{Event, TraceReader};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::time::Duration;
 
-fn traces() -> Vec<String> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
-    let mut v: Vec<String> = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path().to_string_lossy().into_owned())
-                .filter(|p| p.ends_with(".jsonl.gz"))
-                .collect()
-        })
-        .unwrap_or_default();
-    if v.is_empty() {
-        v.push(format!(
-            "{}/../traces/resnet50-train.jsonl.gz",
-            env!("CARGO_MANIFEST_DIR")
-        ));
-    }
-    v.sort();
-    v
-}
-
 fn parse_all(path: &str) -> Vec<Event> {
     let mut r = TraceReader::open(path).expect("open");
     let mut v = Vec::new();
@@ -52,7 +32,7 @@ fn name(path: &str) -> String {
 }
 
 fn replay(c: &mut Criterion) {
-    for t in traces() {
+    for t in peers::shared_traces() {
         let events = parse_all(&t);
         let mut g = c.benchmark_group(format!("replay/{}", name(&t)));
         g.throughput(Throughput::Elements(events.len() as u64));
@@ -77,7 +57,7 @@ fn replay(c: &mut Criterion) {
 }
 
 fn peers_bench(c: &mut Criterion) {
-    for t in traces() {
+    for t in peers::shared_traces() {
         let seq = peers::load(&t);
         let pool = peers::Pool::new(&seq);
         let mut g = c.benchmark_group(format!("peers/{}", name(&t)));

@@ -15,16 +15,7 @@ use cachealloc_core::Config;
 fn main() {
     let mut traces: Vec<String> = std::env::args().skip(1).collect();
     if traces.is_empty() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
-        traces = std::fs::read_dir(&dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .map(|e| e.path().to_string_lossy().into_owned())
-                    .filter(|p| p.ends_with(".jsonl.gz"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        traces.sort();
+        traces = peers::shared_traces();
     }
     let confs = ["", "max_split_size_mb:128", "roundup_power2_divisions:4"];
     println!("| trace | peak live | peak reserved (default) | (max_split_size_mb:128) | (roundup_power2_divisions:4) | min capacity (default / mss 128 / rp2 4) | offset-allocator high-water |");

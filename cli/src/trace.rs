@@ -285,7 +285,11 @@ impl TraceReader {
         };
         // Large buffers for files; small ones for small inputs (a 256 KiB
         // buffer is an mmap of its own).
-        let (outer, raw) = if file_len < 1 << 16 { (1 << 13, 1 << 12) } else { (1 << 18, 1 << 16) };
+        let (outer, raw) = if file_len < 1 << 16 {
+            (1 << 13, 1 << 12)
+        } else {
+            (1 << 18, 1 << 16)
+        };
         let reader: Box<dyn BufRead> = if gzip {
             Box::new(BufReader::with_capacity(
                 outer,

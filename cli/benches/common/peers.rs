@@ -20,6 +20,27 @@ use std::ptr::NonNull;
 /// Sizes are scaled by this for the peers that need it.
 pub const UNIT: u64 = 256;
 
+/// The traces of `../shared/traces/` (the bundled one if that is missing).
+pub fn shared_traces() -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    let mut v: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().to_string_lossy().into_owned())
+                .filter(|p| p.ends_with(".jsonl.gz"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if v.is_empty() {
+        v.push(format!(
+            "{}/../traces/resnet50-train.jsonl.gz",
+            env!("CARGO_MANIFEST_DIR")
+        ));
+    }
+    v.sort();
+    v
+}
+
 /// One step of a sequence; allocations are numbered densely.
 #[derive(Clone, Copy)]
 pub enum Op {
