@@ -257,7 +257,7 @@ pub fn replay(case: &Case) -> Result<Replayed, String> {
     replay_checked(case, 1)
 }
 
-/// [`replay`], checking the invariants after every `check_every`-th event and at the end.
+/// [`replay()`], checking the invariants after every `check_every`-th event and at the end.
 pub fn replay_checked(case: &Case, check_every: u64) -> Result<Replayed, String> {
     let config = Config::parse(&case.conf).map_err(|e| e.to_string())?;
     let opts = Options {
