@@ -2,6 +2,7 @@
 //! - `parse/<trace>`: reading + gunzip + JSON only;
 //! - `replay/<trace>`: applying the parsed events to the allocator on the
 //!   simulated device (bookkeeping only);
+//! - first, untimed: the fragmentation table of BENCHMARKS.md;
 //! - `peers/<trace>/<allocator>`: the trace's alloc/free sequence on ours,
 //!   offset-allocator, rlsf and a BTreeMap best-fit baseline.
 //!
@@ -12,7 +13,7 @@ mod peers;
 
 use cachealloc_cli::replay::{Options, Replay};
 use cachealloc_cli::trace::{Event, TraceReader};
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use std::time::Duration;
 
 fn parse_all(path: &str) -> Vec<Event> {
@@ -96,4 +97,11 @@ fn peers_bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, replay, peers_bench);
-criterion_main!(benches);
+
+fn main() {
+    // The fragmentation table is not timed: it is printed once, first.
+    println!("fragmentation (peak reserved / peak live; min capacity by bisection to 2 MiB):");
+    peers::print_fragmentation_table(&peers::shared_traces());
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -307,3 +307,52 @@ impl BTreeBestFit {
         0
     }
 }
+
+/// Print the fragmentation table of BENCHMARKS.md for `traces` (Markdown).
+pub fn print_fragmentation_table(traces: &[String]) {
+    use cachealloc_cli::human::bytes;
+    use cachealloc_cli::replay::{self, Options, Quiet};
+    let confs = ["", "max_split_size_mb:128", "roundup_power2_divisions:4"];
+    println!("| trace | peak live | peak reserved (default) | (max_split_size_mb:128) | (roundup_power2_divisions:4) | min capacity (default / mss 128 / rp2 4) | offset-allocator high-water |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for t in traces {
+        let mut reserved = Vec::new();
+        let mut mins = Vec::new();
+        let mut live = 0;
+        for c in confs {
+            let opts = Options {
+                config: cachealloc_core::Config::parse(c).expect("config"),
+                conf: c.to_string(),
+                ..Options::default()
+            };
+            let (r, _) = replay::run(t, &opts, &mut Quiet).expect("replay");
+            live = r.peak_live_bytes;
+            reserved.push(format!(
+                "{} ({:.3})",
+                bytes(r.peak_reserved_bytes),
+                r.fragmentation()
+            ));
+            mins.push(bytes(
+                replay::min_capacity(t, &opts, &r).expect("bisection"),
+            ));
+        }
+        let seq = load(t);
+        let mut off = Offset::new(&seq);
+        assert_eq!(off.run(&seq), 0);
+        let hw = off.high_water * UNIT;
+        let name = std::path::Path::new(t)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} ({:.3}) |",
+            bytes(live),
+            reserved[0],
+            reserved[1],
+            reserved[2],
+            mins.join(" / "),
+            bytes(hw),
+            hw as f64 / live as f64
+        );
+    }
+}
