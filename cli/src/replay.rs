@@ -7,9 +7,7 @@
 //! `empty_cache` since then in `num_sync_all_streams`.
 
 use crate::trace::{Event, TraceError, TraceReader};
-use cachealloc_core::{
-    BlockId, BlockSlot, Config, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-};
+use cachealloc_core::{BlockId, BlockSlot, Config, DeviceAllocator, DeviceBackend, DeviceStats};
 use cachealloc_mock::MockDevice;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::time::Instant;
@@ -93,7 +91,6 @@ impl std::fmt::Display for ReplayError {
 struct Live {
     dev: usize,
     id: Option<BlockId>,
-    ptr: DevicePtr,
     size: u64,
 }
 
@@ -245,7 +242,6 @@ impl<B: ReplayDevice> Replay<B> {
                             Live {
                                 dev,
                                 id: x.id,
-                                ptr: x.ptr,
                                 size,
                             },
                         );
@@ -313,11 +309,6 @@ impl<B: ReplayDevice> Replay<B> {
             }
         }
         Ok(())
-    }
-
-    /// The pointer of a live trace id (for tools that inspect the layout).
-    pub fn ptr_of(&self, id: u64) -> Option<DevicePtr> {
-        self.live.get(&id).map(|l| l.ptr)
     }
 
     /// Free every live allocation, wait for all streams, and return every

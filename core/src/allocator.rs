@@ -1118,14 +1118,13 @@ where
             && n != NIL
             && self.slot(n).has(Flags::CACHED)
         {
-            let t = *self.slot(n);
-            let grown = (t.stream, t.size + orig_size, t.addr - orig_size);
+            let key = {
+                let t = self.slot(n);
+                (t.stream, t.size, t.addr)
+            };
+            let grown = (key.0, key.1 + orig_size, key.2 - orig_size);
             let pi = pool_idx(pool);
-            let succ = index::successor::<FreeIndex>(
-                self.arena.slots(),
-                self.pools[pi].root,
-                (t.stream, t.size, t.addr),
-            );
+            let succ = index::successor::<FreeIndex>(self.arena.slots(), self.pools[pi].root, key);
             if succ == NIL || {
                 let s = self.slot(succ);
                 (s.stream, s.size, s.addr) > grown

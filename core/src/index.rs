@@ -295,16 +295,16 @@ pub(crate) fn first<L: Links>(slots: &[BlockSlot], root: u32) -> u32 {
     }
 }
 
-/// Check order, heap property and acyclicity of a subtree without recursion
-/// or allocation, by walking it in order (Morris-free: successor searches from
-/// the root). Returns the node count, or a description of the defect.
+/// Check a tree without recursion or allocation, walking it in key order by
+/// successor searches from the root: keys strictly increasing, each child on
+/// the right side of its parent with no higher priority, every node reachable
+/// by a search for its own key, and no more than `limit` nodes (a cycle).
+/// Returns the node count, or a description of the defect.
 pub(crate) fn verify<L: Links>(
     slots: &[BlockSlot],
     root: u32,
     limit: u32,
 ) -> Result<u32, &'static str> {
-    // Heap property and bounded size: breadth-free check, each node's children
-    // have lower or equal priority and lie on the correct side of it.
     let mut count = 0u32;
     let mut cur = first::<L>(slots, root);
     let mut last: Option<L::Key> = None;

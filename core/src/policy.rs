@@ -98,7 +98,7 @@ pub fn round_size(size: u64, config: &Config) -> Option<u64> {
     if size < MIN_BLOCK_SIZE {
         return Some(MIN_BLOCK_SIZE);
     }
-    let d = config.roundup_power2_divisions[division_bucket(size)];
+    let d = config.divisions_for(size);
     if d > 1 && size > MIN_BLOCK_SIZE * d as u64 {
         return roundup_power2_next_division(size, d);
     }

@@ -75,7 +75,33 @@ impl AsMock for harness::Logged<MockDevice> {
     }
 }
 
-/// Free everything still live, empty the cache, drop idle events; then the
+/// Wait for all stream work, free what is live, wait again, empty the cache,
+/// drop the idle events and check the invariants: what every test ends with
+/// before it looks for leaks. `wait_all` makes the device finish all work.
+pub fn release_everything<B, S, const E: usize>(
+    a: &mut DeviceAllocator<B, S, E>,
+    live: impl IntoIterator<Item = DevicePtr>,
+    mut wait_all: impl FnMut(&mut B),
+) -> Result<(), String>
+where
+    B: cachealloc_core::DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    // All streams finish first, so frees with recorded streams find room in
+    // the event queue.
+    wait_all(a.backend_mut());
+    for p in live {
+        a.free_ptr(p).map_err(|e| format!("free of {p}: {e}"))?;
+    }
+    wait_all(a.backend_mut());
+    a.empty_cache().map_err(|e| format!("empty_cache: {e}"))?;
+    a.release_idle_events()
+        .map_err(|e| format!("idle events: {e}"))?;
+    a.check_invariants()
+        .map_err(|e| format!("after release: {e}"))
+}
+
+/// On the mock: clear planted failures, [`release_everything`], then the
 /// mock must hold nothing. Returns a description of what is left, if anything.
 pub fn teardown<B, S, const E: usize>(
     a: &mut DeviceAllocator<B, S, E>,
@@ -86,20 +112,8 @@ where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
 {
     a.backend_mut().mock_mut().clear_faults();
-    // All streams finish first, so frees with recorded streams find room in
-    // the event queue.
-    a.backend_mut().mock_mut().sync(None);
-    for p in live {
-        a.free_ptr(p)
-            .map_err(|e| format!("teardown free of {p}: {e}"))?;
-    }
-    a.backend_mut().mock_mut().sync(None);
-    a.empty_cache()
-        .map_err(|e| format!("teardown empty_cache: {e}"))?;
-    a.release_idle_events()
-        .map_err(|e| format!("teardown events: {e}"))?;
-    a.check_invariants()
-        .map_err(|e| format!("after teardown: {e}"))?;
+    release_everything(a, live, |b| b.mock_mut().sync(None))
+        .map_err(|e| format!("teardown: {e}"))?;
     let m = a.backend().mock();
     if m.held_bytes() != 0 || m.live_segments() != 0 || m.live_events() != 0 {
         return Err(format!(

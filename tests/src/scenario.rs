@@ -285,27 +285,15 @@ impl<'h, H: Harness> Run<'h, H> {
     /// idle events: afterwards the device must hold nothing.
     pub fn release_all(&mut self) -> Result<(), String> {
         let live = self.live();
-        self.harness
-            .finish(&mut self.alloc.backend_mut().inner, None);
-        for p in live {
-            self.alloc
-                .free_ptr(p)
-                .map_err(|e| format!("free {p}: {e}"))?;
-        }
         self.names.clear();
         self.orphans.clear();
-        self.harness
-            .finish(&mut self.alloc.backend_mut().inner, None);
-        self.alloc.empty_cache().map_err(|e| e.to_string())?;
-        self.alloc
-            .release_idle_events()
-            .map_err(|e| e.to_string())?;
-        self.alloc.check_invariants().map_err(|e| e.to_string())?;
+        let h = self.harness;
+        crate::release_everything(&mut self.alloc, live, |b| h.finish(&mut b.inner, None))?;
         let b = self.alloc.backend();
         if b.held != 0 || b.event_creates != b.event_destroys {
             return Err(format!(
                 "{} still holds {} bytes and {} events",
-                self.harness.name(),
+                h.name(),
                 b.held,
                 b.event_creates - b.event_destroys
             ));
