@@ -1,6 +1,7 @@
 //! Fixed-capacity block storage. Blocks are named by small integer handles
 //! (slot index + generation), never by pointers; free slots form a list.
 
+use crate::invariants::{expect, fail, InvariantViolation};
 use core::num::NonZeroU32;
 
 /// "No slot": the end of a list, an empty tree.
@@ -97,6 +98,11 @@ impl BlockSlot {
     pub(crate) fn end(&self) -> u64 {
         self.addr.wrapping_add(self.size)
     }
+
+    /// Head blocks: the end of the segment.
+    pub(crate) fn end_of_segment(&self) -> u64 {
+        self.addr.wrapping_add(self.seg_size)
+    }
 }
 
 /// The handle of a live allocation: a slot index and the generation the slot
@@ -136,7 +142,7 @@ impl BlockId {
 /// The slot storage and its free-slot list. Slots above `high_water` have
 /// never been used; freed slots are chained through `next`.
 pub(crate) struct Arena<S> {
-    pub(crate) storage: S,
+    storage: S,
     high_water: u32,
     free_head: u32,
     in_use: u32,
@@ -155,12 +161,7 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
     /// Usable slots (the storage length, capped below `NIL`).
     #[inline]
     pub(crate) fn capacity(&self) -> u32 {
-        let len = self.storage.as_ref().len();
-        if len >= NIL as usize {
-            NIL - 1
-        } else {
-            len as u32
-        }
+        usable(self.slots())
     }
 
     #[inline]
@@ -226,20 +227,50 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
         self.in_use -= 1;
     }
 
-    /// Walk the free-slot list (for the invariant checker); `None` if it is
-    /// longer than the storage (a cycle).
-    pub(crate) fn free_list_len(&self) -> Option<u32> {
+    /// The free-slot list: no cycle, only vacant slots below the high-water
+    /// mark, and `in use + free == ever used`.
+    pub(crate) fn verify(&self) -> Result<(), InvariantViolation> {
         let mut n = 0u32;
         let mut i = self.free_head;
         while i != NIL {
             n += 1;
             if n > self.high_water {
-                return None;
+                return Err(fail("free-slot list has a cycle", None, 0, 1));
             }
-            i = self.slots().get(i as usize)?.next;
+            let s = self
+                .slots()
+                .get(i as usize)
+                .filter(|_| i < self.high_water)
+                .ok_or(fail("free-slot list link out of range", Some(i), 0, 1))?;
+            if s.flags != Flags::empty() {
+                return Err(fail(
+                    "free-slot list holds a slot in use",
+                    Some(i),
+                    0,
+                    s.flags.bits() as i64,
+                ));
+            }
+            i = s.next;
         }
-        Some(n)
+        expect(
+            "free-slot list: slots in use + free slots == slots ever used",
+            None,
+            self.high_water as i64,
+            (self.in_use + n) as i64,
+        )
     }
+
+    /// Test support: point the free-slot list's head elsewhere.
+    #[cfg(test)]
+    pub(crate) fn set_free_head(&mut self, i: u32) {
+        self.free_head = i;
+    }
+}
+
+/// The slots a storage of this length can use (capped below `NIL`).
+#[inline]
+pub(crate) fn usable(slots: &[BlockSlot]) -> u32 {
+    slots.len().min(NIL as usize - 1) as u32
 }
 
 #[cfg(test)]

@@ -2,11 +2,13 @@
 //! lock, and [`MultiDeviceAllocator`], a fixed set of devices that routes a
 //! `free` or `record_stream` by pointer to the device that owns it.
 
-use crate::allocator::{Allocation, CacheInfo, DeviceAllocator, MallocFlags};
+use crate::allocation::{Allocation, MallocFlags};
+use crate::allocator::DeviceAllocator;
 use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::invariants::InvariantViolation;
+use crate::snapshot::CacheInfo;
 use crate::stats::DeviceStats;
 use crate::sync::Mutex;
 

@@ -11,6 +11,8 @@ use crate::arena::{BlockSlot, NIL};
 /// Which links and which key a treap uses.
 pub(crate) trait Links {
     type Key: Ord + Copy;
+    /// How `verify` names each defect of this index, in [`Defect`] order.
+    const DEFECTS: [&'static str; 6];
     fn key(s: &BlockSlot) -> Self::Key;
     fn left(s: &BlockSlot) -> u32;
     fn right(s: &BlockSlot) -> u32;
@@ -18,11 +20,19 @@ pub(crate) trait Links {
     fn set_right(s: &mut BlockSlot, v: u32);
 }
 
-/// The free index of a pool: key (stream, size, address).
-pub(crate) struct FreeIndex;
+/// The links and key of a pool's free index: (stream, size, address).
+pub(crate) struct FreeKey;
 
-impl Links for FreeIndex {
+impl Links for FreeKey {
     type Key = (u64, u64, u64);
+    const DEFECTS: [&'static str; 6] = [
+        "free index: larger than the storage (a cycle?)",
+        "free index: link out of range",
+        "free index: keys out of order or duplicated",
+        "free index: heap order broken",
+        "free index: child on the wrong side",
+        "free index: node not reachable by its key",
+    ];
     #[inline]
     fn key(s: &BlockSlot) -> Self::Key {
         (s.stream, s.size, s.addr)
@@ -45,11 +55,19 @@ impl Links for FreeIndex {
     }
 }
 
-/// The segment index: head blocks keyed by base address.
-pub(crate) struct SegmentIndex;
+/// The links and key of the segment index: head blocks by base address.
+pub(crate) struct SegmentKey;
 
-impl Links for SegmentIndex {
+impl Links for SegmentKey {
     type Key = u64;
+    const DEFECTS: [&'static str; 6] = [
+        "segment index: larger than the storage (a cycle?)",
+        "segment index: link out of range",
+        "segment index: keys out of order or duplicated",
+        "segment index: heap order broken",
+        "segment index: child on the wrong side",
+        "segment index: node not reachable by its key",
+    ];
     #[inline]
     fn key(s: &BlockSlot) -> Self::Key {
         s.addr
@@ -295,11 +313,22 @@ pub(crate) fn first<L: Links>(slots: &[BlockSlot], root: u32) -> u32 {
     }
 }
 
+/// What `verify` can find wrong with a tree (indexes [`Links::DEFECTS`]).
+#[derive(Clone, Copy)]
+enum Defect {
+    Cycle,
+    LinkOutOfRange,
+    OutOfOrder,
+    HeapOrder,
+    WrongSide,
+    Unreachable,
+}
+
 /// Check a tree without recursion or allocation, walking it in key order by
 /// successor searches from the root: keys strictly increasing, each child on
 /// the right side of its parent with no higher priority, every node reachable
 /// by a search for its own key, and no more than `limit` nodes (a cycle).
-/// Returns the node count, or a description of the defect.
+/// Returns the node count, or the index's name for the defect.
 pub(crate) fn verify<L: Links>(
     slots: &[BlockSlot],
     root: u32,
@@ -311,30 +340,34 @@ pub(crate) fn verify<L: Links>(
     while cur != NIL {
         count += 1;
         if count > limit {
-            return Err("index is larger than the storage (a cycle?)");
+            return Err(L::DEFECTS[Defect::Cycle as usize]);
         }
-        let s = slots.get(cur as usize).ok_or("index link out of range")?;
+        let s = slots
+            .get(cur as usize)
+            .ok_or(L::DEFECTS[Defect::LinkOutOfRange as usize])?;
         let k = L::key(s);
         if let Some(prev) = last {
             if prev >= k {
-                return Err("index keys out of order or duplicated");
+                return Err(L::DEFECTS[Defect::OutOfOrder as usize]);
             }
         }
         for c in [L::left(s), L::right(s)] {
             if c != NIL {
-                let cs = slots.get(c as usize).ok_or("index link out of range")?;
+                let cs = slots
+                    .get(c as usize)
+                    .ok_or(L::DEFECTS[Defect::LinkOutOfRange as usize])?;
                 if priority(c) > priority(cur) {
-                    return Err("index heap order broken");
+                    return Err(L::DEFECTS[Defect::HeapOrder as usize]);
                 }
                 let ck = L::key(cs);
                 if (c == L::left(s) && ck >= k) || (c == L::right(s) && ck <= k) {
-                    return Err("index child on the wrong side");
+                    return Err(L::DEFECTS[Defect::WrongSide as usize]);
                 }
             }
         }
         // Every node must be reachable by a search for its own key.
         if lower_bound::<L>(slots, root, k) != cur {
-            return Err("index node not reachable by its key");
+            return Err(L::DEFECTS[Defect::Unreachable as usize]);
         }
         last = Some(k);
         cur = successor::<L>(slots, root, k);
@@ -370,30 +403,24 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let i = (x % 500) as u32;
-            let k = FreeIndex::key(&slots[i as usize]);
+            let k = FreeKey::key(&slots[i as usize]);
             if model.contains(&k) {
-                assert!(remove::<FreeIndex>(&mut slots, &mut root, i));
+                assert!(remove::<FreeKey>(&mut slots, &mut root, i));
                 model.remove(&k);
             } else {
-                insert::<FreeIndex>(&mut slots, &mut root, i);
+                insert::<FreeKey>(&mut slots, &mut root, i);
                 model.insert(k);
             }
             let q = (x % 3, (x >> 8) % 60000, 0);
-            let lb = lower_bound::<FreeIndex>(&slots, root, q);
+            let lb = lower_bound::<FreeKey>(&slots, root, q);
             let want = model.range(q..).next().copied();
-            assert_eq!(
-                want,
-                (lb != NIL).then(|| FreeIndex::key(&slots[lb as usize]))
-            );
-            let pr = predecessor::<FreeIndex>(&slots, root, q);
+            assert_eq!(want, (lb != NIL).then(|| FreeKey::key(&slots[lb as usize])));
+            let pr = predecessor::<FreeKey>(&slots, root, q);
             let want = model.range(..q).next_back().copied();
-            assert_eq!(
-                want,
-                (pr != NIL).then(|| FreeIndex::key(&slots[pr as usize]))
-            );
+            assert_eq!(want, (pr != NIL).then(|| FreeKey::key(&slots[pr as usize])));
         }
         assert_eq!(
-            verify::<FreeIndex>(&slots, root, 1000),
+            verify::<FreeKey>(&slots, root, 1000),
             Ok(model.len() as u32)
         );
     }

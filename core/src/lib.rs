@@ -63,6 +63,7 @@
 #[cfg(any(test, feature = "std", loom))]
 extern crate std;
 
+mod allocation;
 mod allocator;
 mod arena;
 pub mod backend;
@@ -72,20 +73,23 @@ mod error;
 mod events;
 mod index;
 mod invariants;
+mod live;
 pub mod policy;
 mod pool;
+mod segment_index;
+mod snapshot;
 pub mod stats;
 mod sync;
 pub mod testing;
 
-pub use allocator::{
-    Allocation, AllocationInfo, BlockInfo, BlockState, CacheInfo, DeviceAllocator,
-    FreeMemoryCallback, MallocFlags, SegmentInfo, Segments,
-};
+pub use allocation::{Allocation, AllocationInfo, MallocFlags};
+pub use allocator::{DeviceAllocator, FreeMemoryCallback};
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError};
 pub use error::{Error, OomReport};
 pub use invariants::InvariantViolation;
+pub use pool::Pool;
+pub use snapshot::{BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments};
 pub use stats::{DeviceStats, Stat, StatArray};

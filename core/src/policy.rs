@@ -9,6 +9,7 @@
 //! ```
 
 use crate::config::Config;
+pub use crate::pool::Pool;
 use core::fmt;
 
 /// Every size is rounded up to a multiple of this (`kMinBlockSize`).
@@ -27,21 +28,6 @@ pub const ROUND_LARGE: u64 = 2 << 20;
 pub const ROUNDUP_INTERVALS: usize = 16;
 /// Requests of this size or more are refused before the allocator (1 EiB).
 pub const ONE_EIB: u64 = 1 << 60;
-
-/// The pool a rounded size is served from.
-///
-/// ```
-/// use cachealloc_core::policy::{pool_for, Pool};
-/// assert_eq!(pool_for(1 << 20), Pool::Small);
-/// assert_eq!(pool_for((1 << 20) + 512), Pool::Large);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pool {
-    /// Rounded sizes up to 1 MiB, packed in 2 MiB segments.
-    Small,
-    /// Everything larger.
-    Large,
-}
 
 /// Which pool serves a rounded size (`get_pool`: `<= 1 MiB` is small).
 #[inline]

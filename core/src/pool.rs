@@ -1,18 +1,73 @@
-//! The small and large pools: each a free index (a treap root) and the GC
-//! clock PyTorch calls `get_free_blocks_call_count`.
+//! The small and large pools: [`Pool`], the one mapping from a pool to its
+//! index and its block flag, and [`BlockPool`], a pool's cache: the free
+//! index (a treap keyed by (stream, size, address), like PyTorch's
+//! `BlockPool::blocks`) and the GC clock PyTorch calls
+//! `get_free_blocks_call_count`.
 
-use crate::arena::{Flags, NIL};
-use crate::policy::Pool;
+use crate::arena::{BlockSlot, Flags, NIL};
+use crate::index::{self, FreeKey, Links};
+use crate::invariants::{expect, fail, InvariantViolation};
+
+/// The pool a rounded size is served from.
+///
+/// ```
+/// use cachealloc_core::policy::{pool_for, Pool};
+/// assert_eq!(pool_for(1 << 20), Pool::Small);
+/// assert_eq!(pool_for((1 << 20) + 512), Pool::Large);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pool {
+    /// Rounded sizes up to 1 MiB, packed in 2 MiB segments.
+    Small,
+    /// Everything larger.
+    Large,
+}
+
+impl Pool {
+    /// Both pools, in index order.
+    pub(crate) const ALL: [Pool; 2] = [Pool::Small, Pool::Large];
+
+    /// The pool's index: 0 small, 1 large (statistics arrays add 1 for "all").
+    #[inline]
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Pool::Small => 0,
+            Pool::Large => 1,
+        }
+    }
+
+    /// The pool a block belongs to, from its flags.
+    #[inline]
+    pub(crate) fn of(flags: Flags) -> Pool {
+        if flags.contains(Flags::SMALL) {
+            Pool::Small
+        } else {
+            Pool::Large
+        }
+    }
+
+    /// The flag that marks the pool's blocks.
+    #[inline]
+    pub(crate) fn flag(self) -> Flags {
+        match self {
+            Pool::Small => Flags::SMALL,
+            Pool::Large => Flags::empty(),
+        }
+    }
+}
+
+/// The key of a cached block in its pool's free index.
+pub(crate) type FreeIndexKey = <FreeKey as Links>::Key;
 
 /// One pool's cache.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BlockPool {
-    /// Root of the free index keyed (stream, size, address).
-    pub(crate) root: u32,
-    /// Number of cached blocks in the index.
-    pub(crate) len: u32,
+    /// Root of the free index.
+    root: u32,
+    /// Cached blocks in the index.
+    len: u32,
     /// Lookups made while garbage collection was possible.
-    pub(crate) gc_clock: u64,
+    gc_clock: u64,
 }
 
 impl BlockPool {
@@ -21,23 +76,99 @@ impl BlockPool {
         len: 0,
         gc_clock: 0,
     };
-}
 
-/// The pool a block belongs to, from its flags.
-#[inline]
-pub(crate) fn pool_of(flags: Flags) -> Pool {
-    if flags.contains(Flags::SMALL) {
-        Pool::Small
-    } else {
-        Pool::Large
+    /// Add slot `i` (its key must not be in the index).
+    #[inline]
+    pub(crate) fn insert(&mut self, slots: &mut [BlockSlot], i: u32) {
+        index::insert::<FreeKey>(slots, &mut self.root, i);
+        self.len += 1;
+    }
+
+    /// Take slot `i` out, if it is in.
+    #[inline]
+    pub(crate) fn remove(&mut self, slots: &mut [BlockSlot], i: u32) {
+        if index::remove::<FreeKey>(slots, &mut self.root, i) {
+            self.len -= 1;
+        }
+    }
+
+    /// The cached block with the smallest key `>= key`, or `NIL`.
+    #[inline]
+    pub(crate) fn lower_bound(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
+        index::lower_bound::<FreeKey>(slots, self.root, key)
+    }
+
+    /// The cached block with the smallest key `> key`, or `NIL`.
+    #[inline]
+    pub(crate) fn successor(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
+        index::successor::<FreeKey>(slots, self.root, key)
+    }
+
+    /// The cached block with the largest key `< key`, or `NIL`.
+    #[inline]
+    pub(crate) fn predecessor(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
+        index::predecessor::<FreeKey>(slots, self.root, key)
+    }
+
+    /// Whether slot `i` is in the index (found by a search for its key).
+    pub(crate) fn contains(&self, slots: &[BlockSlot], i: u32) -> bool {
+        slots
+            .get(i as usize)
+            .is_some_and(|s| self.lower_bound(slots, FreeKey::key(s)) == i)
+    }
+
+    /// Cached blocks in the index.
+    pub(crate) fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// The GC clock.
+    #[inline]
+    pub(crate) fn gc_clock(&self) -> u64 {
+        self.gc_clock
+    }
+
+    /// One more lookup while garbage collection is possible.
+    #[inline]
+    pub(crate) fn tick(&mut self) {
+        self.gc_clock += 1;
+    }
+
+    /// The tree is a valid treap of at most `limit` nodes and holds `len`
+    /// blocks. Returns the count.
+    pub(crate) fn verify(
+        &self,
+        slots: &[BlockSlot],
+        limit: u32,
+    ) -> Result<u32, InvariantViolation> {
+        let n =
+            index::verify::<FreeKey>(slots, self.root, limit).map_err(|w| fail(w, None, 0, 1))?;
+        expect(
+            "free index: size == its count",
+            None,
+            self.len as i64,
+            n as i64,
+        )?;
+        Ok(n)
     }
 }
 
-/// The flag that marks a pool's blocks.
-#[inline]
-pub(crate) fn pool_flag(pool: Pool) -> Flags {
-    match pool {
-        Pool::Small => Flags::SMALL,
-        Pool::Large => Flags::empty(),
+/// The small and the large pool.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pools([BlockPool; 2]);
+
+impl Pools {
+    pub(crate) const EMPTY: Pools = Pools([BlockPool::EMPTY; 2]);
+
+    /// One pool.
+    #[inline]
+    pub(crate) fn get(&self, pool: Pool) -> &BlockPool {
+        &self.0[pool.index()]
+    }
+
+    /// One pool, mutably.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, pool: Pool) -> &mut BlockPool {
+        &mut self.0[pool.index()]
     }
 }

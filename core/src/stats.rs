@@ -135,10 +135,7 @@ impl StatArray {
 
 #[inline]
 fn pool_index(pool: Pool) -> usize {
-    match pool {
-        Pool::Small => 1,
-        Pool::Large => 2,
-    }
+    1 + pool.index()
 }
 
 /// PyTorch's `DeviceStats`, field for field.
@@ -207,6 +204,17 @@ macro_rules! scalar_keys {
     ($self:ident, $f:ident; $($name:ident),*) => {$(
         $f(stringify!($name), $self.$name);
     )*};
+}
+
+macro_rules! currents {
+    ($self:ident; $($name:ident),*; $($single:ident),*) => {[
+        $(
+            (concat!(stringify!($name), ".all.current"), $self.$name.0[0].current),
+            (concat!(stringify!($name), ".small_pool.current"), $self.$name.0[1].current),
+            (concat!(stringify!($name), ".large_pool.current"), $self.$name.0[2].current),
+        )*
+        $((concat!(stringify!($single), ".current"), $self.$single.current),)*
+    ]};
 }
 
 impl DeviceStats {
@@ -284,6 +292,13 @@ impl DeviceStats {
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;
+    }
+
+    /// Every `current` value the invariant checker recounts, by key.
+    pub(crate) fn currents(&self) -> [(&'static str, i64); 29] {
+        currents!(self; allocation, segment, active, inactive_split, allocated_bytes,
+                  reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+                  oversize_allocations, oversize_segments)
     }
 
     fn arrays_mut(&mut self) -> [&mut StatArray; 9] {

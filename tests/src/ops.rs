@@ -265,7 +265,7 @@ pub fn replay_checked(case: &Case, check_every: u64) -> Result<Replayed, String>
         conf: case.conf.clone(),
         capacity: case.capacity,
         memory_fraction: case.memory_fraction,
-        slots: 1 << 14,
+        slots: 2048,
     };
     let reader = TraceReader::from_bytes(
         &format!("case-{}", case.seed),

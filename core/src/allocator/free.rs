@@ -1,0 +1,200 @@
+//! `free`: allocation statistics drop at once; the block returns to the
+//! cache at once, or after the end-of-life events of the streams that used
+//! it (`record_stream`), and then merges with its cached neighbours
+//! (`free_block`). Also the two ways events complete: `process_events`
+//! (polled at malloc) and `synchronize_and_free_events` (a wait, at
+//! `empty_cache` and the last rung of the ladder).
+
+use super::{DeviceAllocator, Res};
+use crate::arena::{BlockSlot, Flags, NIL};
+use crate::backend::DeviceBackend;
+use crate::error::Error;
+use crate::events::Sweep;
+use crate::pool::Pool;
+
+impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// `recordStream` on the live block in slot `i`.
+    pub(super) fn record_stream_slot(&mut self, i: u32, stream: B::Stream) -> Res<(), B> {
+        if stream.into() == self.slot(i).stream {
+            return Ok(());
+        }
+        self.events.add_use(i, stream)?;
+        self.slot_mut(i).flags.insert(Flags::HAS_USES);
+        Ok(())
+    }
+
+    /// PyTorch's `free` of the live block in slot `i`. Its events are
+    /// recorded before anything changes, so a failure leaves the allocation
+    /// live and untouched.
+    pub(super) fn free_slot(&mut self, i: u32) -> Res<(), B> {
+        let mut events = 0;
+        if self.slot(i).has(Flags::HAS_USES) {
+            if !self.events.has_room_for(i) {
+                // Make room from events that have completed (PyTorch's queues
+                // are unbounded; ours drain before they refuse).
+                self.process_events()?;
+                if !self.events.has_room_for(i) {
+                    return Err(Error::EventQueueFull { capacity: E });
+                }
+            }
+            events = self.events.record_free(&mut self.backend, i)?;
+        }
+        self.live.remove(self.arena.slots_mut(), i);
+        let s = self.slot_mut(i);
+        s.flags.remove(Flags::ALLOCATED | Flags::HAS_USES);
+        s.generation = s.generation.wrapping_add(1).max(1);
+        s.events = events;
+        let (pool, size) = (Pool::of(s.flags), s.size);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if events == 0 {
+            self.free_block(i);
+        }
+        Ok(())
+    }
+
+    /// `free_block`: merge block `i` with its cached neighbours and cache
+    /// the result. The lower block survives a merge, so a segment's head slot
+    /// never changes.
+    pub(super) fn free_block(&mut self, i: u32) {
+        if self.try_merge_in_place(i) {
+            return;
+        }
+        let (pool, orig_size, requested) = {
+            let s = self.slot(i);
+            (Pool::of(s.flags), s.size, s.requested)
+        };
+        let mut net_blocks = 0i64;
+        let mut net_bytes = 0i64;
+        let mut b = i;
+        let p = self.slot(i).prev;
+        if p != NIL && self.slot(p).has(Flags::CACHED) {
+            net_bytes -= self.slot(p).size as i64;
+            self.cache_remove(p);
+            self.absorb_next(p);
+            b = p;
+            net_blocks -= 1;
+        }
+        let n = self.slot(b).next;
+        if n != NIL && self.slot(n).has(Flags::CACHED) {
+            net_bytes -= self.slot(n).size as i64;
+            self.cache_remove(n);
+            self.absorb_next(b);
+            net_blocks -= 1;
+        }
+        self.cache_insert(b);
+        if self.slot(b).is_split() {
+            net_blocks += 1;
+            net_bytes += self.slot(b).size as i64;
+        }
+        let st = &mut self.stats;
+        st.inactive_split.apply(pool, net_blocks);
+        st.inactive_split_bytes.apply(pool, net_bytes);
+        st.active.decrease(pool, 1);
+        st.active_bytes.decrease(pool, orig_size);
+        st.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Block `b` takes over the block after it (which leaves its segment list
+    /// and its slot).
+    fn absorb_next(&mut self, b: u32) {
+        let n = self.slot(b).next;
+        let (nsize, nnext) = (self.slot(n).size, self.slot(n).next);
+        let bs = self.slot_mut(b);
+        bs.size += nsize;
+        bs.next = nnext;
+        if nnext != NIL {
+            self.slot_mut(nnext).prev = b;
+        }
+        self.arena.release(n);
+    }
+
+    /// The fast merge, when the block below `i` is not cached and the block
+    /// above, T, is: T absorbs `i` in place if its grown key (same stream,
+    /// larger size, lower address) stays below T's successor in the free
+    /// index: one search instead of a remove and an insert. Segment heads
+    /// never move (`i` has a predecessor). Whether it merged.
+    pub(super) fn try_merge_in_place(&mut self, i: u32) -> bool {
+        let (p, n) = (self.slot(i).prev, self.slot(i).next);
+        if p == NIL || self.slot(p).has(Flags::CACHED) || n == NIL {
+            return false;
+        }
+        let t = self.slot(n);
+        if !t.has(Flags::CACHED) {
+            return false;
+        }
+        let (pool, orig_size, requested) = {
+            let s = self.slot(i);
+            (Pool::of(s.flags), s.size, s.requested)
+        };
+        let key = (t.stream, t.size, t.addr);
+        let grown = (key.0, key.1 + orig_size, key.2 - orig_size);
+        let slots = self.arena.slots();
+        let succ = self.pools.get(pool).successor(slots, key);
+        if succ != NIL && {
+            let s = &slots[succ as usize];
+            (s.stream, s.size, s.addr) <= grown
+        } {
+            return false;
+        }
+        let clock = self.pools.get(pool).gc_clock();
+        let ts = self.slot_mut(n);
+        ts.addr = grown.2;
+        ts.size = grown.1;
+        ts.prev = p;
+        ts.aux = clock; // re-cached now
+        self.slot_mut(p).next = n;
+        self.arena.release(i);
+        // One cached block absorbed the freed one: the split count is
+        // unchanged and the cached bytes grow by the freed block.
+        let st = &mut self.stats;
+        st.inactive_split_bytes.increase(pool, orig_size);
+        st.active.decrease(pool, 1);
+        st.active_bytes.decrease(pool, orig_size);
+        st.requested_bytes.decrease(pool, requested);
+        true
+    }
+
+    /// One end-of-life event of block `slot` completed.
+    fn event_done(&mut self, slot: u32) {
+        let s = self.slot_mut(slot);
+        s.events = s.events.saturating_sub(1);
+        if s.events == 0 {
+            self.free_block(slot);
+        }
+    }
+
+    /// `process_events`: complete the events that are done, without waiting.
+    pub(super) fn process_events(&mut self) -> Res<(), B> {
+        let mut sweep = Sweep::default();
+        while let Some(slot) = self
+            .events
+            .next_ready(&mut self.backend, &mut sweep)
+            .map_err(Error::Backend)?
+        {
+            self.event_done(slot);
+        }
+        Ok(())
+    }
+
+    /// `synchronize_and_free_events`: wait for every pending event, queue by
+    /// queue.
+    pub(super) fn synchronize_and_free_events(&mut self) -> Res<(), B> {
+        self.stats.num_sync_all_streams += 1;
+        while let Some(slot) = self
+            .events
+            .next_synchronized(&mut self.backend)
+            .map_err(Error::Backend)?
+        {
+            self.event_done(slot);
+        }
+        Ok(())
+    }
+}

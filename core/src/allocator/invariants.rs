@@ -1,0 +1,265 @@
+//! `check_invariants()`: every structure checks itself (`verify()` of the
+//! arena, the free indexes, the segment index, the live-pointer index and the
+//! event queue), then one walk over every segment's blocks re-derives what
+//! they must agree on, and every `current` statistic is recounted.
+
+use super::DeviceAllocator;
+use crate::arena::{BlockSlot, Flags, NIL};
+use crate::backend::DeviceBackend;
+use crate::invariants::{ensure, expect, fail, InvariantViolation};
+use crate::pool::Pool;
+use crate::stats::DeviceStats;
+
+/// What the walk over the segments counts.
+struct Tally {
+    /// Every `current` statistic, recounted.
+    stats: DeviceStats,
+    /// Cached blocks per pool.
+    cached: [u32; 2],
+    /// Blocks in segments.
+    blocks: u32,
+}
+
+/// Where the walk is inside one segment.
+struct Cursor {
+    pool: Pool,
+    split: bool,
+    addr: u64,
+    prev: u32,
+    prev_cached: bool,
+}
+
+impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// Check every structural and accounting invariant: the free-slot list,
+    /// the three indexes and the event queue check themselves; segments tile
+    /// exactly and do not overlap; every block is exactly one of allocated,
+    /// pending or cached; no two adjacent blocks are both cached; the free
+    /// index of each pool holds exactly the cached blocks and the live index
+    /// exactly the allocated ones; every slot in use is in a segment; and
+    /// every `current` statistic equals a recount.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        let slots = self.arena.slots();
+        let hw = self.arena.high_water();
+        self.arena.verify()?;
+        self.segments.verify(slots, hw)?;
+        for pool in Pool::ALL {
+            self.pools.get(pool).verify(slots, hw)?;
+        }
+        self.live.verify(slots, hw)?;
+        self.events.verify(slots, hw)?;
+        let t = self.walk_segments()?;
+        expect(
+            "segment list: every slot in use belongs to a segment",
+            None,
+            self.arena.in_use() as i64,
+            t.blocks as i64,
+        )?;
+        for pool in Pool::ALL {
+            expect(
+                "free index: holds exactly the cached blocks",
+                None,
+                t.cached[pool.index()] as i64,
+                self.pools.get(pool).len() as i64,
+            )?;
+        }
+        expect(
+            "live-pointer index: holds exactly the allocated blocks",
+            None,
+            t.stats.allocation.all().current,
+            self.live.len() as i64,
+        )?;
+        self.compare_stats(&t.stats)
+    }
+
+    /// Walk the segments in address order, checking each and counting.
+    fn walk_segments(&self) -> Result<Tally, InvariantViolation> {
+        let slots = self.arena.slots();
+        let mut t = Tally {
+            stats: DeviceStats::new(None),
+            cached: [0; 2],
+            blocks: 0,
+        };
+        let mut prev_end = 0u64;
+        let mut h = self.segments.first(slots);
+        while h != NIL {
+            let head = &slots[h as usize];
+            expect(
+                "segment list: a segment head has a predecessor",
+                Some(h),
+                NIL as i64,
+                head.prev as i64,
+            )?;
+            if head.addr < prev_end {
+                return Err(fail(
+                    "segments overlap",
+                    Some(h),
+                    prev_end as i64,
+                    head.addr as i64,
+                ));
+            }
+            prev_end = head.end_of_segment();
+            self.check_segment(h, &mut t)?;
+            h = self.segments.successor(slots, head.addr);
+        }
+        Ok(t)
+    }
+
+    /// One segment: its blocks tile it, and each is counted.
+    fn check_segment(&self, h: u32, t: &mut Tally) -> Result<(), InvariantViolation> {
+        let head = self.slot(h);
+        let pool = Pool::of(head.flags);
+        t.stats.segment.increase(pool, 1);
+        t.stats.reserved_bytes.increase(pool, head.seg_size);
+        if head.seg_size >= self.config.max_split_size {
+            t.stats.oversize_segments.increase(1);
+        }
+        let mut c = Cursor {
+            pool,
+            split: head.next != NIL,
+            addr: head.addr,
+            prev: NIL,
+            prev_cached: false,
+        };
+        let mut cur = h;
+        while cur != NIL {
+            t.blocks += 1;
+            if t.blocks > self.arena.high_water() {
+                return Err(fail(
+                    "segment list: block lists have a cycle",
+                    Some(cur),
+                    0,
+                    1,
+                ));
+            }
+            let b = self.arena.slots().get(cur as usize).ok_or(fail(
+                "segment list: link out of range",
+                Some(cur),
+                0,
+                1,
+            ))?;
+            expect(
+                "block state: stream != its segment's stream",
+                Some(cur),
+                head.stream as i64,
+                b.stream as i64,
+            )?;
+            self.check_block(cur, b, &mut c, t)?;
+            c.addr = c.addr.wrapping_add(b.size);
+            c.prev = cur;
+            cur = b.next;
+        }
+        expect(
+            "blocks tile the segment (size)",
+            Some(h),
+            head.end_of_segment() as i64,
+            c.addr as i64,
+        )
+    }
+
+    /// One block of a segment: linked, placed and in exactly one state, in
+    /// the index its state needs, and counted.
+    fn check_block(
+        &self,
+        i: u32,
+        b: &BlockSlot,
+        c: &mut Cursor,
+        t: &mut Tally,
+    ) -> Result<(), InvariantViolation> {
+        ensure(
+            b.has(Flags::IN_USE),
+            "segment list: a block sits in a free slot",
+            Some(i),
+        )?;
+        expect(
+            "segment list: block prev link",
+            Some(i),
+            c.prev as i64,
+            b.prev as i64,
+        )?;
+        expect(
+            "blocks tile the segment (address)",
+            Some(i),
+            c.addr as i64,
+            b.addr as i64,
+        )?;
+        if Pool::of(b.flags) != c.pool || b.size == 0 {
+            return Err(fail("block state: pool or size", Some(i), 0, b.size as i64));
+        }
+        let (cached, allocated, pending) =
+            (b.has(Flags::CACHED), b.has(Flags::ALLOCATED), b.events > 0);
+        if cached as u8 + allocated as u8 + pending as u8 != 1 {
+            return Err(fail(
+                "block state: not exactly one of allocated / pending / cached",
+                Some(i),
+                1,
+                b.flags.bits() as i64,
+            ));
+        }
+        ensure(
+            !b.has(Flags::HAS_USES) || allocated,
+            "block state: stream uses on a block that is not allocated",
+            Some(i),
+        )?;
+        ensure(
+            !(cached && c.prev_cached),
+            "two adjacent cached blocks (missed merge)",
+            Some(i),
+        )?;
+        c.prev_cached = cached;
+        let (pool, st) = (c.pool, &mut t.stats);
+        if allocated {
+            st.allocation.increase(pool, 1);
+            st.allocated_bytes.increase(pool, b.size);
+            if b.size >= self.config.max_split_size {
+                st.oversize_allocations.increase(1);
+            }
+            expect(
+                "live-pointer index: misses an allocated block",
+                Some(i),
+                i as i64,
+                self.live.find(self.arena.slots(), b.addr) as i64,
+            )?;
+        }
+        if allocated || pending {
+            st.active.increase(pool, 1);
+            st.active_bytes.increase(pool, b.size);
+            st.requested_bytes.increase(pool, b.requested);
+        }
+        if cached {
+            t.cached[pool.index()] += 1;
+            ensure(
+                self.pools.get(pool).contains(self.arena.slots(), i),
+                "free index: misses a cached block",
+                Some(i),
+            )?;
+            if c.split {
+                st.inactive_split.increase(pool, 1);
+                st.inactive_split_bytes.increase(pool, b.size);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every `current` statistic equals its recount (`oversize_*` only while
+    /// `max_split_size` is the one the allocator was created with: after a
+    /// run-time change they drift, as in PyTorch), and PyTorch's
+    /// `total_allocated_memory` equals the reserved bytes.
+    fn compare_stats(&self, recount: &DeviceStats) -> Result<(), InvariantViolation> {
+        let same_mss = self.config.max_split_size == self.initial_config.max_split_size;
+        for ((key, want), (_, have)) in recount.currents().iter().zip(self.stats.currents()) {
+            if same_mss || !key.starts_with("oversize") {
+                expect(key, None, *want, have)?;
+            }
+        }
+        expect(
+            "total_allocated_memory == reserved bytes",
+            None,
+            recount.reserved_bytes.all().current,
+            self.total_allocated_memory as i64,
+        )
+    }
+}

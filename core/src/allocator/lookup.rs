@@ -1,0 +1,93 @@
+//! From what a caller holds (a handle, a pointer) to the slot it names, with
+//! the error that says what is wrong with it.
+
+use super::{DeviceAllocator, Res};
+use crate::allocation::AllocationInfo;
+use crate::arena::{BlockId, BlockSlot, Flags, NIL};
+use crate::backend::{DeviceBackend, DevicePtr};
+use crate::error::Error;
+
+impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// The slot of a live allocation's handle.
+    pub(super) fn validate(&self, id: BlockId) -> Res<u32, B> {
+        let i = id.index();
+        let Some(s) = self
+            .arena
+            .slots()
+            .get(i as usize)
+            .filter(|_| i < self.arena.high_water())
+        else {
+            return Err(Error::InvalidHandle { index: i });
+        };
+        if s.generation != id.generation() {
+            return Err(Error::StaleHandle {
+                index: i,
+                generation: id.generation(),
+            });
+        }
+        if !s.has(Flags::ALLOCATED) {
+            return Err(Error::InvalidHandle { index: i });
+        }
+        Ok(i)
+    }
+
+    /// What the caller may know of the allocation in slot `i`.
+    pub(super) fn info_of(&self, i: u32) -> AllocationInfo {
+        let s = self.slot(i);
+        AllocationInfo {
+            ptr: DevicePtr(s.addr),
+            requested_size: s.requested,
+            allocated_size: s.size,
+            allocation_id: s.aux,
+            stream: s.stream,
+            id: BlockId::new(i, s.generation),
+        }
+    }
+
+    /// The slot of the live allocation starting at `ptr`, or why there is none.
+    pub(super) fn live_slot(&self, ptr: DevicePtr) -> Res<u32, B> {
+        let slots = self.arena.slots();
+        let i = self.live.find(slots, ptr.0);
+        if i != NIL {
+            return Ok(i);
+        }
+        let mut cur = self.segment_of(ptr)?;
+        while cur != NIL {
+            let s = self.slot(cur);
+            if s.addr <= ptr.0 && ptr.0 < s.end() {
+                if s.has(Flags::ALLOCATED) {
+                    return Err(Error::InteriorPointer {
+                        ptr,
+                        base: DevicePtr(s.addr),
+                    });
+                }
+                break;
+            }
+            cur = s.next;
+        }
+        Err(Error::NotAllocated { ptr })
+    }
+
+    /// The head slot of the segment containing `ptr`.
+    pub(super) fn segment_of(&self, ptr: DevicePtr) -> Res<u32, B> {
+        match self.segments.containing(self.arena.slots(), ptr.0) {
+            NIL => Err(Error::UnknownPointer { ptr }),
+            h => Ok(h),
+        }
+    }
+
+    /// Fail before changing anything unless two slots are free (the most one
+    /// malloc can use: a new segment and a split remainder).
+    pub(super) fn reserve_slots(&self) -> Res<(), B> {
+        if self.arena.available() < 2 {
+            return Err(Error::MetadataExhausted {
+                capacity: self.arena.capacity(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! `malloc`: PyTorch's ladder. Round the request and pick the pool, then in
+//! order: the smallest cached block of the same stream that fits, the
+//! free-memory callbacks, garbage collection (with a memory limit and a GC
+//! threshold), a new segment from the device, releasing oversize cached
+//! blocks, releasing every cached segment and retrying (counted), and finally
+//! out of memory with the numbers of PyTorch's message.
+
+use super::{DeviceAllocator, Res};
+use crate::allocation::{Allocation, MallocFlags};
+use crate::arena::{BlockSlot, NIL};
+use crate::backend::{DeviceBackend, DevicePtr, MallocError};
+use crate::error::{Error, OomReport};
+use crate::policy;
+use crate::pool::Pool;
+
+impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    pub(super) fn malloc_impl(
+        &mut self,
+        orig: u64,
+        stream: B::Stream,
+        flags: MallocFlags,
+    ) -> Res<Allocation, B> {
+        if orig == 0 {
+            return Ok(Allocation::NULL);
+        }
+        if orig >= policy::ONE_EIB {
+            return Err(Error::TooLarge { requested: orig });
+        }
+        self.reserve_slots()?;
+        if !self.events.is_empty() {
+            self.process_events()?;
+        }
+        let size = policy::round_size(orig, &self.config)
+            .ok_or(Error::SizeOverflow { requested: orig })?;
+        let alloc_size =
+            policy::allocation_size(size).ok_or(Error::SizeOverflow { requested: orig })?;
+        let pool = policy::pool_for(size);
+        let skey: u64 = stream.into();
+
+        let mut found = self.get_free_block(pool, skey, size);
+        if found == NIL && !self.callbacks.is_empty() && self.trigger_free_memory_callbacks() {
+            self.reserve_slots()?;
+            found = self.get_free_block(pool, skey, size);
+        }
+        if found == NIL {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks()?;
+            }
+            found = self.alloc_block(pool, skey, alloc_size, false)?;
+            if found == NIL && !flags.contains(MallocFlags::NO_RETRY) {
+                if self.release_available_cached_blocks(pool, skey, size)? {
+                    found = self.alloc_block(pool, skey, alloc_size, false)?;
+                }
+                if found == NIL {
+                    self.release_cached_blocks()?;
+                    found = self.alloc_block(pool, skey, alloc_size, true)?;
+                }
+            }
+            if found == NIL {
+                return Err(self.out_of_memory(orig, size, alloc_size));
+            }
+        }
+        Ok(self.alloc_found_block(found, orig, size, pool))
+    }
+
+    /// Whether garbage collection runs: a memory limit and a GC threshold.
+    #[inline]
+    pub(super) fn gc_enabled(&self) -> bool {
+        self.limit.is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+
+    /// `get_free_block`: the smallest cached block of this stream and pool
+    /// that fits, subject to the oversize rules, or `NIL`. It stays in the
+    /// free index: `alloc_found_block` takes it out, or re-keys it in place as
+    /// the remainder of a split.
+    #[inline]
+    fn get_free_block(&mut self, pool: Pool, skey: u64, size: u64) -> u32 {
+        if self.gc_enabled() {
+            self.pools.get_mut(pool).tick();
+        }
+        let slots = self.arena.slots();
+        let b = self.pools.get(pool).lower_bound(slots, (skey, size, 0));
+        if b == NIL {
+            return NIL;
+        }
+        let s = &slots[b as usize];
+        let mss = self.config.max_split_size;
+        if s.stream != skey
+            || (size < mss && s.size >= mss)
+            || (size >= mss && s.size >= size.saturating_add(self.config.max_non_split_rounding))
+        {
+            return NIL;
+        }
+        b
+    }
+
+    /// Run every free-memory callback; whether any freed something.
+    fn trigger_free_memory_callbacks(&mut self) -> bool {
+        let mut freed = false;
+        let mut k = 0;
+        while k < self.callbacks.len() {
+            let cb = self.callbacks[k];
+            freed |= cb(self);
+            k += 1;
+        }
+        freed
+    }
+
+    /// `alloc_block`: a new segment from the device, or `NIL` when the device
+    /// or the memory limit refuses.
+    fn alloc_block(
+        &mut self,
+        pool: Pool,
+        skey: u64,
+        alloc_size: u64,
+        is_retry: bool,
+    ) -> Res<u32, B> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if self
+            .limit
+            .is_some_and(|l| self.total_allocated_memory.saturating_add(alloc_size) > l)
+        {
+            return Ok(NIL);
+        }
+        if self.arena.available() == 0 {
+            return Err(Error::MetadataExhausted {
+                capacity: self.arena.capacity(),
+            });
+        }
+        let ptr = match self.backend.malloc(alloc_size) {
+            Ok(p) => p,
+            Err(MallocError::OutOfMemory) => return Ok(NIL),
+            Err(MallocError::Other(e)) => return Err(Error::Backend(e)),
+        };
+        self.check_new_segment(ptr, alloc_size)?;
+        let Some(i) = self.arena.alloc() else {
+            return Err(Error::MetadataExhausted {
+                capacity: self.arena.capacity(),
+            });
+        };
+        let s = self.slot_mut(i);
+        s.addr = ptr.0;
+        s.size = alloc_size;
+        s.seg_size = alloc_size;
+        s.stream = skey;
+        s.flags.insert(pool.flag());
+        self.segments.insert(self.arena.slots_mut(), i);
+        self.total_allocated_memory += alloc_size;
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, alloc_size);
+        if alloc_size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        Ok(i)
+    }
+
+    /// A segment the device just returned must be non-null, end inside the
+    /// address space and overlap no held segment. If not, it is a
+    /// `BackendContract` error, and the range is handed back to the device
+    /// (best effort, its result ignored) unless its base is that of a held
+    /// segment: freeing that address would release memory the allocator
+    /// holds. That one case leaks the returned range, as it must.
+    fn check_new_segment(&mut self, ptr: DevicePtr, size: u64) -> Res<(), B> {
+        if ptr.is_null() {
+            return Err(Error::BackendContract {
+                what: "malloc returned null",
+                ptr,
+            });
+        }
+        let slots = self.arena.slots();
+        let below = self.segments.floor(slots, ptr.0);
+        if below != NIL && slots[below as usize].addr == ptr.0 {
+            return Err(Error::BackendContract {
+                what: "malloc returned the base of a held segment",
+                ptr,
+            });
+        }
+        let what = match ptr.0.checked_add(size) {
+            None => "malloc returned a range past the address space",
+            Some(end) => {
+                // The held segment with the highest base below the new end
+                // is the only one that could overlap.
+                let h = self.segments.floor(slots, end - 1);
+                if h == NIL || slots[h as usize].end_of_segment() <= ptr.0 {
+                    return Ok(());
+                }
+                "malloc returned memory overlapping a held segment"
+            }
+        };
+        let _ = self.backend.free(ptr, size);
+        Err(Error::BackendContract { what, ptr })
+    }
+
+    /// The out-of-memory error (counted in `num_ooms`), with the numbers of
+    /// PyTorch's message.
+    fn out_of_memory(&mut self, orig: u64, size: u64, alloc_size: u64) -> Error<B::Error> {
+        let info = self.backend.mem_info().unwrap_or_default();
+        self.stats.num_ooms += 1;
+        Error::OutOfMemory(OomReport {
+            device: self.backend.ordinal(),
+            requested: orig,
+            rounded: size,
+            alloc_size,
+            device_total: info.total,
+            device_free: info.free,
+            allowed: self.memory_limit(),
+            allocated: self.stats.allocated_bytes.all().current.max(0) as u64,
+            reserved: self.stats.reserved_bytes.all().current.max(0) as u64,
+        })
+    }
+}

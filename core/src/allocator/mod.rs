@@ -1,0 +1,336 @@
+//! [`DeviceAllocator`]: one device's caching allocator, single-threaded
+//! (`&mut self`). The policy is PyTorch's `DeviceCachingAllocator`.
+//!
+//! This file holds the state and the public API; the work is in
+//! `malloc.rs` (the allocation ladder), `split.rs` (handing out a block),
+//! `free.rs` (frees, merges, end-of-life events), `release.rs` (returning
+//! segments to the device: the release rungs, `empty_cache`, garbage
+//! collection), `lookup.rs` (handles and pointers to slots) and
+//! `invariants.rs` (the checker).
+
+mod free;
+mod invariants;
+mod lookup;
+mod malloc;
+mod release;
+mod split;
+#[cfg(test)]
+mod tests;
+
+use crate::allocation::{Allocation, AllocationInfo, MallocFlags};
+use crate::arena::{Arena, BlockId, BlockSlot, Flags};
+use crate::backend::{DeviceBackend, DevicePtr};
+use crate::config::Config;
+use crate::error::Error;
+use crate::events::EventQueue;
+use crate::live::LiveIndex;
+use crate::pool::{Pool, Pools};
+use crate::segment_index::SegmentIndex;
+use crate::snapshot::{BlockState, CacheInfo, Segments};
+use crate::stats::DeviceStats;
+
+/// A function the allocator calls when no cached block fits, before it asks
+/// the device for memory (PyTorch's `FreeMemoryCallback`). It may free
+/// allocations; it returns whether it freed anything, and if so the cache is
+/// searched again.
+pub type FreeMemoryCallback<B, S, const E: usize> = fn(&mut DeviceAllocator<B, S, E>) -> bool;
+
+/// One device's caching allocator.
+///
+/// `B` is the device, `S` the block-slot storage (any
+/// `AsRef<[BlockSlot]> + AsMut<[BlockSlot]>`), `E` the capacity of the
+/// pending-event queue, of the idle-event pool and of the `record_stream`
+/// table (at most 65535).
+///
+/// ```
+/// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
+/// let mut a: DeviceAllocator<TinyBackend, _> =
+///     DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 32], Config::DEFAULT);
+/// let x = a.malloc(3 << 20, 0)?;                       // large pool, 20 MiB segment
+/// assert_eq!(a.stats().reserved_bytes.all().current, 20 << 20);
+/// a.free(x.id.unwrap())?;
+/// a.empty_cache()?;
+/// assert_eq!(a.stats().reserved_bytes.all().current, 0);
+/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// ```
+pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64> {
+    backend: B,
+    /// Block metadata.
+    arena: Arena<S>,
+    /// The free index of each pool.
+    pools: Pools,
+    /// Segment heads by base address.
+    segments: SegmentIndex,
+    /// Allocated blocks by address.
+    live: LiveIndex,
+    /// Stream uses, end-of-life events, idle events.
+    events: EventQueue<B, E>,
+    config: Config,
+    /// The config at creation (the `max_split_size` statistic keeps it).
+    initial_config: Config,
+    stats: DeviceStats,
+    /// PyTorch's `allowed_memory_maximum`, when a memory fraction or limit is set.
+    limit: Option<u64>,
+    /// PyTorch's `total_allocated_memory`: bytes of all segments.
+    total_allocated_memory: u64,
+    next_allocation_id: u64,
+    callbacks: heapless::Vec<FreeMemoryCallback<B, S, E>, 4>,
+}
+
+type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
+
+impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// A new allocator over `backend`, keeping block metadata in `storage`.
+    /// `const`, so a `no_std` program can build it in a `static`.
+    pub const fn new(backend: B, storage: S, config: Config) -> Self {
+        const { assert!(E <= u16::MAX as usize, "E must fit a u16") };
+        DeviceAllocator {
+            backend,
+            arena: Arena::new(storage),
+            pools: Pools::EMPTY,
+            segments: SegmentIndex::EMPTY,
+            live: LiveIndex::EMPTY,
+            events: EventQueue::new(),
+            config,
+            initial_config: config,
+            stats: DeviceStats::new(if config.max_split_size == u64::MAX {
+                None
+            } else {
+                Some(config.max_split_size)
+            }),
+            limit: None,
+            total_allocated_memory: 0,
+            next_allocation_id: 1,
+            callbacks: heapless::Vec::new(),
+        }
+    }
+
+    /// Allocate `size` bytes for use on `stream`. Zero bytes give
+    /// [`Allocation::NULL`] without touching the allocator.
+    #[inline]
+    pub fn malloc(&mut self, size: u64, stream: B::Stream) -> Res<Allocation, B> {
+        self.malloc_with(size, stream, MallocFlags::empty())
+    }
+
+    /// [`malloc`](Self::malloc) with per-call options.
+    #[inline]
+    pub fn malloc_with(
+        &mut self,
+        size: u64,
+        stream: B::Stream,
+        flags: MallocFlags,
+    ) -> Res<Allocation, B> {
+        self.malloc_impl(size, stream, flags)
+    }
+
+    /// Free an allocation by its handle. If other streams used it
+    /// (`record_stream`), its memory returns to the cache only once their
+    /// work queued so far is done, noticed at a later `malloc` or `empty_cache`.
+    #[inline]
+    pub fn free(&mut self, id: BlockId) -> Res<(), B> {
+        let i = self.validate(id)?;
+        self.free_slot(i)
+    }
+
+    /// Free an allocation by its address (null is a no-op).
+    pub fn free_ptr(&mut self, ptr: DevicePtr) -> Res<(), B> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let i = self.live_slot(ptr)?;
+        self.free_slot(i)
+    }
+
+    /// Mark an allocation as used on `stream` too (PyTorch's `recordStream`).
+    /// Its allocation stream is ignored; repeated streams collapse.
+    pub fn record_stream(&mut self, id: BlockId, stream: B::Stream) -> Res<(), B> {
+        let i = self.validate(id)?;
+        self.record_stream_slot(i, stream)
+    }
+
+    /// [`record_stream`](Self::record_stream) by address (null is a no-op).
+    pub fn record_stream_ptr(&mut self, ptr: DevicePtr, stream: B::Stream) -> Res<(), B> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let i = self.live_slot(ptr)?;
+        self.record_stream_slot(i, stream)
+    }
+
+    /// Wait for every pending end-of-life event, then return every cached
+    /// segment that is entirely free to the device. Peaks are kept.
+    pub fn empty_cache(&mut self) -> Res<(), B> {
+        self.release_cached_blocks()
+    }
+
+    /// `set_per_process_memory_fraction`: from now on no new segment may take
+    /// reserved memory above `fraction × total device memory`.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Res<(), B> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidFraction);
+        }
+        let total = self.backend.mem_info().map_err(Error::Backend)?.total;
+        self.limit = Some((fraction * total as f64) as u64);
+        Ok(())
+    }
+
+    /// Limit reserved memory to `bytes` (a memory fraction given in bytes).
+    pub fn set_memory_limit(&mut self, bytes: u64) {
+        self.limit = Some(bytes);
+    }
+
+    /// Remove the memory limit (and with it garbage collection).
+    pub fn clear_memory_limit(&mut self) {
+        self.limit = None;
+    }
+
+    /// The memory limit, if one is set.
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    /// Replace the policy (like `_set_allocator_settings`; the
+    /// `max_split_size` statistic keeps its value from creation, as in PyTorch).
+    pub fn set_config(&mut self, config: Config) {
+        self.config = config;
+    }
+
+    /// The policy in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The statistics.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    /// `reset_peak_memory_stats`.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    /// `reset_accumulated_memory_stats`.
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// Cached bytes and the largest cached block.
+    pub fn cache_info(&self) -> CacheInfo {
+        let mut info = CacheInfo::default();
+        for b in self.segments().flat_map(|seg| seg.blocks()) {
+            if b.state == BlockState::Inactive {
+                info.cached_bytes += b.size;
+                info.largest_block = info.largest_block.max(b.size);
+            }
+        }
+        info
+    }
+
+    /// The segment that contains `ptr`: its base and size (PyTorch's
+    /// `getBaseAllocation`, for any address inside a reserved segment).
+    pub fn base_allocation(&self, ptr: DevicePtr) -> Res<(DevicePtr, u64), B> {
+        let h = self.segment_of(ptr)?;
+        Ok((DevicePtr(self.slot(h).addr), self.slot(h).seg_size))
+    }
+
+    /// Requested size, block size and id of a live allocation.
+    pub fn allocation_info(&self, id: BlockId) -> Res<AllocationInfo, B> {
+        let i = self.validate(id)?;
+        Ok(self.info_of(i))
+    }
+
+    /// [`allocation_info`](Self::allocation_info) by address.
+    pub fn allocation_info_ptr(&self, ptr: DevicePtr) -> Res<AllocationInfo, B> {
+        let i = self.live_slot(ptr)?;
+        Ok(self.info_of(i))
+    }
+
+    /// Segments in address order, each with its blocks: a snapshot that
+    /// allocates nothing.
+    pub fn segments(&self) -> Segments<'_> {
+        Segments::new(self.arena.slots(), self.segments)
+    }
+
+    /// Register a free-memory callback (at most 4); gives it back if full.
+    pub fn add_free_memory_callback(
+        &mut self,
+        callback: FreeMemoryCallback<B, S, E>,
+    ) -> Result<(), FreeMemoryCallback<B, S, E>> {
+        self.callbacks.push(callback)
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably (a simulated device's clock, say).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Block slots the storage has.
+    pub fn slot_capacity(&self) -> u32 {
+        self.arena.capacity()
+    }
+
+    /// Block slots in use (blocks that exist).
+    pub fn slots_in_use(&self) -> u32 {
+        self.arena.in_use()
+    }
+
+    /// Live allocations.
+    pub fn live_allocations(&self) -> u32 {
+        self.live.len()
+    }
+
+    /// Pending end-of-life events.
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Destroy the idle events kept for reuse (the device keeps them otherwise).
+    pub fn release_idle_events(&mut self) -> Res<(), B> {
+        self.events
+            .release_idle(&mut self.backend)
+            .map_err(Error::Backend)
+    }
+
+    // ------------------------------------------------------------ helpers
+
+    #[inline]
+    fn slot(&self, i: u32) -> &BlockSlot {
+        &self.arena.slots()[i as usize]
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, i: u32) -> &mut BlockSlot {
+        &mut self.arena.slots_mut()[i as usize]
+    }
+
+    /// Put block `i` in its pool's free index (it is cached from now, at the
+    /// pool's current GC clock).
+    #[inline]
+    fn cache_insert(&mut self, i: u32) {
+        let pool = self.pools.get_mut(Pool::of(self.slot(i).flags));
+        let s = &mut self.arena.slots_mut()[i as usize];
+        s.aux = pool.gc_clock();
+        s.flags.insert(Flags::CACHED);
+        pool.insert(self.arena.slots_mut(), i);
+    }
+
+    /// Take block `i` out of its pool's free index.
+    #[inline]
+    fn cache_remove(&mut self, i: u32) {
+        let pool = self.pools.get_mut(Pool::of(self.slot(i).flags));
+        self.arena.slots_mut()[i as usize]
+            .flags
+            .remove(Flags::CACHED);
+        pool.remove(self.arena.slots_mut(), i);
+    }
+}

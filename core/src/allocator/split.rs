@@ -1,0 +1,141 @@
+//! `alloc_found_block`: hand out a cached block or a new segment, splitting
+//! off the remainder when the policy says so (the allocation takes the low
+//! end), and count it.
+
+use super::DeviceAllocator;
+use crate::allocation::Allocation;
+use crate::arena::{BlockId, BlockSlot, Flags, NIL};
+use crate::backend::{DeviceBackend, DevicePtr};
+use crate::policy;
+use crate::pool::Pool;
+
+impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// Serve a request of `orig` bytes (rounded: `size`) from block `found`.
+    pub(super) fn alloc_found_block(
+        &mut self,
+        found: u32,
+        orig: u64,
+        size: u64,
+        pool: Pool,
+    ) -> Allocation {
+        let i = found;
+        let bsize = self.slot(i).size;
+        let split = policy::should_split(pool, bsize, size, &self.config);
+        if split && self.can_split_in_place(i, size) {
+            if let Some(n) = self.arena.alloc() {
+                self.split_in_place(i, n, size, pool);
+                return self.mark_allocated(n, orig, pool);
+            }
+        }
+        let already_split = self.slot(i).is_split();
+        if self.slot(i).has(Flags::CACHED) {
+            self.cache_remove(i);
+        }
+        let remainder = if split { self.arena.alloc() } else { None };
+        if let Some(r) = remainder {
+            self.split_off_remainder(i, r, size, pool);
+            self.cache_insert(r);
+            if already_split {
+                self.stats.inactive_split_bytes.decrease(pool, size);
+            } else {
+                self.stats.inactive_split_bytes.increase(pool, bsize - size);
+                self.stats.inactive_split.increase(pool, 1);
+            }
+        } else if already_split {
+            self.stats.inactive_split_bytes.decrease(pool, bsize);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        self.mark_allocated(i, orig, pool)
+    }
+
+    /// Whether block `i` can stay in the free index as the remainder of a
+    /// split, re-keyed in place: it is cached, not a segment head (heads
+    /// never move), and the remainder is at least as large as the request.
+    /// Its new key (same stream, smaller size, higher address) is then still
+    /// above every key below it: it was the lower bound of (stream, size, 0)
+    /// and the remainder's key is not below that. This saves a remove and an
+    /// insert.
+    pub(super) fn can_split_in_place(&self, i: u32, size: u64) -> bool {
+        let s = self.slot(i);
+        s.has(Flags::CACHED) && s.prev != NIL && s.size - size >= size
+    }
+
+    /// The fast split: the allocation takes a new slot `n` at the low end of
+    /// cached block `i`; `i` keeps the remainder and its place in the index.
+    fn split_in_place(&mut self, i: u32, n: u32, size: u64, pool: Pool) {
+        let clock = self.pools.get(pool).gc_clock();
+        let (addr, stream, prev, bsize) = {
+            let s = self.slot(i);
+            (s.addr, s.stream, s.prev, s.size)
+        };
+        let ns = self.slot_mut(n);
+        ns.addr = addr;
+        ns.size = size;
+        ns.stream = stream;
+        ns.flags.insert(pool.flag());
+        ns.prev = prev;
+        ns.next = i;
+        self.slot_mut(prev).next = n;
+        let rs = self.slot_mut(i);
+        rs.prev = n;
+        rs.addr = addr + size;
+        rs.size = bsize - size;
+        rs.aux = clock; // re-cached now, as PyTorch re-inserts the remainder
+        self.stats.inactive_split_bytes.decrease(pool, size);
+    }
+
+    /// The general split: block `i` keeps the low `size` bytes, the new slot
+    /// `r` the rest (not yet cached).
+    fn split_off_remainder(&mut self, i: u32, r: u32, size: u64, pool: Pool) {
+        let (addr, stream, next, bsize) = {
+            let s = self.slot(i);
+            (s.addr, s.stream, s.next, s.size)
+        };
+        let rs = self.slot_mut(r);
+        rs.addr = addr + size;
+        rs.size = bsize - size;
+        rs.stream = stream;
+        rs.flags.insert(pool.flag());
+        rs.prev = i;
+        rs.next = next;
+        if next != NIL {
+            self.slot_mut(next).prev = r;
+        }
+        let s = self.slot_mut(i);
+        s.next = r;
+        s.size = size;
+    }
+
+    /// Hand block `i` out: allocated, live-indexed, counted.
+    #[inline]
+    fn mark_allocated(&mut self, i: u32, orig: u64, pool: Pool) -> Allocation {
+        let allocation_id = self.next_allocation_id;
+        self.next_allocation_id += 1;
+        let s = self.slot_mut(i);
+        s.flags.insert(Flags::ALLOCATED);
+        s.requested = orig;
+        s.aux = allocation_id;
+        let (addr, bs, generation) = (s.addr, s.size, s.generation);
+        self.live.insert(self.arena.slots_mut(), i);
+        let st = &mut self.stats;
+        st.allocation.increase(pool, 1);
+        st.allocated_bytes.increase(pool, bs);
+        st.active.increase(pool, 1);
+        st.active_bytes.increase(pool, bs);
+        st.requested_bytes.increase(pool, orig);
+        if bs >= self.config.max_split_size {
+            st.oversize_allocations.increase(1);
+        }
+        Allocation {
+            ptr: DevicePtr(addr),
+            id: Some(BlockId::new(i, generation)),
+            size: bs,
+            requested: orig,
+            allocation_id,
+        }
+    }
+}

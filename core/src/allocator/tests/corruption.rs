@@ -1,0 +1,222 @@
+//! The checker is trusted only once it is seen failing: each test builds a
+//! state with every kind of block (allocated, cached, pending, a split small
+//! segment and a split large one, a freed slot), corrupts exactly one thing,
+//! and asserts that `check_invariants` names that invariant.
+
+use super::{tiny, Tiny};
+use crate::arena::Flags;
+use crate::invariants::InvariantViolation;
+use crate::pool::Pool;
+use crate::stats::{DeviceStats, StatArray};
+
+/// Slots of the blocks of [`rich`].
+struct Blocks {
+    /// Allocated, head of the small segment.
+    a: u32,
+    /// Cached, between two allocated blocks.
+    b: u32,
+    /// Allocated.
+    c: u32,
+    /// Pending (freed with a use on stream 1).
+    d: u32,
+    /// Allocated, head of the large segment.
+    x: u32,
+}
+
+/// Small segment: [a | b cached | c | d pending | tail cached], large
+/// segment: [x | tail cached]; one freed slot (e merged into the tail).
+fn rich() -> (Tiny, Blocks) {
+    let mut t = tiny();
+    let slot = |r: Result<crate::Allocation, _>| r.ok().and_then(|x| x.id).map(|id| id.index());
+    let a = slot(t.malloc(512, 0)).unwrap();
+    let b = t.malloc(1024, 0).unwrap().id.unwrap();
+    let c = slot(t.malloc(2048, 0)).unwrap();
+    let d = t.malloc(4096, 0).unwrap().id.unwrap();
+    let e = t.malloc(512, 0).unwrap().id.unwrap();
+    let x = slot(t.malloc(3 << 20, 0)).unwrap();
+    t.free(b).unwrap();
+    t.record_stream(d, 1).unwrap();
+    t.free(d).unwrap(); // pending: no malloc runs process_events after this
+    t.free(e).unwrap(); // merges into the tail in place: a slot is freed
+    assert_eq!(t.slot(d.index()).events, 1);
+    assert_eq!(t.arena.in_use() + 1, t.arena.high_water());
+    t.check_invariants()
+        .expect("the untouched state is consistent");
+    let blocks = Blocks {
+        a,
+        b: b.index(),
+        c,
+        d: d.index(),
+        x,
+    };
+    (t, blocks)
+}
+
+fn broken(t: &Tiny) -> InvariantViolation {
+    match t.check_invariants() {
+        Ok(()) => panic!("the corruption went unnoticed"),
+        Err(v) => v,
+    }
+}
+
+fn assert_named(v: InvariantViolation, word: &str) {
+    assert!(
+        v.what.contains(word),
+        "expected a violation naming {word:?}, got: {v}"
+    );
+}
+
+#[test]
+fn tiling() {
+    let (mut t, k) = rich();
+    t.slot_mut(k.c).size += 512; // c now runs into d
+    assert_named(broken(&t), "tile the segment");
+}
+
+#[test]
+fn overlap() {
+    let (mut t, k) = rich();
+    // Grow the small segment (head and cached tail together, so it still
+    // tiles) over the large segment that follows it.
+    let tail = t.slot(k.d).next;
+    t.slot_mut(k.a).seg_size += 2 << 20;
+    t.slot_mut(tail).size += 2 << 20;
+    assert_named(broken(&t), "segments overlap");
+}
+
+#[test]
+fn adjacent_cached_blocks() {
+    let (mut t, k) = rich();
+    // a becomes cached, properly indexed, but not merged with b.
+    t.live.remove(t.arena.slots_mut(), k.a);
+    t.slot_mut(k.a).flags.remove(Flags::ALLOCATED);
+    t.cache_insert(k.a);
+    assert_named(broken(&t), "adjacent cached blocks");
+}
+
+#[test]
+fn block_state() {
+    let (mut t, k) = rich();
+    t.slot_mut(k.c).flags.insert(Flags::CACHED); // allocated and cached
+    assert_named(broken(&t), "block state");
+}
+
+#[test]
+fn free_index() {
+    let (mut t, k) = rich();
+    t.pools
+        .get_mut(Pool::Small)
+        .remove(t.arena.slots_mut(), k.b); // cached, not indexed
+    assert_named(broken(&t), "free index");
+
+    let (mut t, k) = rich();
+    let tail = t.slot(k.d).next;
+    t.slot_mut(tail).size = 512; // now below b: its place in the tree is wrong
+    assert_named(broken(&t), "free index");
+}
+
+#[test]
+fn segment_index() {
+    let (mut t, k) = rich();
+    // Swap the order of the two heads' keys without moving them in the tree.
+    let (lo, hi) = (t.slot(k.a).addr, t.slot(k.x).addr);
+    t.slot_mut(k.a).addr = hi;
+    t.slot_mut(k.x).addr = lo;
+    assert_named(broken(&t), "segment index");
+}
+
+#[test]
+fn live_index() {
+    let (mut t, k) = rich();
+    t.live.remove(t.arena.slots_mut(), k.c); // allocated, not findable by pointer
+    assert_named(broken(&t), "live-pointer index");
+
+    let (mut t, k) = rich();
+    t.slot_mut(k.c).hash_next = k.c; // a chain that never ends
+    assert_named(broken(&t), "live-pointer index");
+}
+
+#[test]
+fn event_counts() {
+    let (mut t, k) = rich();
+    t.slot_mut(k.d).events = 2;
+    assert_named(broken(&t), "event count");
+}
+
+#[test]
+fn queue_order() {
+    let (mut t, _) = rich();
+    t.events.order_mut().push(9).unwrap(); // a stream without events
+    assert_named(broken(&t), "event queue order");
+
+    let (mut t, _) = rich();
+    t.events.order_mut().clear(); // the pending event's stream is missing
+    assert_named(broken(&t), "event queue order");
+}
+
+#[test]
+fn free_slot_list() {
+    let (mut t, k) = rich();
+    t.arena.set_free_head(k.c); // a slot in use on the free list
+    assert_named(broken(&t), "free-slot list");
+
+    let (mut t, _) = rich();
+    let free = (0..t.arena.high_water())
+        .find(|&i| !t.slot(i).has(Flags::IN_USE))
+        .unwrap();
+    t.slot_mut(free).next = free; // a cycle
+    assert_named(broken(&t), "free-slot list");
+}
+
+/// The statistic named by a `currents()` key.
+fn current_mut<'a>(s: &'a mut DeviceStats, key: &str) -> &'a mut i64 {
+    let mut parts = key.split('.');
+    let name = parts.next().unwrap();
+    let array = |a: &'a mut StatArray, pool: &str| match pool {
+        "all" => &mut a.0[0].current,
+        "small_pool" => &mut a.0[1].current,
+        "large_pool" => &mut a.0[2].current,
+        other => panic!("pool {other}"),
+    };
+    let pool = parts.next().unwrap();
+    match name {
+        "allocation" => array(&mut s.allocation, pool),
+        "segment" => array(&mut s.segment, pool),
+        "active" => array(&mut s.active, pool),
+        "inactive_split" => array(&mut s.inactive_split, pool),
+        "allocated_bytes" => array(&mut s.allocated_bytes, pool),
+        "reserved_bytes" => array(&mut s.reserved_bytes, pool),
+        "active_bytes" => array(&mut s.active_bytes, pool),
+        "inactive_split_bytes" => array(&mut s.inactive_split_bytes, pool),
+        "requested_bytes" => array(&mut s.requested_bytes, pool),
+        "oversize_allocations" => &mut s.oversize_allocations.current,
+        "oversize_segments" => &mut s.oversize_segments.current,
+        other => panic!("stat {other}"),
+    }
+}
+
+#[test]
+fn every_current_statistic() {
+    let keys = DeviceStats::new(None).currents().map(|(k, _)| k);
+    for key in keys {
+        let (mut t, _) = rich();
+        *current_mut(&mut t.stats, key) += 1;
+        let v = broken(&t);
+        assert_eq!(v.what, key, "{v}");
+        assert_eq!(v.found, v.expected + 1, "{v}");
+    }
+    let (mut t, _) = rich();
+    t.total_allocated_memory += 512;
+    assert_named(broken(&t), "total_allocated_memory");
+}
+
+#[test]
+fn segment_lists() {
+    let (mut t, k) = rich();
+    t.slot_mut(k.c).prev = k.a; // skips b
+    assert_named(broken(&t), "segment list");
+
+    let (mut t, k) = rich();
+    t.slot_mut(k.x).prev = k.a; // a head with a predecessor
+    assert_named(broken(&t), "segment list");
+}

@@ -1,0 +1,178 @@
+//! Snapshots that allocate nothing: [`Segments`] walks the segments in
+//! address order, each a [`SegmentInfo`] whose [`Blocks`] walk its blocks;
+//! [`CacheInfo`] sums the cached ones. PyTorch's `snapshot()` segments, with
+//! its state names.
+
+use crate::arena::{BlockSlot, Flags};
+use crate::backend::DevicePtr;
+use crate::pool::Pool;
+use crate::segment_index::SegmentIndex;
+
+/// Cached (free) device memory.
+///
+/// ```
+/// # use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
+/// # let mut a: DeviceAllocator<TinyBackend, _> =
+/// #     DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
+/// let x = a.malloc(512, 0)?;
+/// assert_eq!(a.cache_info().largest_block, (2 << 20) - 512);
+/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CacheInfo {
+    /// Bytes in cached blocks (reserved and not active).
+    pub cached_bytes: u64,
+    /// The largest cached block.
+    pub largest_block: u64,
+}
+
+/// The state of a block in a snapshot (PyTorch's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out (`active_allocated`).
+    ActiveAllocated,
+    /// Freed, waiting for events of other streams (`active_pending_free`).
+    ActivePendingFree,
+    /// Cached (`inactive`).
+    Inactive,
+}
+
+impl BlockState {
+    /// PyTorch's snapshot string.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+        }
+    }
+}
+
+/// One block of a segment in a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Start address.
+    pub address: DevicePtr,
+    /// Block size.
+    pub size: u64,
+    /// Unrounded size of the last allocation that used it (stale for cached blocks).
+    pub requested_size: u64,
+    /// Allocated, pending or cached.
+    pub state: BlockState,
+}
+
+/// One segment in a snapshot (PyTorch's `SegmentInfo`).
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentInfo<'a> {
+    slots: &'a [BlockSlot],
+    head: u32,
+    /// Base address.
+    pub address: DevicePtr,
+    /// Segment size.
+    pub total_size: u64,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of active (allocated or pending) blocks.
+    pub active_size: u64,
+    /// Requested bytes of active blocks.
+    pub requested_size: u64,
+    /// Allocation stream (raw handle value).
+    pub stream: u64,
+    /// The pool.
+    pub pool: Pool,
+    /// Number of blocks.
+    pub block_count: u32,
+}
+
+impl<'a> SegmentInfo<'a> {
+    /// The blocks of the segment in address order.
+    pub fn blocks(&self) -> Blocks<'a> {
+        Blocks {
+            slots: self.slots,
+            cur: self.head,
+        }
+    }
+}
+
+/// Iterator over the blocks of a segment.
+#[derive(Clone, Debug)]
+pub struct Blocks<'a> {
+    slots: &'a [BlockSlot],
+    cur: u32,
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = BlockInfo;
+    fn next(&mut self) -> Option<BlockInfo> {
+        let s = self.slots.get(self.cur as usize)?;
+        self.cur = s.next;
+        Some(BlockInfo {
+            address: DevicePtr(s.addr),
+            size: s.size,
+            requested_size: s.requested,
+            state: state_of(s),
+        })
+    }
+}
+
+pub(crate) fn state_of(s: &BlockSlot) -> BlockState {
+    if s.has(Flags::ALLOCATED) {
+        BlockState::ActiveAllocated
+    } else if s.events > 0 {
+        BlockState::ActivePendingFree
+    } else {
+        BlockState::Inactive
+    }
+}
+
+/// Iterator over segments in address order (no allocation: each step is a
+/// successor search in the segment index).
+#[derive(Clone, Debug)]
+pub struct Segments<'a> {
+    slots: &'a [BlockSlot],
+    index: SegmentIndex,
+    cur: u32,
+}
+
+impl<'a> Segments<'a> {
+    /// The segments of `index`, from the lowest base.
+    pub(crate) fn new(slots: &'a [BlockSlot], index: SegmentIndex) -> Self {
+        Segments {
+            slots,
+            index,
+            cur: index.first(slots),
+        }
+    }
+}
+
+impl<'a> Iterator for Segments<'a> {
+    type Item = SegmentInfo<'a>;
+    fn next(&mut self) -> Option<SegmentInfo<'a>> {
+        let head = self.cur;
+        let h = self.slots.get(head as usize)?;
+        self.cur = self.index.successor(self.slots, h.addr);
+        let mut info = SegmentInfo {
+            slots: self.slots,
+            head,
+            address: DevicePtr(h.addr),
+            total_size: h.seg_size,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: h.stream,
+            pool: Pool::of(h.flags),
+            block_count: 0,
+        };
+        for b in info.blocks() {
+            info.block_count += 1;
+            if b.state == BlockState::ActiveAllocated {
+                info.allocated_size += b.size;
+            }
+            if b.state != BlockState::Inactive {
+                info.active_size += b.size;
+                info.requested_size += b.requested_size;
+            }
+        }
+        Some(info)
+    }
+}
