@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the reference model (shared/oracle/pytorch_sim.py) on many traces in one
+"""Run the reference model (oracle/pytorch_sim.py of the test data) on many traces in one
 process: the same `replay` function its command line calls, without paying
 Python's start-up per trace.
 

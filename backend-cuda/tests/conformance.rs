@@ -5,7 +5,7 @@
 
 use cachealloc_cuda::{CudaBackend, CudaStream};
 use cachealloc_tests::harness::Harness;
-use cachealloc_tests::{backend_suite, shared_dir};
+use cachealloc_tests::{backend_suite, testdata_dir};
 use cudarc::driver::result;
 use std::cell::RefCell;
 
@@ -72,5 +72,5 @@ impl Harness for CudaHarness {
 
 #[test]
 fn cuda_backend_conformance() {
-    backend_suite::run_and_report(&CudaHarness::default(), &shared_dir());
+    backend_suite::run_and_report(&CudaHarness::default(), &testdata_dir());
 }

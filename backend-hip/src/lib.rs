@@ -1,221 +1,24 @@
 //! # cachealloc-hip
 //!
-//! A [`DeviceBackend`] for AMD GPUs on the HIP runtime through `hip-sys`:
+//! A [`DeviceBackend`](cachealloc_core::DeviceBackend) for AMD GPUs on the HIP runtime through `hip-sys`:
 //! `hipMalloc` / `hipFree` (not `hipMallocAsync`, which has data-corruption
 //! reports on ROCm), events created with `hipEventDisableTiming`,
-//! `hipEventQuery` "not ready" as [`EventStatus::Pending`], `hipMemGetInfo`,
+//! `hipEventQuery` "not ready" as `EventStatus::Pending`, `hipMemGetInfo`,
 //! `hipSetDevice` before each call. On a machine without an AMD GPU,
-//! [`HipBackend::new`] returns [`HipError::NoDevice`].
+//! `HipBackend::new` returns `HipError::NoDevice`.
 //!
-//! Building needs the HIP headers and `libamdhip64`: on Debian
-//! `apt-get install libamdhip64-dev` and `HIP_PATH=/usr`.
-//!
-//! ```no_run
-//! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
-//! use cachealloc_hip::{HipBackend, HipStream};
-//! let mut a: DeviceAllocator<HipBackend, _> =
-//!     DeviceAllocator::new(HipBackend::new(0)?, vec![BlockSlot::VACANT; 1 << 16], Config::DEFAULT);
-//! let x = a.malloc(1 << 20, HipStream::DEFAULT).expect("malloc");
-//! a.free(x.id.unwrap()).expect("free");
-//! # Ok::<(), cachealloc_hip::HipError>(())
-//! ```
+//! The FFI sits behind the cargo feature `rocm` (off by default), because
+//! building it needs the HIP headers and `libamdhip64`: on Debian
+//! `apt-get install libamdhip64-dev` and `HIP_PATH=/usr`, then
+//! `cargo build -p cachealloc-hip --features rocm`. Without the feature the
+//! crate is empty, so a workspace build needs no ROCm.
 
+#[cfg(feature = "rocm")]
+mod backend;
+#[cfg(feature = "rocm")]
 mod conv;
 
+#[cfg(feature = "rocm")]
+pub use backend::{device_count, HipBackend, HipEvent, HipStream};
+#[cfg(feature = "rocm")]
 pub use conv::HipError;
-
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
-use conv::{check, error, is_no_device, is_not_ready, is_out_of_memory, is_success};
-use hip_sys::hiprt as hip;
-
-/// A HIP stream handle (`hipStream_t`), compared by raw value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct HipStream(usize);
-
-impl HipStream {
-    /// The default (null) stream.
-    pub const DEFAULT: HipStream = HipStream(0);
-
-    /// Wrap a raw stream created by the runtime that owns it.
-    pub fn from_raw(stream: hip::hipStream_t) -> HipStream {
-        HipStream(stream as usize)
-    }
-
-    /// The raw handle.
-    pub fn as_raw(self) -> hip::hipStream_t {
-        self.0 as hip::hipStream_t
-    }
-}
-
-impl From<HipStream> for u64 {
-    fn from(s: HipStream) -> u64 {
-        s.0 as u64
-    }
-}
-
-/// A HIP event created with timing disabled.
-#[derive(Debug)]
-pub struct HipEvent(hip::hipEvent_t);
-
-// SAFETY: hipEvent_t is a runtime handle usable from any host thread; it is
-// never aliased mutably here.
-unsafe impl Send for HipEvent {}
-
-/// One HIP device.
-#[derive(Debug)]
-pub struct HipBackend {
-    ordinal: u32,
-}
-
-/// The number of HIP devices (0 when the runtime reports `hipErrorNoDevice`).
-pub fn device_count() -> Result<u32, HipError> {
-    let mut n: i32 = 0;
-    // SAFETY: `n` is a valid out-pointer for the duration of the call.
-    let e = unsafe { hip::hipGetDeviceCount(&mut n) };
-    if is_no_device(e) {
-        return Ok(0);
-    }
-    check(e, "hipGetDeviceCount")?;
-    Ok(n.max(0) as u32)
-}
-
-impl HipBackend {
-    /// Open device `ordinal`.
-    pub fn new(ordinal: u32) -> Result<HipBackend, HipError> {
-        let count = device_count()?;
-        if ordinal >= count {
-            return Err(HipError::NoDevice { ordinal, count });
-        }
-        let b = HipBackend { ordinal };
-        b.bind()?;
-        Ok(b)
-    }
-
-    fn bind(&self) -> Result<(), HipError> {
-        // SAFETY: plain call with a device number checked against the count.
-        check(
-            unsafe { hip::hipSetDevice(self.ordinal as i32) },
-            "hipSetDevice",
-        )
-    }
-
-    /// A new non-blocking stream on this device (never destroyed: streams
-    /// live as long as the runtime that asked for them).
-    pub fn create_stream(&self) -> Result<HipStream, HipError> {
-        self.bind()?;
-        let mut s: hip::hipStream_t = core::ptr::null_mut();
-        // SAFETY: `s` is a valid out-pointer.
-        let e = unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) };
-        check(e, "hipStreamCreateWithFlags")?;
-        Ok(HipStream::from_raw(s))
-    }
-
-    /// Block until all work on the device is done (`hipDeviceSynchronize`).
-    pub fn synchronize_all(&self) -> Result<(), HipError> {
-        self.bind()?;
-        // SAFETY: plain call on the current device.
-        let e = unsafe { hip::hipDeviceSynchronize() };
-        check(e, "hipDeviceSynchronize")
-    }
-
-    /// Block until all work queued on `stream` is done.
-    pub fn synchronize(&self, stream: HipStream) -> Result<(), HipError> {
-        self.bind()?;
-        // SAFETY: the default stream or one the caller keeps alive.
-        check(
-            unsafe { hip::hipStreamSynchronize(stream.as_raw()) },
-            "hipStreamSynchronize",
-        )
-    }
-}
-
-impl DeviceBackend for HipBackend {
-    type Stream = HipStream;
-    type Event = HipEvent;
-    type Error = HipError;
-
-    fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<HipError>> {
-        self.bind().map_err(MallocError::Other)?;
-        let mut p: *mut core::ffi::c_void = core::ptr::null_mut();
-        // SAFETY: `p` is a valid out-pointer; the memory is freed only through `free`.
-        let e = unsafe { hip::hipMalloc(&mut p, size as usize) };
-        if is_success(e) {
-            Ok(DevicePtr(p as u64))
-        } else if is_out_of_memory(e) {
-            Err(MallocError::OutOfMemory)
-        } else {
-            Err(MallocError::Other(error(e, "hipMalloc")))
-        }
-    }
-
-    fn free(&mut self, ptr: DevicePtr, _size: u64) -> Result<(), HipError> {
-        self.bind()?;
-        // SAFETY: only whole segments from `malloc`, once each.
-        check(
-            unsafe { hip::hipFree(ptr.0 as *mut core::ffi::c_void) },
-            "hipFree",
-        )
-    }
-
-    fn event_create(&mut self) -> Result<HipEvent, HipError> {
-        self.bind()?;
-        let mut ev: hip::hipEvent_t = core::ptr::null_mut();
-        // SAFETY: `ev` is a valid out-pointer.
-        let e = unsafe { hip::hipEventCreateWithFlags(&mut ev, hip::hipEventDisableTiming) };
-        check(e, "hipEventCreateWithFlags")?;
-        Ok(HipEvent(ev))
-    }
-
-    fn event_record(&mut self, event: &HipEvent, stream: HipStream) -> Result<(), HipError> {
-        self.bind()?;
-        // SAFETY: a live event from `event_create`, a stream of this device.
-        check(
-            unsafe { hip::hipEventRecord(event.0, stream.as_raw()) },
-            "hipEventRecord",
-        )
-    }
-
-    fn event_query(&mut self, event: &HipEvent) -> Result<EventStatus, HipError> {
-        self.bind()?;
-        // SAFETY: a live event from `event_create`.
-        let e = unsafe { hip::hipEventQuery(event.0) };
-        if is_success(e) {
-            Ok(EventStatus::Ready)
-        } else if is_not_ready(e) {
-            Ok(EventStatus::Pending)
-        } else {
-            Err(error(e, "hipEventQuery"))
-        }
-    }
-
-    fn event_synchronize(&mut self, event: &HipEvent) -> Result<(), HipError> {
-        self.bind()?;
-        // SAFETY: a live event from `event_create`.
-        check(
-            unsafe { hip::hipEventSynchronize(event.0) },
-            "hipEventSynchronize",
-        )
-    }
-
-    fn event_destroy(&mut self, event: HipEvent) -> Result<(), HipError> {
-        self.bind()?;
-        // SAFETY: consumed, so destroyed exactly once.
-        check(unsafe { hip::hipEventDestroy(event.0) }, "hipEventDestroy")
-    }
-
-    fn mem_info(&mut self) -> Result<MemInfo, HipError> {
-        self.bind()?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-pointers.
-        let e = unsafe { hip::hipMemGetInfo(&mut free, &mut total) };
-        check(e, "hipMemGetInfo")?;
-        Ok(MemInfo {
-            free: free as u64,
-            total: total as u64,
-        })
-    }
-
-    fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-}

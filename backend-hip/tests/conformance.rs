@@ -1,9 +1,10 @@
 //! The backend conformance suite of `cachealloc-tests` on a real HIP device
 //! (device 0). Without a device it prints one line saying why it skipped.
+#![cfg(feature = "rocm")]
 
 use cachealloc_hip::{HipBackend, HipStream};
 use cachealloc_tests::harness::Harness;
-use cachealloc_tests::{backend_suite, shared_dir};
+use cachealloc_tests::{backend_suite, testdata_dir};
 use hip_sys::hiprt as hip;
 use std::cell::RefCell;
 
@@ -83,5 +84,5 @@ impl Harness for HipHarness {
 
 #[test]
 fn hip_backend_conformance() {
-    backend_suite::run_and_report(&HipHarness::default(), &shared_dir());
+    backend_suite::run_and_report(&HipHarness::default(), &testdata_dir());
 }

@@ -1,5 +1,6 @@
 //! Without an AMD GPU the runtime reports no device, and the backend turns
 //! that into an error value.
+#![cfg(feature = "rocm")]
 
 use cachealloc_hip::{device_count, HipBackend, HipError};
 

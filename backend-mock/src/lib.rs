@@ -13,7 +13,8 @@
 //! - **counters** of every call, the bytes still held and the live events
 //!   (for leak checks), and the log of every successful malloc;
 //! - **fault injection**: make the n-th call (of one kind, or of any kind)
-//!   fail.
+//!   fail, or make the next mallocs return addresses of the test's choosing
+//!   ([`MockDevice::place_next_malloc`], e.g. a range it already handed out).
 //!
 //! ```
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
@@ -158,6 +159,8 @@ enum FaultAt {
 #[derive(Debug)]
 pub struct MockDevice {
     next_addr: u64,
+    /// Addresses the next mallocs return instead of the bump pointer's.
+    placements: std::collections::VecDeque<u64>,
     capacity: Option<u64>,
     held: u64,
     live: BTreeMap<u64, u64>,
@@ -184,6 +187,7 @@ impl MockDevice {
     pub fn new(capacity: Option<u64>) -> Self {
         MockDevice {
             next_addr: DEVICE_BASE,
+            placements: std::collections::VecDeque::new(),
             capacity,
             held: 0,
             live: BTreeMap::new(),
@@ -271,6 +275,17 @@ impl MockDevice {
             .checked_sub(1)?;
         let (base, size) = self.malloc_log[k];
         (ptr.0 - base.0 < size).then_some((k, ptr.0 - base.0))
+    }
+
+    /// Make the next successful malloc return `addr` (placements queue up),
+    /// whatever the device holds: a buggy driver, for the allocator's
+    /// contract checks. A placement at the base of a held segment replaces
+    /// that segment's record. Placed segments are not in [`malloc_log`]
+    /// order (`locate` may miss them).
+    ///
+    /// [`malloc_log`]: MockDevice::malloc_log
+    pub fn place_next_malloc(&mut self, addr: u64) {
+        self.placements.push_back(addr);
     }
 
     /// Make the `n`-th backend call from now (0 = the next one), of any
@@ -361,6 +376,12 @@ impl DeviceBackend for MockDevice {
                 self.counters.malloc_oom += 1;
                 return Err(MallocError::OutOfMemory);
             }
+        }
+        if let Some(addr) = self.placements.pop_front() {
+            self.held += size;
+            self.live.insert(addr, size);
+            self.malloc_log.push((DevicePtr(addr), size));
+            return Ok(DevicePtr(addr));
         }
         let span = size
             .div_ceil(SEGMENT_ALIGN)

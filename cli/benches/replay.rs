@@ -1,4 +1,4 @@
-//! Replay speed and peers, on the real traces of `../shared/traces/`:
+//! Replay speed and peers, on the real traces of `tests/data/traces/`:
 //! - `parse/<trace>`: reading + gunzip + JSON only;
 //! - `replay/<trace>`: applying the parsed events to the allocator on the
 //!   simulated device (bookkeeping only);
@@ -11,8 +11,7 @@
 #[path = "common/peers.rs"]
 mod peers;
 
-use cachealloc_cli::replay::{Options, Replay};
-use cachealloc_cli::trace::{Event, TraceReader};
+use cachealloc_trace::{Event, Options, Replay, TraceReader};
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use std::time::Duration;
 
@@ -33,7 +32,7 @@ fn name(path: &str) -> String {
 }
 
 fn replay(c: &mut Criterion) {
-    for t in peers::shared_traces() {
+    for t in peers::data_traces() {
         let events = parse_all(&t);
         let mut g = c.benchmark_group(format!("replay/{}", name(&t)));
         g.throughput(Throughput::Elements(events.len() as u64));
@@ -58,7 +57,7 @@ fn replay(c: &mut Criterion) {
 }
 
 fn peers_bench(c: &mut Criterion) {
-    for t in peers::shared_traces() {
+    for t in peers::data_traces() {
         let seq = peers::load(&t);
         let pool = peers::Pool::new(&seq);
         let mut g = c.benchmark_group(format!("peers/{}", name(&t)));
@@ -101,7 +100,7 @@ criterion_group!(benches, replay, peers_bench);
 fn main() {
     // The fragmentation table is not timed: it is printed once, first.
     println!("fragmentation (peak reserved / peak live; min capacity by bisection to 2 MiB):");
-    peers::print_fragmentation_table(&peers::shared_traces());
+    peers::print_fragmentation_table(&peers::data_traces());
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

@@ -11,7 +11,7 @@ mod peers;
 fn main() {
     let mut traces: Vec<String> = std::env::args().skip(1).collect();
     if traces.is_empty() {
-        traces = peers::shared_traces();
+        traces = peers::data_traces();
     }
     peers::print_fragmentation_table(&traces);
 }

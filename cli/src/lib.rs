@@ -1,14 +1,9 @@
 //! # cachealloc-cli
 //!
-//! The library behind the `cachealloc` command: a streaming reader of
-//! allocation traces ([`trace`]), their replay through the caching allocator
-//! on the simulated device ([`replay`]), validation and statistics
-//! ([`check`]), SVG charts ([`plot`]), and the logic of the `trace` fuzz target ([`fuzzing`]).
+//! The library part of the `cachealloc` command: byte and count formatting
+//! ([`human`]) and SVG charts ([`plot`]). Traces, their validation and
+//! replay are the `cachealloc-trace` crate; the subcommands are in the
+//! binary (`src/cmd/`).
 
-pub mod check;
-mod devices;
-pub mod fuzzing;
 pub mod human;
 pub mod plot;
-pub mod replay;
-pub mod trace;

@@ -3,8 +3,8 @@
 //! blocks coloured by state).
 
 use crate::human;
-use crate::replay::{self, Observer, Options, Replay, ReplayError};
 use cachealloc_core::BlockState;
+use cachealloc_trace::{run, Observer, Options, Replay, Report, TraceError};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
@@ -72,12 +72,29 @@ fn downsample(v: &[u64], n: usize) -> Vec<(u64, f64)> {
 /// A block of the segment map: segment number, start and end as fractions of the segment, state.
 type MapBlock = (usize, f64, f64, BlockState);
 
-/// Errors of `plot`: a bad trace (exit 2) or anything else (exit 1).
+/// Errors of `plot`: from the replay (a bad trace: exit 2), or drawing and
+/// writing (exit 1).
 pub enum PlotError {
     /// From the replay.
-    Replay(ReplayError),
+    Replay(TraceError),
     /// Drawing or writing.
     Other(String),
+}
+
+/// Everything the chart shows.
+struct Chart<'a> {
+    /// The trace file.
+    path: &'a str,
+    report: &'a Report,
+    series: &'a Series,
+    /// Events.
+    n: u64,
+    /// Peak reserved bytes and the event where it happened.
+    peak: u64,
+    peak_index: u64,
+    /// The segment map at the peak.
+    blocks: &'a [MapBlock],
+    nseg: usize,
 }
 
 /// Draw the chart of the trace at `path` into the SVG file `out`.
@@ -87,13 +104,12 @@ pub fn plot(path: &str, opts: &Options, out: &str) -> Result<String, PlotError> 
         live: Vec::new(),
         reserved: Vec::new(),
     };
-    let (report, _) = replay::run(path, opts, &mut series).map_err(PlotError::Replay)?;
+    let (report, _) = run(path, opts, &mut series).map_err(PlotError::Replay)?;
     let n = series.reserved.len() as u64;
     let peak = series.reserved.iter().copied().max().unwrap_or(0);
     let peak_index = series.reserved.iter().position(|&r| r == peak).unwrap_or(0) as u64;
     // Second pass: stop at the peak and read the segment map there.
-    let (_, at_peak) =
-        replay::run(path, opts, &mut StopAt(peak_index)).map_err(PlotError::Replay)?;
+    let (_, at_peak) = run(path, opts, &mut StopAt(peak_index)).map_err(PlotError::Replay)?;
     let mut blocks: Vec<MapBlock> = Vec::new();
     let mut nseg = 0usize;
     for d in &at_peak.devices {
@@ -110,10 +126,17 @@ pub fn plot(path: &str, opts: &Options, out: &str) -> Result<String, PlotError> 
             nseg += 1;
         }
     }
-    draw(
-        out, path, &report, &series, n, peak, peak_index, &blocks, nseg,
-    )
-    .map_err(|e| PlotError::Other(format!("{out}: {e}")))?;
+    let chart = Chart {
+        path,
+        report: &report,
+        series: &series,
+        n,
+        peak,
+        peak_index,
+        blocks: &blocks,
+        nseg,
+    };
+    draw(out, &chart).map_err(|e| PlotError::Other(format!("{out}: {e}")))?;
     Ok(format!(
         "{out}: {} events, peak reserved {} at event {peak_index} ({nseg} segments), peak live {}",
         human::count(n),
@@ -122,27 +145,31 @@ pub fn plot(path: &str, opts: &Options, out: &str) -> Result<String, PlotError> 
     ))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn draw(
-    out: &str,
-    path: &str,
-    report: &replay::Report,
-    series: &Series,
-    n: u64,
-    peak: u64,
-    peak_index: u64,
-    blocks: &[MapBlock],
-    nseg: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+type Drawn = Result<(), Box<dyn std::error::Error>>;
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// The SVG: both panels.
+fn draw(out: &str, c: &Chart) -> Drawn {
     let root = SVGBackend::new(out, (1280, 960)).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(500);
-    let name = std::path::Path::new(path)
+    draw_series(&upper, c)?;
+    draw_segment_map(&lower, c)?;
+    root.present()?;
+    Ok(())
+}
+
+/// The upper panel: live and reserved bytes, the peak marked.
+fn draw_series(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, c: &Chart) -> Drawn {
+    let (report, n, peak, peak_index) = (c.report, c.n, c.peak, c.peak_index);
+    let name = std::path::Path::new(c.path)
         .file_name()
-        .map_or(path.to_string(), |f| f.to_string_lossy().into_owned());
+        .map_or(c.path.to_string(), |f| f.to_string_lossy().into_owned());
     let ymax = gib(peak.max(report.peak_live_bytes)).max(1e-6) * 1.1;
-    let mut chart = ChartBuilder::on(&upper)
+    let mut chart = ChartBuilder::on(area)
         .caption(
             format!(
                 "{name}: live and reserved bytes (config: {})",
@@ -167,7 +194,7 @@ fn draw(
     let red = RGBColor(214, 39, 40);
     chart
         .draw_series(LineSeries::new(
-            downsample(&series.live, 2000),
+            downsample(&c.series.live, 2000),
             blue.stroke_width(2),
         ))?
         .label(format!(
@@ -177,7 +204,7 @@ fn draw(
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], blue.stroke_width(2)));
     chart
         .draw_series(LineSeries::new(
-            downsample(&series.reserved, 2000),
+            downsample(&c.series.reserved, 2000),
             red.stroke_width(2),
         ))?
         .label(format!("reserved bytes (peak {})", human::bytes(peak)))
@@ -210,8 +237,13 @@ fn draw(
         .border_style(BLACK)
         .background_style(WHITE.mix(0.85))
         .draw()?;
+    Ok(())
+}
 
-    let mut map = ChartBuilder::on(&lower)
+/// The lower panel: the segment map at the peak.
+fn draw_segment_map(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, c: &Chart) -> Drawn {
+    let (peak_index, nseg) = (c.peak_index, c.nseg);
+    let mut map = ChartBuilder::on(area)
         .caption(
             format!(
                 "segment map at the peak (event {}): {nseg} segments, bars ordered by address",
@@ -235,7 +267,7 @@ fn draw(
         BlockState::Inactive => RGBColor(200, 200, 200),
     };
     let w = 0.42;
-    map.draw_series(blocks.iter().map(|&(k, s, e, st)| {
+    map.draw_series(c.blocks.iter().map(|&(k, s, e, st)| {
         let x = k as f64 + 0.5;
         Rectangle::new([(x - w, s), (x + w, e)], colour(st).filled())
     }))?;
@@ -254,6 +286,5 @@ fn draw(
         .border_style(BLACK)
         .background_style(WHITE.mix(0.9))
         .draw()?;
-    root.present()?;
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! The `cachealloc` binary end to end: parity with the reference model, every
 //! bad-input rule of the trace format, OOM under a capacity, `check`, `plot`.
 
-use cachealloc_tests::{oracle, shared_dir};
+use cachealloc_tests::{bundled_testdata, oracle};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn bin() -> Command {
@@ -28,13 +28,13 @@ fn json_lines(out: &Output) -> Vec<serde_json::Value> {
 }
 
 /// `replay --json` equals `pytorch_sim.py` on every memory_stats key, for the
-/// smaller shared traces (the largest is checked in the closing notes).
+/// smaller bundled traces (the largest is checked by the real-trace test).
 #[test]
 fn replay_json_matches_the_reference_model() {
-    let shared = shared_dir();
+    let data = bundled_testdata();
     let traces: Vec<PathBuf> = ["resnet50-train", "bert-mlm-train", "gpt2-train"]
         .iter()
-        .map(|n| shared.join("traces").join(format!("{n}.jsonl.gz")))
+        .map(|n| data.join("traces").join(format!("{n}.jsonl.gz")))
         .collect();
     let cases: Vec<(PathBuf, &str, Option<u64>)> = traces
         .iter()
@@ -55,7 +55,7 @@ fn replay_json_matches_the_reference_model() {
             memory_fraction: None,
         })
         .collect();
-    let model = oracle::run_batch(&shared, &jobs, &dir).unwrap();
+    let model = oracle::run_batch(&data, &jobs, &dir).unwrap();
     for ((t, conf, cap), m) in cases.iter().zip(model) {
         let mut args = vec!["replay", "--json", "--conf", conf];
         let cap_s = cap.map(|c| c.to_string());
@@ -101,7 +101,7 @@ fn replay_json_matches_the_reference_model() {
 /// skipped; the run still succeeds.
 #[test]
 fn ooms_under_a_capacity_are_counted_and_their_frees_skipped() {
-    let t = shared_dir().join("traces/resnet50-train.jsonl.gz");
+    let t = bundled_testdata().join("traces/resnet50-train.jsonl.gz");
     let out = run(&[
         "replay",
         "--json",
@@ -227,7 +227,7 @@ fn missing_files_bad_gzip_and_bad_conf_exit_2() {
         err.starts_with(&format!("{}:", notgz.display())) && err.contains("cannot read"),
         "{err}"
     );
-    let good = shared_dir().join("traces/gpt2-train.jsonl.gz");
+    let good = bundled_testdata().join("traces/gpt2-train.jsonl.gz");
     let out = run(&[
         "replay",
         "--conf",
@@ -242,7 +242,7 @@ fn missing_files_bad_gzip_and_bad_conf_exit_2() {
 
 #[test]
 fn check_prints_statistics() {
-    let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/resnet50-train.jsonl.gz");
+    let t = bundled_testdata().join("traces/resnet50-train.jsonl.gz");
     let out = run(&["check", "--json", t.to_str().unwrap()]);
     assert!(out.status.success());
     let v = &json_lines(&out)[0];
@@ -254,7 +254,7 @@ fn check_prints_statistics() {
 
 #[test]
 fn compare_finds_the_minimum_capacity() {
-    let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/resnet50-train.jsonl.gz");
+    let t = bundled_testdata().join("traces/resnet50-train.jsonl.gz");
     let out = run(&[
         "compare",
         "--json",
@@ -304,7 +304,7 @@ fn compare_finds_the_minimum_capacity() {
 /// `plot` writes a well-formed SVG with both series and the segment map.
 #[test]
 fn plot_writes_a_well_formed_svg_with_both_series() {
-    let t = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/resnet50-train.jsonl.gz");
+    let t = bundled_testdata().join("traces/resnet50-train.jsonl.gz");
     let out_path = scratch("plot").join("resnet.svg");
     let out = run(&[
         "plot",
@@ -315,7 +315,14 @@ fn plot_writes_a_well_formed_svg_with_both_series() {
     if out.status.code() == Some(1)
         && String::from_utf8_lossy(&out.stderr).contains("no TrueType font")
     {
-        panic!("plot needs a font; install fonts-dejavu-core (.ci/run does)");
+        // A machine without fonts cannot lay out the chart; CI installs one
+        // and sets CACHEALLOC_REQUIRE_FONT so this cannot pass unseen there.
+        assert!(
+            std::env::var_os("CACHEALLOC_REQUIRE_FONT").is_none(),
+            "plot needs a font; install fonts-dejavu-core (.ci/run does)"
+        );
+        println!("skipped: no TrueType font on this machine (Debian: fonts-dejavu-core)");
+        return;
     }
     assert!(
         out.status.success(),

@@ -2,5 +2,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    cachealloc_cli::fuzzing::trace(data);
+    cachealloc_trace::fuzzing::trace(data);
 });

@@ -110,25 +110,32 @@ fn event_reuse<H: Harness>(h: &H) -> Result<(), String> {
     Ok(())
 }
 
+/// A check of the device itself.
+pub type DeviceCheck<H> = (&'static str, fn(&H) -> Result<(), String>);
+
+/// The checks of the device itself the suite makes before the scenarios.
+pub fn device_checks<H: Harness>() -> Vec<DeviceCheck<H>> {
+    vec![
+        ("malloc/free round trip", round_trip::<H>),
+        ("zero-byte request never reaches the device", zero_size::<H>),
+        ("huge malloc is out-of-memory", huge_is_oom::<H>),
+        (
+            "event pending, then ready after the stream's work",
+            events::<H>,
+        ),
+        ("events are reused from the pool", event_reuse::<H>),
+    ]
+}
+
 /// Run the suite on `h`; `Err` says why it cannot run on this machine.
-pub fn run<H: Harness>(h: &H, shared: &Path) -> Result<SuiteReport, String> {
+pub fn run<H: Harness>(h: &H, data: &Path) -> Result<SuiteReport, String> {
     // Probe first: no device, no suite (the caller prints why).
     drop(h.open(None)?);
     let mut r = SuiteReport::default();
-    check(&mut r, "malloc/free round trip", round_trip(h));
-    check(
-        &mut r,
-        "zero-byte request never reaches the device",
-        zero_size(h),
-    );
-    check(&mut r, "huge malloc is out-of-memory", huge_is_oom(h));
-    check(
-        &mut r,
-        "event pending, then ready after the stream's work",
-        events(h),
-    );
-    check(&mut r, "events are reused from the pool", event_reuse(h));
-    for v in scenario::load_all(shared)? {
+    for (name, f) in device_checks::<H>() {
+        check(&mut r, name, f(h));
+    }
+    for v in scenario::load_all(data)? {
         let sc = scenario::parse(&v)?;
         if !scenario::runnable(h, &sc) {
             r.skipped.push(sc.name);
@@ -151,8 +158,8 @@ pub fn run<H: Harness>(h: &H, shared: &Path) -> Result<SuiteReport, String> {
 
 /// Run and report for a test: prints every line; panics on a failure;
 /// prints one line saying why when there is no device.
-pub fn run_and_report<H: Harness>(h: &H, shared: &Path) {
-    match run(h, shared) {
+pub fn run_and_report<H: Harness>(h: &H, data: &Path) {
+    match run(h, data) {
         Err(why) => println!("{}: backend conformance suite skipped: {why}", h.name()),
         Ok(r) => {
             for p in &r.passed {

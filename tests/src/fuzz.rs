@@ -2,9 +2,12 @@
 //! `cargo test` that feeds it seeded random bytes and the committed corpus.
 //!
 //! - [`ops`]: an arbitrary sequence of allocator operations, with injected
-//!   backend failures, mirrored on a shadow map of live device ranges;
-//!   `check_invariants()` after every op; at the end everything is freed,
-//!   the cache emptied, and the device must hold nothing.
+//!   backend failures, mirrored on a shadow model: the live device ranges,
+//!   and the ranges freed while other streams used them, pending until a
+//!   sync covers those streams. No allocation may overlap a live or a
+//!   pending range. `check_invariants()` after every op; at the end
+//!   everything is freed, the cache emptied, and the device must hold
+//!   nothing.
 //! - [`no_false_oom`]: under a capacity, an allocation may fail only if the
 //!   ladder released every releasable cached segment and the device really
 //!   cannot supply the segment.
@@ -18,7 +21,7 @@ use cachealloc_core::{
     MallocFlags,
 };
 use cachealloc_mock::{MockDevice, MockError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 const MIB: u64 = 1 << 20;
 
@@ -160,11 +163,21 @@ impl<'a> Arbitrary<'a> for FuzzInput {
 struct Live {
     alloc: Allocation,
     stream: u64,
+    /// Streams recorded on it besides its own.
+    uses: BTreeSet<u64>,
 }
 
-/// The shadow model: live allocations by address.
+/// A range freed while other streams used it: pending until a sync covers
+/// every one of them.
+struct Pending {
+    size: u64,
+    streams: BTreeSet<u64>,
+}
+
+/// The shadow model: live allocations and pending ranges, by address.
 struct Shadow {
     live: BTreeMap<u64, Live>,
+    pending: BTreeMap<u64, Pending>,
     freed: Vec<BlockId>,
 }
 
@@ -184,6 +197,13 @@ impl Shadow {
             a.size >= requested && a.size % 512 == 0 && a.ptr.0 % 512 == 0,
             "bad block for {requested}: {a:?}"
         );
+        for (&p, pe) in self.pending.range(..a.ptr.0 + a.size) {
+            assert!(
+                p + pe.size <= a.ptr.0,
+                "overlaps memory freed at {p:#x} that streams {:?} may still use: {a:?}",
+                pe.streams
+            );
+        }
         if let Some((&p, l)) = self.live.range(..a.ptr.0).next_back() {
             assert!(
                 p + l.alloc.size <= a.ptr.0,
@@ -196,7 +216,51 @@ impl Shadow {
                 "overlaps the allocation above: {a:?}"
             );
         }
-        self.live.insert(a.ptr.0, Live { alloc: a, stream });
+        self.live.insert(
+            a.ptr.0,
+            Live {
+                alloc: a,
+                stream,
+                uses: BTreeSet::new(),
+            },
+        );
+    }
+
+    /// The allocation at `p` was freed: pending if other streams used it.
+    fn free(&mut self, p: u64) {
+        if let Some(l) = self.live.remove(&p) {
+            self.freed.push(l.alloc.id.expect("handle"));
+            if !l.uses.is_empty() {
+                self.pending.insert(
+                    p,
+                    Pending {
+                        size: l.alloc.size,
+                        streams: l.uses,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The host waited for `stream` (all streams when `None`).
+    fn sync(&mut self, stream: Option<u64>) {
+        match stream {
+            None => self.pending.clear(),
+            Some(s) => self.pending.retain(|_, pe| {
+                pe.streams.remove(&s);
+                !pe.streams.is_empty()
+            }),
+        }
+    }
+
+    /// After an operation that waited for every pending event
+    /// (`num_sync_all_streams` grew): after a success nothing is pending.
+    /// After a failure part-way, which events were waited for cannot be
+    /// told from outside (a range may have had some of its streams' events
+    /// waited for and not others), so the shadow forgets the pending ranges
+    /// rather than guess.
+    fn synchronized_all(&mut self) {
+        self.pending.clear();
     }
 }
 
@@ -221,6 +285,8 @@ pub struct Coverage {
     pub full_queues: u64,
     /// Interior-pointer and double-free errors.
     pub bad_frees: u64,
+    /// Allocations made while some freed range was still pending.
+    pub while_pending: u64,
 }
 
 impl Coverage {
@@ -235,6 +301,7 @@ impl Coverage {
         self.exhausted += o.exhausted;
         self.full_queues += o.full_queues;
         self.bad_frees += o.bad_frees;
+        self.while_pending += o.while_pending;
     }
 }
 
@@ -294,11 +361,16 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
     );
     let mut shadow = Shadow {
         live: BTreeMap::new(),
+        pending: BTreeMap::new(),
         freed: Vec::new(),
     };
     for (n, op) in input.ops.iter().enumerate() {
         let calls_before = a.backend().counters().total;
+        let syncs = a.stats().num_sync_all_streams;
         step(&mut a, &mut shadow, *op, mode, capacity, &mut cov);
+        if a.stats().num_sync_all_streams > syncs {
+            shadow.synchronized_all();
+        }
         cov.ops += 1;
         if let Err(v) = a.check_invariants() {
             panic!("after op {n} {op:?} (calls {calls_before}..): {v}");
@@ -334,9 +406,14 @@ fn step(
             } else {
                 MallocFlags::empty()
             };
+            let syncs = a.stats().num_sync_all_streams;
             match a.malloc_with(bytes, stream, flags) {
                 Ok(x) if bytes == 0 => assert!(x.ptr.is_null() && x.id.is_none()),
                 Ok(x) => {
+                    if a.stats().num_sync_all_streams > syncs {
+                        // The ladder waited for every event before this.
+                        sh.synchronized_all();
+                    }
                     let info = a
                         .allocation_info(x.id.expect("handle"))
                         .expect("info of a fresh allocation");
@@ -344,6 +421,7 @@ fn step(
                         (info.requested_size, info.allocated_size, info.stream),
                         (bytes, x.size, stream)
                     );
+                    cov.while_pending += !sh.pending.is_empty() as u64;
                     sh.insert(x, bytes, stream);
                     cov.allocs += 1;
                 }
@@ -378,8 +456,7 @@ fn step(
             match r {
                 Ok(()) => {
                     assert_eq!(offset, 0, "freeing an interior pointer succeeded");
-                    sh.live.remove(&p);
-                    sh.freed.push(id);
+                    sh.free(p);
                     cov.frees += 1;
                 }
                 Err(Error::InteriorPointer { base, .. }) => {
@@ -415,14 +492,23 @@ fn step(
         FuzzOp::RecordStream { which, stream } => {
             let Some(p) = sh.nth(which) else { return };
             let id = sh.live[&p].alloc.id.expect("handle");
-            let _ = sh.live[&p].stream;
-            match a.record_stream(id, stream as u64 % 3) {
-                Ok(()) => {}
+            let stream = stream as u64 % 3;
+            match a.record_stream(id, stream) {
+                Ok(()) => {
+                    let l = sh.live.get_mut(&p).expect("live");
+                    if stream != l.stream {
+                        l.uses.insert(stream);
+                    }
+                }
                 Err(Error::StreamUsesFull { .. }) => cov.full_queues += 1,
                 Err(e) => panic!("record_stream: {e}"),
             }
         }
-        FuzzOp::Sync { stream } => a.backend_mut().sync(stream.map(|s| s as u64 % 3)),
+        FuzzOp::Sync { stream } => {
+            let stream = stream.map(|s| s as u64 % 3);
+            a.backend_mut().sync(stream);
+            sh.sync(stream);
+        }
         FuzzOp::EmptyCache => match a.empty_cache() {
             Ok(()) => {}
             Err(e) if injected(&e) => cov.injected += 1,

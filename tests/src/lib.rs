@@ -1,7 +1,12 @@
 //! Shared machinery of cachealloc's integration tests: the allocator on the
 //! mock device, the PyTorch-parity scenario runner, a generator of random
 //! multi-stream op sequences, a writer of those as trace files, and a driver
-//! of the reference model (`../shared/oracle/pytorch_sim.py`).
+//! of the reference model.
+//!
+//! The test data (scenarios, the reference model, traces) is in `data/`
+//! (see its README); `CACHEALLOC_TESTDATA=DIR` points the conformance
+//! runner, the backend suite, the differential test and the real-trace tests
+//! at another folder of the same layout.
 
 use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, DeviceStats, Error};
 use cachealloc_mock::{MockDevice, MockError};
@@ -29,15 +34,45 @@ pub fn allocator(capacity: Option<u64>, config: Config, slots: usize) -> MockAll
     )
 }
 
-/// `../shared` beside the checkout (override with `CACHEALLOC_SHARED`).
-pub fn shared_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("CACHEALLOC_SHARED") {
-        return PathBuf::from(p);
+/// The test data bundled with the repository (`tests/data/`).
+pub fn bundled_testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data")
+}
+
+/// The test data in use: `$CACHEALLOC_TESTDATA` if set, else the bundled
+/// data. Layout: `conformance/` (`scenarios.json` and / or `scenarios.md`),
+/// `oracle/pytorch_sim.py`, `traces/*.jsonl.gz`.
+pub fn testdata_dir() -> PathBuf {
+    match std::env::var_os("CACHEALLOC_TESTDATA") {
+        Some(d) => PathBuf::from(d),
+        None => bundled_testdata(),
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("..")
-        .join("shared")
+}
+
+/// Whether `$CACHEALLOC_TESTDATA` replaces the bundled data.
+pub fn testdata_overridden() -> bool {
+    std::env::var_os("CACHEALLOC_TESTDATA").is_some()
+}
+
+/// `part` of the test data (e.g. `oracle/pytorch_sim.py`), if present.
+/// Missing from the bundled data it is an error (the repository is broken);
+/// missing from a folder given by `CACHEALLOC_TESTDATA` it is `None`, and the
+/// test that needs it says so and skips.
+pub fn testdata_part(part: &str) -> Option<PathBuf> {
+    let p = testdata_dir().join(part);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        testdata_overridden(),
+        "the bundled test data lacks {} (the repository is incomplete)",
+        p.display()
+    );
+    println!(
+        "skipped: CACHEALLOC_TESTDATA={} has no {part}",
+        testdata_dir().display()
+    );
+    None
 }
 
 /// Every flat stat key and value, as the oracle prints them.

@@ -1,12 +1,11 @@
 //! Random multi-stream op sequences and their trace files
-//! (`../shared/trace-format.md`), replayed through the CLI's reader and
+//! (`docs/trace-format.md`), replayed through the trace crate's reader and
 //! replay engine (so the differential test exercises the real trace path)
 //! with the invariants checked after every event.
 
-use cachealloc_cli::replay::{self, Observer, Options, Replay};
-pub use cachealloc_cli::trace::Event as Op;
-use cachealloc_cli::trace::TraceReader;
 use cachealloc_core::Config;
+pub use cachealloc_trace::Event as Op;
+use cachealloc_trace::{run_reader, Alloc, Observer, Options, Replay, Report, TraceReader};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -217,14 +216,14 @@ pub fn write_trace(case: &Case, path: &Path) -> std::io::Result<()> {
 /// The result of replaying a case: the CLI's report and replay state.
 pub struct Replayed {
     /// The report (statistics per device, OOMs, peaks).
-    pub report: replay::Report,
+    pub report: Report,
     /// The replay state (the device allocators).
     pub replay: Replay,
 }
 
 impl Replayed {
     /// Device 0's allocator.
-    pub fn alloc(&self) -> &replay::Alloc {
+    pub fn alloc(&self) -> &Alloc {
         &self.replay.devices[0].alloc
     }
 }
@@ -277,8 +276,7 @@ pub fn replay_checked(case: &Case, check_every: u64) -> Result<Replayed, String>
         every: check_every.max(1),
         violation: None,
     };
-    let (report, replay) =
-        replay::run_reader(reader, &opts, &mut check).map_err(|e| e.to_string())?;
+    let (report, replay) = run_reader(reader, &opts, &mut check).map_err(|e| e.to_string())?;
     if let Some(v) = check.violation {
         return Err(v);
     }

@@ -1,4 +1,4 @@
-//! Driving the reference model, `../shared/oracle/pytorch_sim.py`.
+//! Driving the reference model, `oracle/pytorch_sim.py` of the test data.
 
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ pub struct Job {
 
 /// The model's `memory_stats` (device 0) for each job, in order, run in one
 /// Python process through `tests/oracle_batch.py`.
-pub fn run_batch(shared: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<ModelStats>, String> {
+pub fn run_batch(data: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<ModelStats>, String> {
     let list = scratch.join("jobs.jsonl");
     let mut text = String::new();
     for j in jobs {
@@ -35,7 +35,7 @@ pub fn run_batch(shared: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<Mode
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oracle_batch.py");
     let out = Command::new("python3")
         .arg(&script)
-        .arg(shared.join("oracle"))
+        .arg(data.join("oracle"))
         .arg(&list)
         .output()
         .map_err(|e| format!("cannot run python3: {e}"))?;
@@ -73,9 +73,9 @@ pub fn run_batch(shared: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<Mode
 
 /// The model's command line on one trace: `python3 pytorch_sim.py TRACE`,
 /// returning `devices."0".memory_stats`.
-pub fn run_cli(shared: &Path, trace: &Path, conf: &str) -> Result<Map<String, Value>, String> {
+pub fn run_cli(data: &Path, trace: &Path, conf: &str) -> Result<Map<String, Value>, String> {
     let out = Command::new("python3")
-        .arg(shared.join("oracle").join("pytorch_sim.py"))
+        .arg(data.join("oracle").join("pytorch_sim.py"))
         .arg(trace)
         .arg("--conf")
         .arg(conf)

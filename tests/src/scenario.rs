@@ -1,6 +1,6 @@
-//! The PyTorch-parity scenarios of `../shared/conformance/`: loading (the JSON
-//! file and every ```json block of the Markdown file, which has more) and
-//! running them against the core on the mock.
+//! The PyTorch-parity scenarios of the test data's `conformance/`: loading
+//! (the JSON file and every ```json block of the Markdown file, which has
+//! more) and running them against the core on any harness.
 
 use crate::harness::{Harness, Logged};
 use cachealloc_core::{Allocation, BlockSlot, Config, DeviceAllocator, DevicePtr};
@@ -8,16 +8,28 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Every scenario, by name, JSON file first, then Markdown blocks not in it.
-pub fn load_all(shared: &Path) -> Result<Vec<Value>, String> {
-    let dir = shared.join("conformance");
-    let text = std::fs::read_to_string(dir.join("scenarios.json"))
-        .map_err(|e| format!("scenarios.json: {e}"))?;
-    let mut all: Vec<Value> =
-        serde_json::from_str(&text).map_err(|e| format!("scenarios.json: {e}"))?;
-    let md = std::fs::read_to_string(dir.join("scenarios.md"))
-        .map_err(|e| format!("scenarios.md: {e}"))?;
-    for block in md.split("```json\n").skip(1) {
+/// Every scenario of `data/conformance/` (a test-data folder): those of
+/// `scenarios.json`, then the ```json blocks of `scenarios.md` whose names
+/// are not in it. Either file may be missing, not both.
+pub fn load_all(data: &Path) -> Result<Vec<Value>, String> {
+    let dir = data.join("conformance");
+    let read = |name: &str| match std::fs::read_to_string(dir.join(name)) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", dir.join(name).display())),
+    };
+    let (json, md) = (read("scenarios.json")?, read("scenarios.md")?);
+    if json.is_none() && md.is_none() {
+        return Err(format!(
+            "{}: neither scenarios.json nor scenarios.md",
+            dir.display()
+        ));
+    }
+    let mut all: Vec<Value> = match json {
+        Some(text) => serde_json::from_str(&text).map_err(|e| format!("scenarios.json: {e}"))?,
+        None => Vec::new(),
+    };
+    for block in md.as_deref().unwrap_or("").split("```json\n").skip(1) {
         let body = block.split("```").next().unwrap_or("");
         let v: Value =
             serde_json::from_str(body).map_err(|e| format!("scenarios.md block: {e}"))?;
@@ -27,6 +39,22 @@ pub fn load_all(shared: &Path) -> Result<Vec<Value>, String> {
         }
     }
     Ok(all)
+}
+
+/// The distinct scenario names in the files of `data/conformance/`, found by
+/// a plain text scan (not by the loader): what the loader must find.
+pub fn names_in_files(data: &Path) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for f in ["scenarios.json", "scenarios.md"] {
+        let text = std::fs::read_to_string(data.join("conformance").join(f)).unwrap_or_default();
+        for part in text.split("\"scenario\"").skip(1) {
+            let rest = part.trim_start().trim_start_matches(':').trim_start();
+            if let Some(name) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
 }
 
 /// A scenario op, decoded.

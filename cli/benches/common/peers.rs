@@ -9,9 +9,9 @@
 //! memory for its pool), the others get bytes.
 #![allow(dead_code)]
 
-use cachealloc_cli::trace::{Event, TraceReader};
 use cachealloc_core::{BlockId, BlockSlot, Config, DeviceAllocator};
 use cachealloc_mock::MockDevice;
+use cachealloc_trace::{Event, TraceReader};
 use std::alloc::Layout;
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::MaybeUninit;
@@ -20,23 +20,20 @@ use std::ptr::NonNull;
 /// Sizes are scaled by this for the peers that need it.
 pub const UNIT: u64 = 256;
 
-/// The traces of `../shared/traces/` (the bundled one if that is missing).
-pub fn shared_traces() -> Vec<String> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
-    let mut v: Vec<String> = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path().to_string_lossy().into_owned())
-                .filter(|p| p.ends_with(".jsonl.gz"))
-                .collect()
-        })
-        .unwrap_or_default();
-    if v.is_empty() {
-        v.push(format!(
-            "{}/../traces/resnet50-train.jsonl.gz",
-            env!("CARGO_MANIFEST_DIR")
-        ));
+/// The traces of the test data (`tests/data/traces/`, or
+/// `$CACHEALLOC_TESTDATA/traces/`).
+pub fn data_traces() -> Vec<String> {
+    let dir = match std::env::var_os("CACHEALLOC_TESTDATA") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data"),
     }
+    .join("traces");
+    let mut v: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().to_string_lossy().into_owned())
+        .filter(|p| p.ends_with(".jsonl.gz"))
+        .collect();
     v.sort();
     v
 }
@@ -311,7 +308,7 @@ impl BTreeBestFit {
 /// Print the fragmentation table of BENCHMARKS.md for `traces` (Markdown).
 pub fn print_fragmentation_table(traces: &[String]) {
     use cachealloc_cli::human::bytes;
-    use cachealloc_cli::replay::{self, Options, Quiet};
+    use cachealloc_trace::{min_capacity, run, Options, Quiet};
     let confs = ["", "max_split_size_mb:128", "roundup_power2_divisions:4"];
     println!("| trace | peak live | peak reserved (default) | (max_split_size_mb:128) | (roundup_power2_divisions:4) | min capacity (default / mss 128 / rp2 4) | offset-allocator high-water |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
@@ -325,16 +322,14 @@ pub fn print_fragmentation_table(traces: &[String]) {
                 conf: c.to_string(),
                 ..Options::default()
             };
-            let (r, _) = replay::run(t, &opts, &mut Quiet).expect("replay");
+            let (r, _) = run(t, &opts, &mut Quiet).expect("replay");
             live = r.peak_live_bytes;
             reserved.push(format!(
                 "{} ({:.3})",
                 bytes(r.peak_reserved_bytes),
                 r.fragmentation()
             ));
-            mins.push(bytes(
-                replay::min_capacity(t, &opts, &r).expect("bisection"),
-            ));
+            mins.push(bytes(min_capacity(t, &opts, &r).expect("bisection")));
         }
         let seq = load(t);
         let mut off = Offset::new(&seq);

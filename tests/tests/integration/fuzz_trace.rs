@@ -1,17 +1,18 @@
 //! The `trace` fuzz target's logic on stable: the committed corpus, random
 //! bytes, and random mutations of a real trace's lines.
 
+use cachealloc_tests::bundled_testdata;
 use cachealloc_tests::ops::Rng;
+use cachealloc_trace::fuzzing;
 use std::io::Read;
 use std::path::Path;
 
 #[test]
 fn trace_reader_never_panics() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = root.join("fuzz/seeds/trace");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/trace");
     let mut corpus = 0;
     for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        cachealloc_cli::fuzzing::trace(&std::fs::read(e.path()).unwrap());
+        fuzzing::trace(&std::fs::read(e.path()).unwrap());
         corpus += 1;
     }
     let seed = std::env::var("CACHEALLOC_FUZZ_SEED")
@@ -22,12 +23,12 @@ fn trace_reader_never_panics() {
     for _ in 0..2000 {
         let len = rng.range(0, 512);
         let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
-        cachealloc_cli::fuzzing::trace(&data);
+        fuzzing::trace(&data);
     }
     // Mutations of a real trace's first lines: flipped bytes, cut lines, swapped ops.
     let mut text = String::new();
     flate2::read::GzDecoder::new(
-        std::fs::File::open(root.join("traces/resnet50-train.jsonl.gz")).unwrap(),
+        std::fs::File::open(bundled_testdata().join("traces/resnet50-train.jsonl.gz")).unwrap(),
     )
     .read_to_string(&mut text)
     .unwrap();
@@ -50,7 +51,7 @@ fn trace_reader_never_panics() {
                 _ => d.insert(i, *rng.pick(alphabet)),
             }
         }
-        cachealloc_cli::fuzzing::trace(&d);
+        fuzzing::trace(&d);
     }
     println!("trace: {corpus} corpus inputs, 2000 random, 2000 mutated (seed {seed}) passed");
 }

@@ -1,7 +1,10 @@
-//! `cachealloc check`: validate a trace and gather its statistics.
+//! `check`: validate a trace (every rule of the format) and gather its
+//! statistics.
 
-use crate::trace::{Event, TraceError, TraceReader};
-use rustc_hash::FxHashMap;
+use crate::error::{Reason, TraceError};
+use crate::event::Event;
+use crate::liveness::Liveness;
+use crate::reader::TraceReader;
 use std::collections::BTreeSet;
 
 /// Statistics of a valid trace.
@@ -67,7 +70,7 @@ pub fn check_reader(
         device_capacity: r.header.device_capacity,
         ..TraceStats::default()
     };
-    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut live: Liveness<u64> = Liveness::new();
     let mut live_bytes = 0u64;
     while let Some(ev) = r.next_event() {
         let (line, ev) = ev?;
@@ -83,9 +86,8 @@ pub fn check_reader(
                 stream,
                 device,
             } => {
-                if live.insert(id, size).is_some() {
-                    return Err(r.error(line, format!("alloc of id {id}, which is already live")));
-                }
+                live.alloc(id, size)
+                    .map_err(|e| r.error(line, Reason::Liveness(e)))?;
                 s.allocs += 1;
                 s.zero_byte_allocs += (size == 0) as u64;
                 live_bytes += size;
@@ -103,17 +105,14 @@ pub fn check_reader(
             }
             Event::Free { id } => {
                 let size = live
-                    .remove(&id)
-                    .ok_or_else(|| r.error(line, format!("free of id {id}, which is not live")))?;
+                    .free(id)
+                    .map_err(|e| r.error(line, Reason::Liveness(e)))?;
                 live_bytes -= size;
                 s.frees += 1;
             }
             Event::RecordStream { id, stream } => {
-                if !live.contains_key(&id) {
-                    return Err(
-                        r.error(line, format!("record_stream of id {id}, which is not live"))
-                    );
-                }
+                live.record_stream(id)
+                    .map_err(|e| r.error(line, Reason::Liveness(e)))?;
                 s.record_stream += 1;
                 s.streams.insert(stream);
             }

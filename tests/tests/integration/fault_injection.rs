@@ -4,7 +4,7 @@
 //! freeing everything and `empty_cache` the mock holds 0 bytes and 0 events.
 
 use cachealloc_tests::harness::MockHarness;
-use cachealloc_tests::{ops, scenario, shared_dir, teardown, AsMock};
+use cachealloc_tests::{bundled_testdata, ops, scenario, teardown, AsMock};
 
 const SCENARIOS: &[&str] = &[
     "S04 1 MiB is small; 2 MiB segments",
@@ -51,7 +51,8 @@ fn run_with_fault(sc: &scenario::Scenario, fail_at: Option<u64>) -> Result<(u64,
 
 #[test]
 fn every_backend_call_of_five_plus_scenarios_can_fail_cleanly() {
-    let all = scenario::load_all(&shared_dir()).unwrap();
+    // Named scenarios, so always from the bundled data.
+    let all = scenario::load_all(&bundled_testdata()).unwrap();
     let mut checked = 0;
     for name in SCENARIOS {
         let v = all

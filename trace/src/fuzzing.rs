@@ -3,8 +3,8 @@
 //! gzip; they return a value or a `FILE:LINE` error.
 
 use crate::check::check_reader;
-use crate::replay::{run_reader, Options, Quiet};
-use crate::trace::TraceReader;
+use crate::reader::TraceReader;
+use crate::run::{run_reader, Options, Quiet};
 
 /// Run the reader, the checker and the replay on `data`.
 pub fn trace(data: &[u8]) {

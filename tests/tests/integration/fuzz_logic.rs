@@ -70,7 +70,8 @@ fn fuzz_ops_logic() {
             && c.ooms > 0
             && c.injected > 0
             && c.exhausted > 0
-            && c.bad_frees > 0,
+            && c.bad_frees > 0
+            && c.while_pending > 0,
         "{c:?}"
     );
 }

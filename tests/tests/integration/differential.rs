@@ -2,13 +2,13 @@
 //! random multi-stream op sequences (alloc, free, record_stream, sync,
 //! empty_cache; with and without a capacity, a memory fraction, several
 //! config strings) are written as traces, replayed by
-//! `../shared/oracle/pytorch_sim.py` and by the core, and every
+//! the test data's `oracle/pytorch_sim.py` and by the core, and every
 //! `memory_stats` key must agree.
 //!
 //! `CACHEALLOC_DIFF_SEED` fixes the seed (printed on every run and on
 //! failure); `CACHEALLOC_DIFF_CASES` sets the number of sequences (1000).
 
-use cachealloc_tests::{ops, oracle, shared_dir, stats_map};
+use cachealloc_tests::{ops, oracle, stats_map, testdata_dir, testdata_part};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -24,7 +24,10 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
     });
     let n = env_u64("CACHEALLOC_DIFF_CASES").unwrap_or(1000);
     eprintln!("differential: seed {seed} ({n} cases); rerun with CACHEALLOC_DIFF_SEED={seed}");
-    let shared = shared_dir();
+    if testdata_part("oracle/pytorch_sim.py").is_none() {
+        return;
+    }
+    let data = testdata_dir();
     let scratch =
         std::env::temp_dir().join(format!("cachealloc-diff-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
@@ -43,7 +46,7 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
             memory_fraction: c.memory_fraction,
         });
     }
-    let theirs = oracle::run_batch(&shared, &jobs, &scratch).expect("run the reference model");
+    let theirs = oracle::run_batch(&data, &jobs, &scratch).expect("run the reference model");
 
     let (mut multi, mut capped, mut with_oom, mut with_events, mut ops_total) = (0, 0, 0, 0, 0);
     let mut failures = Vec::new();
@@ -121,7 +124,10 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
 /// the same `replay` function, in one process).
 #[test]
 fn batch_driver_matches_the_models_command_line() {
-    let shared = shared_dir();
+    if testdata_part("oracle/pytorch_sim.py").is_none() {
+        return;
+    }
+    let data = testdata_dir();
     let scratch = std::env::temp_dir().join(format!("cachealloc-cli-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
     let mut jobs = Vec::new();
@@ -137,9 +143,9 @@ fn batch_driver_matches_the_models_command_line() {
             memory_fraction: None,
         });
     }
-    let batch = oracle::run_batch(&shared, &jobs, &scratch).unwrap();
+    let batch = oracle::run_batch(&data, &jobs, &scratch).unwrap();
     for (job, b) in jobs.iter().zip(batch) {
-        let cli = oracle::run_cli(&shared, &job.path, &job.conf).unwrap();
+        let cli = oracle::run_cli(&data, &job.path, &job.conf).unwrap();
         assert_eq!(b.unwrap(), cli);
     }
     let _ = std::fs::remove_dir_all(&scratch);

@@ -280,23 +280,66 @@ fn free_memory_callback_runs_before_the_device_and_can_free() {
     );
 }
 
+/// A segment the device returns overlapping one it already gave is a
+/// `BackendContract` error that changes nothing, and the range goes back to
+/// the device: the mock holds what it held before.
 #[test]
-fn backend_contract_violations_are_reported() {
-    let mut a: DeviceAllocator<TinyBackend, _> = DeviceAllocator::new(
-        TinyBackend::default(),
-        [BlockSlot::VACANT; 16],
-        Config::DEFAULT,
-    );
+fn an_overlapping_segment_is_refused_and_handed_back() {
+    let mut a = allocator(None, Config::DEFAULT, 64);
     let x = a.malloc(512, 0).unwrap();
-    a.backend_mut().next = x.ptr.0 + 4096; // the device hands out memory it already gave
-    let e = a.malloc(2 << 20, 0).unwrap_err();
-    assert!(matches!(e, Error::BackendContract { .. }), "{e}");
-    a.check_invariants().unwrap();
-    a.backend_mut().next = 0;
+    let held = a.backend().held_bytes();
+    for (addr, size) in [(x.ptr.0 + 4096, 4 << 20), (x.ptr.0 - (1 << 20), 12 << 20)] {
+        a.backend_mut().place_next_malloc(addr);
+        let e = unchanged(&mut a, |a| a.malloc(size, 0)).unwrap_err();
+        assert!(
+            matches!(e, Error::BackendContract { what, .. } if what.contains("overlapping")),
+            "{e}"
+        );
+        assert_eq!(a.backend().held_bytes(), held, "the range was handed back");
+    }
+    teardown(&mut a, [x.ptr]).unwrap();
+}
+
+/// The two cases where nothing can be handed back, documented leaks: a null
+/// segment, and one at the base of a held segment (freeing that address
+/// would release the held segment).
+#[test]
+fn a_null_or_duplicate_segment_is_refused_and_leaked() {
+    let mut a = allocator(None, Config::DEFAULT, 64);
+    let x = a.malloc(512, 0).unwrap();
+    let held = a.backend().held_bytes();
+    // Stream 1: no cached block serves it, so the device is asked.
+    a.backend_mut().place_next_malloc(x.ptr.0);
+    let e = unchanged(&mut a, |a| a.malloc(1 << 20, 1)).unwrap_err();
+    assert!(
+        matches!(e, Error::BackendContract { what, .. } if what.contains("base of a held segment")),
+        "{e}"
+    );
+    assert_eq!(
+        a.backend().held_bytes(),
+        held + (2 << 20),
+        "leaked, not freed"
+    );
+    a.backend_mut().place_next_malloc(0);
+    let e = unchanged(&mut a, |a| a.malloc(1 << 20, 1)).unwrap_err();
     assert!(matches!(
-        a.malloc(4 << 20, 0),
-        Err(Error::BackendContract { .. })
+        e,
+        Error::BackendContract {
+            what: "malloc returned null",
+            ..
+        }
     ));
+    // The held segment is intact and still serves allocations.
+    let y = a.malloc(512, 0).unwrap();
+    assert_eq!(a.base_allocation(y.ptr).unwrap().0, x.ptr);
+    a.free_ptr(y.ptr).unwrap();
+    a.free_ptr(x.ptr).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(
+        a.backend().held_bytes(),
+        2 * (2 << 20),
+        "exactly the two leaked ranges"
+    );
     a.check_invariants().unwrap();
 }
 

@@ -1,7 +1,7 @@
 //! Manual aid: find the first op where the core and the model disagree for
 //! one generated case (`CACHEALLOC_DEBUG_SEED`). Ignored by default.
 
-use cachealloc_tests::{ops, oracle, shared_dir, stats_map};
+use cachealloc_tests::{ops, oracle, stats_map, testdata_dir};
 
 #[test]
 #[ignore]
@@ -26,7 +26,7 @@ fn first_divergence() {
             memory_fraction: c.memory_fraction,
         });
     }
-    let theirs = oracle::run_batch(&shared_dir(), &jobs, &scratch).unwrap();
+    let theirs = oracle::run_batch(&testdata_dir(), &jobs, &scratch).unwrap();
     for (k, t) in theirs.iter().enumerate() {
         let mut c = case.clone();
         c.ops.truncate(k + 1);

@@ -1,0 +1,38 @@
+//! The subcommands, one file each: its arguments (`#[derive(Args)]`) and
+//! what it does. Each returns the exit status: 0, 1 (the allocator or the
+//! device failed), or 2 (bad input).
+
+pub mod check;
+pub mod compare;
+pub mod plot;
+pub mod replay;
+
+use cachealloc_core::Config;
+use cachealloc_trace::{Options, TraceError};
+
+/// Replay options with the policy of `--conf` and a capacity; a bad
+/// `--conf` is printed and gives exit status 2.
+fn options(conf: &str, capacity: Option<u64>) -> Result<Options, u8> {
+    match Config::parse(conf) {
+        Ok(config) => Ok(Options {
+            config,
+            conf: conf.to_string(),
+            capacity,
+            ..Options::default()
+        }),
+        Err(e) => {
+            eprintln!("--conf {conf:?}: {e}");
+            Err(2)
+        }
+    }
+}
+
+/// Print `e`; its exit status: 2 for bad input, 1 for the rest.
+fn report_error(e: &TraceError) -> u8 {
+    eprintln!("{e}");
+    if e.is_bad_input() {
+        2
+    } else {
+        1
+    }
+}

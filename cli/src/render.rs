@@ -1,0 +1,143 @@
+//! What the subcommands print for people (the `--json` output is the trace
+//! crate's `Report::to_json` and `TraceStats`' serialization).
+
+use cachealloc_cli::human;
+use cachealloc_trace::{Report, TraceStats};
+
+/// `replay`: one trace's summary.
+pub fn replay_summary(r: &Report) {
+    let s = r.stats();
+    println!("{}", r.trace);
+    if !r.source.is_empty() {
+        println!("  source          {}", r.source);
+    }
+    println!(
+        "  config          {}",
+        if r.conf.is_empty() {
+            "(default)"
+        } else {
+            &r.conf
+        }
+    );
+    println!(
+        "  capacity        {}",
+        r.capacity.map_or("unlimited".to_string(), human::bytes)
+    );
+    println!(
+        "  events          {} ({} allocations)",
+        human::count(r.events),
+        human::count(r.allocs)
+    );
+    println!("  peak live       {}", human::bytes(r.peak_live_bytes));
+    println!(
+        "  peak allocated  {}",
+        human::bytes(s.allocated_bytes.all().peak as u64)
+    );
+    println!("  peak reserved   {}", human::bytes(r.peak_reserved_bytes));
+    println!(
+        "  fragmentation   {:.3}  (peak reserved / peak live)",
+        r.fragmentation()
+    );
+    println!(
+        "  device mallocs  {}   frees {}",
+        human::count(s.num_device_alloc as u64),
+        human::count(s.num_device_free as u64)
+    );
+    println!(
+        "  retries         {}   OOMs {}",
+        s.num_alloc_retries, r.ooms
+    );
+    println!(
+        "  speed           {:.2} M events/s replayed ({:.1} ms); end to end {:.2} M events/s ({:.1} ms, of which reading and parsing {:.1} ms)",
+        r.events_per_second() / 1e6,
+        r.replay_seconds * 1e3,
+        r.end_to_end_events_per_second() / 1e6,
+        r.total_seconds * 1e3,
+        r.parse_seconds * 1e3
+    );
+}
+
+/// One row of `compare`'s table.
+pub struct CompareRow {
+    /// The trace file.
+    pub trace: String,
+    /// The config string.
+    pub conf: String,
+    /// Its replay.
+    pub report: Report,
+    /// The smallest capacity without an OOM, when asked for.
+    pub min_capacity: Option<u64>,
+}
+
+/// `compare`: the table.
+pub fn compare_table(rows: &[CompareRow], capacity: Option<u64>, find_min: bool) {
+    let cap = capacity.map_or("unlimited".to_string(), human::bytes);
+    println!(
+        "{:<32} {:<44} {:>8} {:>12} {:>12} {:>8} {:>6}{}",
+        "trace",
+        "config",
+        "frag",
+        "peak live",
+        "peak resv",
+        "mallocs",
+        "OOMs",
+        if find_min { "  min capacity" } else { "" }
+    );
+    for row in rows {
+        let r = &row.report;
+        let name = std::path::Path::new(&row.trace)
+            .file_name()
+            .map_or(row.trace.clone(), |f| f.to_string_lossy().into_owned());
+        println!(
+            "{:<32} {:<44} {:>8.3} {:>12} {:>12} {:>8} {:>6}{}",
+            name,
+            if row.conf.is_empty() {
+                "(default)"
+            } else {
+                &row.conf
+            },
+            r.fragmentation(),
+            human::bytes(r.peak_live_bytes),
+            human::bytes(r.peak_reserved_bytes),
+            r.stats().num_device_alloc,
+            r.ooms,
+            row.min_capacity
+                .map_or(String::new(), |m| format!("  {:>12}", human::bytes(m)))
+        );
+    }
+    println!("(capacity: {cap}; frag = peak reserved / peak live)");
+}
+
+/// `check`: one valid trace's statistics.
+pub fn check_summary(t: &str, s: &TraceStats) {
+    println!("{t}: ok");
+    println!("  source        {}", s.source);
+    println!(
+        "  events        {} (alloc {}, free {}, record_stream {}, sync {}, empty_cache {})",
+        human::count(s.events),
+        human::count(s.allocs),
+        human::count(s.frees),
+        s.record_stream,
+        s.sync,
+        s.empty_cache
+    );
+    println!("  peak live     {}", human::bytes(s.peak_live_bytes));
+    println!(
+        "  total alloc'd {}",
+        human::bytes(s.total_bytes_allocated.min(u64::MAX as u128) as u64)
+    );
+    println!(
+        "  sizes         largest {}, smallest {}, zero-byte {}, <= 1 MiB {}, > 1 MiB {}",
+        human::bytes(s.largest_alloc),
+        human::bytes(s.smallest_alloc.unwrap_or(0)),
+        s.zero_byte_allocs,
+        human::count(s.small_allocs),
+        human::count(s.large_allocs)
+    );
+    println!(
+        "  live at end   {} ({})",
+        s.live_at_end,
+        human::bytes(s.live_bytes_at_end)
+    );
+    println!("  streams {:?}, devices {:?}", s.streams, s.devices);
+}

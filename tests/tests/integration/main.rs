@@ -1,0 +1,16 @@
+//! The integration tests, in one binary (one link): PyTorch-parity
+//! scenarios, the backend conformance suite on the mock, the differential
+//! test against the reference model, the real traces, bad input and error
+//! paths, fault injection, and the fuzz targets' logic on stable.
+//! (`no_heap` and `loom` are binaries of their own: a global allocator, and
+//! `cfg(loom)`.)
+
+mod backend_conformance;
+mod conformance;
+mod debug_prefix;
+mod differential;
+mod errors;
+mod fault_injection;
+mod fuzz_logic;
+mod fuzz_trace;
+mod real_traces;

@@ -1,0 +1,52 @@
+//! # cachealloc-trace
+//!
+//! Allocation traces (`docs/trace-format.md`: JSON Lines, plain or gzip) and
+//! what the project does with them, for the `cachealloc` command, the tests
+//! and the fuzz targets alike:
+//!
+//! - [`TraceReader`]: a streaming reader (never loads a trace whole); every
+//!   error is a [`TraceError`] naming the file, the line and a typed [`Reason`].
+//! - [`Liveness`]: the format's liveness rules, shared by [`check`] and
+//!   [`Replay`].
+//! - [`check`]: validate a trace and gather its statistics.
+//! - [`run`]: replay a trace through the caching allocator, one per device,
+//!   on the simulated device or any [`ReplayDevice`], into a [`Report`].
+//! - [`min_capacity`]: the smallest device the trace fits without an
+//!   out-of-memory error, by bisection.
+//!
+//! ```
+//! use cachealloc_trace::{run_reader, Options, Quiet, TraceReader};
+//! let text = r#"{"format":"cachealloc-trace","version":1}
+//! {"op":"alloc","id":1,"size":1000}
+//! {"op":"free","id":1}
+//! "#;
+//! let reader = TraceReader::from_bytes("example", text.as_bytes().to_vec(), false)?;
+//! let (report, _) = run_reader(reader, &Options::default(), &mut Quiet)?;
+//! assert_eq!((report.events, report.peak_reserved_bytes), (2, 2 << 20));
+//! # Ok::<(), cachealloc_trace::TraceError>(())
+//! ```
+
+mod check;
+mod device;
+mod error;
+mod event;
+pub mod fuzzing;
+mod liveness;
+mod min_capacity;
+mod parse;
+mod reader;
+mod replay;
+mod report;
+mod run;
+
+pub use check::{check, check_reader, TraceStats};
+pub use device::ReplayDevice;
+pub use error::{LivenessError, Op, Reason, TraceError};
+pub use event::{Event, Header};
+pub use liveness::Liveness;
+pub use min_capacity::min_capacity;
+pub use parse::{parse_event, parse_header};
+pub use reader::TraceReader;
+pub use replay::{Alloc, Device, Replay};
+pub use report::Report;
+pub use run::{run, run_on, run_reader, run_reader_on, Observer, Options, Quiet};

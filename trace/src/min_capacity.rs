@@ -1,0 +1,30 @@
+//! [`min_capacity`]: the smallest device a trace replays on without an
+//! out-of-memory error.
+
+use crate::error::TraceError;
+use crate::report::Report;
+use crate::run::{run, Options, Quiet};
+
+/// The smallest capacity (a multiple of 2 MiB) at which the trace replays
+/// without an OOM, by bisection between the peak live bytes (which must fail
+/// below) and the unlimited run's peak reserved bytes (which succeeds); the
+/// trace is streamed again for every probe.
+pub fn min_capacity(trace: &str, opts: &Options, unlimited: &Report) -> Result<u64, TraceError> {
+    const STEP: u64 = 2 << 20;
+    let mut hi = unlimited.peak_reserved_bytes.div_ceil(STEP).max(1);
+    let mut lo = (unlimited.peak_live_bytes / STEP).saturating_sub(1);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let o = Options {
+            capacity: Some(mid * STEP),
+            ..opts.clone()
+        };
+        let (r, _) = run(trace, &o, &mut Quiet)?;
+        if r.ooms == 0 {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi * STEP)
+}

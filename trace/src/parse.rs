@@ -1,0 +1,206 @@
+//! Parsing one line of a trace: the header, or an event. Every error says
+//! which field is wrong and why.
+
+use crate::error::Reason;
+use crate::event::{Event, Header};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::fmt;
+
+/// An integer field as found: a non-negative integer, or why not.
+enum Int {
+    Ok(u64),
+    Bad(&'static str),
+}
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Int, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Int;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a non-negative integer")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Int, E> {
+                Ok(Int::Ok(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Int, E> {
+                Ok(if v >= 0 {
+                    Int::Ok(v as u64)
+                } else {
+                    Int::Bad("is negative")
+                })
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Int, E> {
+                Ok(Int::Bad("is not an integer"))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Int, E> {
+                Ok(Int::Bad("is a boolean, not an integer"))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Int, E> {
+                Ok(Int::Bad("is a string, not an integer"))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Int, E> {
+                Ok(Int::Bad("is null, not an integer"))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Int, A::Error> {
+                while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Int::Bad("is an object, not an integer"))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Int, A::Error> {
+                while s.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Int::Bad("is a list, not an integer"))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(borrow)]
+    op: Option<Cow<'a, str>>,
+    id: Option<Int>,
+    size: Option<Int>,
+    stream: Option<Int>,
+    device: Option<Int>,
+}
+
+fn field(v: Option<Int>, key: &str, required: bool) -> Result<Option<u64>, String> {
+    match v {
+        Some(Int::Ok(x)) => Ok(Some(x)),
+        Some(Int::Bad(why)) => Err(format!("`{key}` {why}; it must be a non-negative integer")),
+        None if required => Err(format!("missing `{key}`")),
+        None => Ok(None),
+    }
+}
+
+/// Parse one event line (not the header).
+pub fn parse_event(line: &[u8]) -> Result<Event, Reason> {
+    parse_event_fields(line).map_err(Reason::Event)
+}
+
+fn parse_event_fields(line: &[u8]) -> Result<Event, String> {
+    let raw: RawEvent<'_> = serde_json::from_slice(line).map_err(|e| {
+        if e.is_data() {
+            format!("not an event object ({e})")
+        } else {
+            format!("invalid JSON ({e})")
+        }
+    })?;
+    let Some(op) = raw.op else {
+        return Err("missing `op`".to_string());
+    };
+    let req = |v, k| field(v, k, true).map(|x| x.unwrap_or(0));
+    Ok(match op.as_ref() {
+        "alloc" => Event::Alloc {
+            id: req(raw.id, "id")?,
+            size: req(raw.size, "size")?,
+            stream: field(raw.stream, "stream", false)?.unwrap_or(0),
+            device: field(raw.device, "device", false)?.unwrap_or(0),
+        },
+        "free" => Event::Free {
+            id: req(raw.id, "id")?,
+        },
+        "record_stream" => Event::RecordStream {
+            id: req(raw.id, "id")?,
+            stream: req(raw.stream, "stream")?,
+        },
+        "sync" => Event::Sync {
+            stream: field(raw.stream, "stream", false)?,
+        },
+        "empty_cache" => Event::EmptyCache,
+        other => return Err(format!("unknown op {other:?}")),
+    })
+}
+
+/// Parse the header line.
+pub fn parse_header(line: &[u8]) -> Result<Header, Reason> {
+    parse_header_fields(line).map_err(Reason::Header)
+}
+
+fn parse_header_fields(line: &[u8]) -> Result<Header, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| format!("invalid JSON ({e})"))?;
+    let Some(obj) = v.as_object() else {
+        return Err("missing header: the first line must be a JSON object".to_string());
+    };
+    match obj.get("format") {
+        None => return Err("missing header: the first line has no `format`".to_string()),
+        Some(f) if f != "cachealloc-trace" => {
+            return Err(format!("unknown format {f}, expected \"cachealloc-trace\""))
+        }
+        _ => {}
+    }
+    match obj.get("version") {
+        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(1) => {}
+        Some(v) => {
+            return Err(format!(
+                "unsupported version {v}; this reader supports version 1"
+            ))
+        }
+        None => return Err("header has no `version`".to_string()),
+    }
+    let device_capacity = match obj.get("device_capacity") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or("`device_capacity` must be a non-negative integer or null")?,
+        ),
+    };
+    let source = obj
+        .get("source")
+        .and_then(|s| s.as_str())
+        .unwrap_or("")
+        .to_string();
+    Ok(Header {
+        source,
+        device_capacity,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse_and_bad_fields_are_named() {
+        assert_eq!(
+            parse_event(br#"{"op":"alloc","id":3,"size":512,"t":1.5,"note":"x"}"#),
+            Ok(Event::Alloc {
+                id: 3,
+                size: 512,
+                stream: 0,
+                device: 0
+            })
+        );
+        assert_eq!(
+            parse_event(br#"{"op":"sync"}"#),
+            Ok(Event::Sync { stream: None })
+        );
+        for (line, want) in [
+            (
+                &br#"{"op":"alloc","id":-1,"size":5}"#[..],
+                "`id` is negative",
+            ),
+            (
+                br#"{"op":"alloc","id":1,"size":1.5}"#,
+                "`size` is not an integer",
+            ),
+            (
+                br#"{"op":"alloc","id":1,"size":true}"#,
+                "`size` is a boolean",
+            ),
+            (br#"{"op":"alloc","id":1,"size":"5"}"#, "`size` is a string"),
+            (br#"{"op":"alloc","id":1}"#, "missing `size`"),
+            (br#"{"op":"explode"}"#, "unknown op"),
+            (br#"{"id":1}"#, "missing `op`"),
+            (br#"{"op":"free","id":1"#, "invalid JSON"),
+            (br#"[1,2]"#, "not an event object"),
+        ] {
+            let e = parse_event(line).unwrap_err().to_string();
+            assert!(e.contains(want), "{e} lacks {want}");
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! [`Replay`]: a trace's events applied to one caching allocator per device,
+//! with the format's rules. An `alloc` that fails with out-of-memory is
+//! counted, and its id stays live (in the trace's terms) until its `free`,
+//! which is skipped, as is a `record_stream` of it. Like PyTorch (and the
+//! reference model), the device allocators come into being at the first
+//! allocation: an `empty_cache` before it does nothing, and a device first
+//! used later has counted every `empty_cache` since then in
+//! `num_sync_all_streams`.
+
+use crate::device::ReplayDevice;
+use crate::error::Reason;
+use crate::event::Event;
+use crate::liveness::Liveness;
+use crate::run::Options;
+use cachealloc_core::{BlockId, BlockSlot, DeviceAllocator, DeviceBackend};
+use cachealloc_mock::MockDevice;
+
+/// The allocator a replay drives (on the simulated device unless said).
+pub type Alloc<D = MockDevice> =
+    DeviceAllocator<<D as ReplayDevice>::Backend, Box<[BlockSlot]>, 1024>;
+
+/// The stream type of a device kind.
+type Stream<D> = <<D as ReplayDevice>::Backend as DeviceBackend>::Stream;
+
+/// A live id of the trace.
+enum Live {
+    /// Served by device `dev` (`id` is `None` for a zero-byte allocation).
+    Served {
+        dev: usize,
+        id: Option<BlockId>,
+        size: u64,
+    },
+    /// Its `alloc` failed with out-of-memory.
+    OutOfMemory,
+}
+
+/// One device's allocator.
+pub struct Device<D: ReplayDevice = MockDevice> {
+    /// The device index of the trace.
+    pub index: u64,
+    /// Its allocator.
+    pub alloc: Alloc<D>,
+    /// Device streams by trace stream id (a trace uses a handful).
+    streams: Vec<(u64, Stream<D>)>,
+}
+
+impl<D: ReplayDevice> Device<D> {
+    #[inline]
+    fn stream(&mut self, id: u64) -> Result<Stream<D>, Reason> {
+        if let Some(&(_, s)) = self.streams.iter().find(|(k, _)| *k == id) {
+            return Ok(s);
+        }
+        let s = D::stream_for(self.alloc.backend_mut(), id).map_err(Reason::Device)?;
+        self.streams.push((id, s));
+        Ok(s)
+    }
+}
+
+/// The state of a replay.
+pub struct Replay<D: ReplayDevice = MockDevice> {
+    opts: Options,
+    capacity: Option<u64>,
+    /// Device allocators, in order of first use.
+    pub devices: Vec<Device<D>>,
+    live: Liveness<Live>,
+    /// Slot storage made ahead for the first device, so it is not timed.
+    spare: Option<Box<[BlockSlot]>>,
+    empty_caches_since_init: u64,
+    /// Events applied.
+    pub events: u64,
+    /// `alloc` events.
+    pub allocs: u64,
+    /// Allocations that failed with out-of-memory.
+    pub ooms: u64,
+    /// Sum of the requested sizes of live (served) allocations.
+    pub live_bytes: u64,
+    /// Its peak.
+    pub peak_live: u64,
+}
+
+fn allocator_error(e: impl std::fmt::Display) -> Reason {
+    Reason::Allocator(e.to_string())
+}
+
+impl<D: ReplayDevice> Replay<D> {
+    /// A replay with `opts`; `header_capacity` is the trace's `device_capacity`.
+    pub fn new(opts: Options, header_capacity: Option<u64>) -> Self {
+        let capacity = opts.capacity.or(header_capacity);
+        let slots = opts.slots;
+        Replay {
+            opts,
+            capacity,
+            devices: Vec::new(),
+            spare: Some(vec![BlockSlot::VACANT; slots].into_boxed_slice()),
+            live: Liveness::new(),
+            empty_caches_since_init: 0,
+            events: 0,
+            allocs: 0,
+            ooms: 0,
+            live_bytes: 0,
+            peak_live: 0,
+        }
+    }
+
+    /// The device capacity in force (`None`: unlimited).
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    /// The position of device `index` in `devices`, created at first use.
+    fn device(&mut self, index: u64) -> Result<usize, Reason> {
+        if let Some(k) = self.devices.iter().position(|d| d.index == index) {
+            return Ok(k);
+        }
+        let storage = self
+            .spare
+            .take()
+            .unwrap_or_else(|| vec![BlockSlot::VACANT; self.opts.slots].into_boxed_slice());
+        let backend = D::open(index, self.capacity).map_err(Reason::Device)?;
+        let mut alloc = DeviceAllocator::new(backend, storage, self.opts.config);
+        if let (false, Some(cap)) = (D::SIMULATED, self.capacity) {
+            alloc.set_memory_limit(cap);
+        }
+        if let Some(f) = self.opts.memory_fraction {
+            alloc
+                .set_memory_fraction(f)
+                .map_err(|e| Reason::Option(format!("--memory-fraction {f}: {e}")))?;
+        }
+        for _ in 0..self.empty_caches_since_init {
+            alloc.empty_cache().map_err(allocator_error)?;
+        }
+        self.devices.push(Device {
+            index,
+            alloc,
+            streams: Vec::new(),
+        });
+        Ok(self.devices.len() - 1)
+    }
+
+    /// Reserved bytes over all devices now.
+    pub fn reserved(&self) -> u64 {
+        self.devices
+            .iter()
+            .map(|d| d.alloc.stats().reserved_bytes.all().current as u64)
+            .sum()
+    }
+
+    /// Apply one event.
+    #[inline]
+    pub fn apply(&mut self, ev: Event) -> Result<(), Reason> {
+        self.events += 1;
+        match ev {
+            Event::Alloc {
+                id,
+                size,
+                stream,
+                device,
+            } => self.alloc(id, size, stream, device)?,
+            Event::Free { id } => {
+                if let Live::Served { dev, id, size } = self.live.free(id)? {
+                    self.live_bytes -= size;
+                    if let Some(bid) = id {
+                        self.devices[dev].alloc.free(bid).map_err(allocator_error)?;
+                    }
+                }
+            }
+            Event::RecordStream { id, stream } => {
+                if let Live::Served {
+                    dev, id: Some(bid), ..
+                } = *self.live.record_stream(id)?
+                {
+                    let d = &mut self.devices[dev];
+                    let s = d.stream(stream)?;
+                    d.alloc.record_stream(bid, s).map_err(allocator_error)?;
+                }
+            }
+            Event::Sync { stream } => {
+                for d in &mut self.devices {
+                    let s = match stream {
+                        Some(id) => Some(d.stream(id)?),
+                        None => None,
+                    };
+                    D::sync(d.alloc.backend_mut(), s).map_err(Reason::Device)?;
+                }
+            }
+            Event::EmptyCache => {
+                if !self.devices.is_empty() {
+                    self.empty_caches_since_init += 1;
+                }
+                for d in &mut self.devices {
+                    d.alloc.empty_cache().map_err(allocator_error)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An `alloc` event.
+    #[inline]
+    fn alloc(&mut self, id: u64, size: u64, stream: u64, device: u64) -> Result<(), Reason> {
+        // The liveness check comes first: a bad line changes nothing.
+        self.live.can_alloc(id)?;
+        self.allocs += 1;
+        let dev = self.device(device)?;
+        let s = self.devices[dev].stream(stream)?;
+        let live = match self.devices[dev].alloc.malloc(size, s) {
+            Ok(x) => {
+                self.live_bytes = self.live_bytes.saturating_add(size);
+                self.peak_live = self.peak_live.max(self.live_bytes);
+                Live::Served {
+                    dev,
+                    id: x.id,
+                    size,
+                }
+            }
+            Err(e) if e.is_out_of_memory() => {
+                self.ooms += 1;
+                Live::OutOfMemory
+            }
+            Err(e) => return Err(allocator_error(e)),
+        };
+        self.live.alloc(id, live)?;
+        Ok(())
+    }
+
+    /// Free every live allocation, wait for all streams, and return every
+    /// cached segment and idle event to the device (after a replay on a real
+    /// device, so the next one starts from an empty GPU).
+    pub fn release(&mut self) -> Result<(), Reason> {
+        for l in self.live.drain() {
+            if let Live::Served {
+                dev, id: Some(id), ..
+            } = l
+            {
+                self.devices[dev].alloc.free(id).map_err(allocator_error)?;
+            }
+        }
+        self.live_bytes = 0;
+        for d in &mut self.devices {
+            D::sync(d.alloc.backend_mut(), None).map_err(Reason::Device)?;
+            d.alloc.empty_cache().map_err(allocator_error)?;
+            d.alloc.release_idle_events().map_err(allocator_error)?;
+        }
+        Ok(())
+    }
+
+    /// Make sure device 0 exists when no event created a device (so an empty
+    /// trace still reports a full set of statistics), and order the devices.
+    pub fn finish(&mut self) -> Result<(), Reason> {
+        if self.devices.is_empty() {
+            self.device(0)?;
+        }
+        self.devices.sort_by_key(|d| d.index);
+        Ok(())
+    }
+}

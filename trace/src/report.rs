@@ -1,0 +1,111 @@
+//! [`Report`]: what a replay measured, and its JSON (the replay contract of
+//! the design).
+
+use cachealloc_core::DeviceStats;
+
+/// The result of a replay.
+pub struct Report {
+    /// The trace file.
+    pub trace: String,
+    /// The header's `source`.
+    pub source: String,
+    /// The config string.
+    pub conf: String,
+    /// Device capacity in force.
+    pub capacity: Option<u64>,
+    /// Events.
+    pub events: u64,
+    /// `alloc` events.
+    pub allocs: u64,
+    /// Allocations that failed with out-of-memory.
+    pub ooms: u64,
+    /// Peak of the sum of requested sizes of live allocations.
+    pub peak_live_bytes: u64,
+    /// Peak reserved bytes (summed over devices' peaks).
+    pub peak_reserved_bytes: u64,
+    /// Per device: its index and statistics.
+    pub devices: Vec<(u64, DeviceStats)>,
+    /// Wall time of the whole run: reading, decompressing, parsing, replaying.
+    pub total_seconds: f64,
+    /// Of which reading, decompressing and parsing.
+    pub parse_seconds: f64,
+    /// Of which replaying the parsed events: the allocator's bookkeeping on
+    /// the simulated device and the replay's id map (the replay figure).
+    pub replay_seconds: f64,
+}
+
+impl Report {
+    /// `peak_reserved_bytes / peak_live_bytes`.
+    pub fn fragmentation(&self) -> f64 {
+        if self.peak_live_bytes == 0 {
+            if self.peak_reserved_bytes == 0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            self.peak_reserved_bytes as f64 / self.peak_live_bytes as f64
+        }
+    }
+
+    /// Events replayed per second of bookkeeping (parsing excluded; the
+    /// figure the benchmarks quote).
+    pub fn events_per_second(&self) -> f64 {
+        self.events as f64 / self.replay_seconds.max(1e-9)
+    }
+
+    /// Events per second of the whole run, reading and parsing included.
+    pub fn end_to_end_events_per_second(&self) -> f64 {
+        self.events as f64 / self.total_seconds.max(1e-9)
+    }
+
+    /// The statistics of the lowest device (device 0 in single-device traces).
+    pub fn stats(&self) -> &DeviceStats {
+        &self.devices[0].1
+    }
+
+    /// The JSON object of the replay contract (design.md).
+    pub fn to_json(&self) -> serde_json::Value {
+        let stats_json = |s: &DeviceStats| {
+            let mut m = serde_json::Map::new();
+            s.for_each(|k, v| {
+                m.insert(k.to_string(), v.into());
+            });
+            serde_json::Value::Object(m)
+        };
+        let mut v = serde_json::json!({
+            "trace": self.trace,
+            "source": self.source,
+            "conf": self.conf,
+            "capacity": self.capacity,
+            "events": self.events,
+            "allocs": self.allocs,
+            "ooms": self.ooms,
+            "memory_stats": stats_json(self.stats()),
+            "peak_live_bytes": self.peak_live_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "fragmentation": self.fragmentation(),
+            "num_device_alloc": self.devices.iter().map(|d| d.1.num_device_alloc).sum::<i64>(),
+            "num_device_free": self.devices.iter().map(|d| d.1.num_device_free).sum::<i64>(),
+            "replay_seconds": self.replay_seconds,
+            "parse_seconds": self.parse_seconds,
+            "total_seconds": self.total_seconds,
+            "events_per_second": self.events_per_second(),
+            "end_to_end_events_per_second": self.end_to_end_events_per_second(),
+        });
+        if self.devices.len() > 1 {
+            let devs: serde_json::Map<_, _> = self
+                .devices
+                .iter()
+                .map(|(i, s)| {
+                    (
+                        i.to_string(),
+                        serde_json::json!({"memory_stats": stats_json(s)}),
+                    )
+                })
+                .collect();
+            v["devices"] = serde_json::Value::Object(devs);
+        }
+        v
+    }
+}

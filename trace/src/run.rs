@@ -1,0 +1,186 @@
+//! Running a replay: [`run`] streams a trace through a [`Replay`] in chunks
+//! of events (each chunk read and parsed, then applied, so the two costs are
+//! timed apart), tells an [`Observer`] as it goes, and returns a [`Report`].
+
+use crate::device::ReplayDevice;
+use crate::error::{Reason, TraceError};
+use crate::event::Event;
+use crate::reader::TraceReader;
+use crate::replay::Replay;
+use crate::report::Report;
+use cachealloc_core::Config;
+use cachealloc_mock::MockDevice;
+use std::time::Instant;
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The allocator policy.
+    pub config: Config,
+    /// The config string, as given (for reports).
+    pub conf: String,
+    /// Device capacity; `None`: the trace's `device_capacity`, else unlimited.
+    pub capacity: Option<u64>,
+    /// `set_per_process_memory_fraction` on each device when it is created
+    /// (needs a capacity).
+    pub memory_fraction: Option<f64>,
+    /// Block slots per device.
+    pub slots: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            config: Config::DEFAULT,
+            conf: String::new(),
+            capacity: None,
+            memory_fraction: None,
+            slots: 1 << 17,
+        }
+    }
+}
+
+/// Called as a replay goes.
+pub trait Observer<D: ReplayDevice = MockDevice> {
+    /// After each event (`index` counts from 0).
+    fn after_event(&mut self, _index: u64, _replay: &Replay<D>) {}
+    /// Bytes of the file read so far, and its size.
+    fn progress(&mut self, _read: u64, _total: u64) {}
+    /// Whether to stop after the event with this index.
+    fn stop_after(&self, _index: u64) -> bool {
+        false
+    }
+}
+
+/// Observes nothing.
+pub struct Quiet;
+
+impl<D: ReplayDevice> Observer<D> for Quiet {}
+
+const CHUNK: usize = 4096;
+
+/// Replay the trace at `path`, streaming it in chunks of events: each chunk
+/// is read and parsed, then applied, so the two costs are timed apart.
+pub fn run<O: Observer>(
+    path: &str,
+    opts: &Options,
+    obs: &mut O,
+) -> Result<(Report, Replay), TraceError> {
+    run_on::<MockDevice, O>(path, opts, obs)
+}
+
+/// [`run`] on an opened trace.
+pub fn run_reader<O: Observer>(
+    reader: TraceReader,
+    opts: &Options,
+    obs: &mut O,
+) -> Result<(Report, Replay), TraceError> {
+    run_reader_on::<MockDevice, O>(reader, opts, obs)
+}
+
+/// [`run`] on device type `B` (a real device: the replay queues no kernels,
+/// so stream work completes at once; `sync` is a stream synchronize).
+pub fn run_on<D: ReplayDevice, O: Observer<D>>(
+    path: &str,
+    opts: &Options,
+    obs: &mut O,
+) -> Result<(Report, Replay<D>), TraceError> {
+    let reader = TraceReader::open(path)?;
+    run_reader_on(reader, opts, obs)
+}
+
+/// [`run_on`] on an opened trace.
+pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
+    mut reader: TraceReader,
+    opts: &Options,
+    obs: &mut O,
+) -> Result<(Report, Replay<D>), TraceError> {
+    let path = reader.path().to_string();
+    let mut r = Replay::<D>::new(opts.clone(), reader.header.device_capacity);
+    if opts.memory_fraction.is_some() && r.capacity().is_none() {
+        return Err(reader.error(
+            0,
+            Reason::Option(
+                "--memory-fraction needs a device capacity (--capacity or the trace's device_capacity)"
+                    .to_string(),
+            ),
+        ));
+    }
+    let t0 = Instant::now();
+    let mut chunk: Vec<(u64, Event)> = Vec::with_capacity(CHUNK);
+    let (mut parse, mut alloc) = (0f64, 0f64);
+    let mut index = 0u64;
+    let mut done = false;
+    while !done {
+        let tp = Instant::now();
+        chunk.clear();
+        while chunk.len() < CHUNK {
+            match reader.next_event() {
+                None => {
+                    done = true;
+                    break;
+                }
+                Some(Ok(e)) => chunk.push(e),
+                Some(Err(e)) => {
+                    // Apply what came before the bad line first: its errors come first.
+                    for &(line, ev) in &chunk {
+                        apply(&mut r, &reader, line, ev)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let ta = Instant::now();
+        parse += (ta - tp).as_secs_f64();
+        for &(line, ev) in &chunk {
+            apply(&mut r, &reader, line, ev)?;
+            obs.after_event(index, &r);
+            if obs.stop_after(index) {
+                done = true;
+                break;
+            }
+            index += 1;
+        }
+        alloc += ta.elapsed().as_secs_f64();
+        let (read, total) = reader.progress();
+        obs.progress(read, total);
+    }
+    r.finish().map_err(|e| reader.error(0, e))?;
+    let report = Report {
+        trace: path,
+        source: reader.header.source.clone(),
+        conf: opts.conf.clone(),
+        capacity: r.capacity(),
+        events: r.events,
+        allocs: r.allocs,
+        ooms: r.ooms,
+        peak_live_bytes: r.peak_live,
+        peak_reserved_bytes: r
+            .devices
+            .iter()
+            .map(|d| d.alloc.stats().reserved_bytes.all().peak as u64)
+            .sum(),
+        devices: r
+            .devices
+            .iter()
+            .map(|d| (d.index, *d.alloc.stats()))
+            .collect(),
+        total_seconds: t0.elapsed().as_secs_f64(),
+        parse_seconds: parse,
+        replay_seconds: alloc,
+    };
+    if !D::SIMULATED {
+        r.release().map_err(|e| reader.error(0, e))?;
+    }
+    Ok((report, r))
+}
+
+#[inline]
+fn apply<D: ReplayDevice>(
+    r: &mut Replay<D>,
+    reader: &TraceReader,
+    line: u64,
+    ev: Event,
+) -> Result<(), TraceError> {
+    r.apply(ev).map_err(|e| reader.error(line, e))
+}
