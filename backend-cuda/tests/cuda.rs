@@ -1,13 +1,46 @@
+//! On a machine without a CUDA driver (CI, this project's build machines) the
+//! backend reports "no driver" as an error value; with a driver it opens
+//! device 0 or reports that it has none.
+//!
 //! The backend conformance suite of `cachealloc-tests` on a real CUDA device
 //! (device 0). Without a driver or a device it prints one line saying why it
 //! skipped. Scenarios that depend on a simulated capacity or on event timing
 //! are left out (a real device runs this test's work at its own pace).
 
-use cachealloc_cuda::{CudaBackend, CudaStream};
+use cachealloc_cuda::{driver_present, CudaBackend, CudaError, CudaStream};
 use cachealloc_tests::harness::Harness;
 use cachealloc_tests::{backend_suite, testdata_dir};
 use cudarc::driver::result;
 use std::cell::RefCell;
+
+#[test]
+fn opening_a_device_never_panics() {
+    match CudaBackend::new(0) {
+        Err(CudaError::NoDriver) => {
+            assert!(!driver_present());
+            println!("no CUDA driver on this machine: CudaBackend::new(0) = NoDriver, as expected");
+        }
+        Err(CudaError::NoDevice { count, .. }) => println!("CUDA driver present, {count} devices"),
+        Err(e) => println!("CUDA driver present but unusable: {e}"),
+        Ok(b) => println!("CUDA device {} opened", b.ordinal()),
+    }
+    assert_eq!(
+        CudaError::NoDriver.to_string(),
+        "no CUDA driver: libcuda could not be loaded"
+    );
+}
+
+#[test]
+fn a_missing_ordinal_is_an_error() {
+    if driver_present() {
+        assert!(matches!(
+            CudaBackend::new(9999),
+            Err(CudaError::NoDevice { ordinal: 9999, .. } | CudaError::Driver { .. })
+        ));
+    } else {
+        assert_eq!(CudaBackend::new(9999).unwrap_err(), CudaError::NoDriver);
+    }
+}
 
 const SCRATCH: usize = 256 << 20;
 

@@ -1,12 +1,35 @@
+//! Without an AMD GPU the runtime reports no device, and the backend turns
+//! that into an error value.
+//!
 //! The backend conformance suite of `cachealloc-tests` on a real HIP device
 //! (device 0). Without a device it prints one line saying why it skipped.
 #![cfg(feature = "rocm")]
 
-use cachealloc_hip::{HipBackend, HipStream};
+use cachealloc_hip::{device_count, HipBackend, HipError, HipStream};
 use cachealloc_tests::harness::Harness;
 use cachealloc_tests::{backend_suite, testdata_dir};
 use hip_sys::hiprt as hip;
 use std::cell::RefCell;
+
+#[test]
+fn opening_a_device_without_a_gpu_is_no_device() {
+    let count = device_count().expect("hipGetDeviceCount");
+    match HipBackend::new(0) {
+        Err(HipError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        }) => {
+            assert_eq!(count, 0);
+            println!("no HIP device on this machine: HipBackend::new(0) = NoDevice, as expected");
+        }
+        Ok(_) => println!("HIP device 0 opened ({count} devices)"),
+        Err(e) => panic!("unexpected: {e}"),
+    }
+    assert!(matches!(
+        HipBackend::new(9999),
+        Err(HipError::NoDevice { ordinal: 9999, .. })
+    ));
+}
 
 const SCRATCH: usize = 256 << 20;
 
