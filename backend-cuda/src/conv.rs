@@ -6,6 +6,7 @@ use std::fmt;
 
 /// A CUDA backend error.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CudaError {
     /// No CUDA driver library (`libcuda.so`) could be loaded.
     NoDriver,
@@ -44,6 +45,12 @@ impl std::error::Error for CudaError {}
 /// Whether a driver error is "not ready" (an event still pending).
 pub(crate) fn is_not_ready(e: &DriverError) -> bool {
     e.0 == cudaError_enum::CUDA_ERROR_NOT_READY
+}
+
+/// Whether a driver error is "no device" (what `cuInit` says when a driver
+/// has no GPU to drive).
+pub(crate) fn is_no_device(e: &DriverError) -> bool {
+    e.0 == cudaError_enum::CUDA_ERROR_NO_DEVICE
 }
 
 /// Whether a driver error is out of memory.

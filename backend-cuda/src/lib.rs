@@ -6,11 +6,18 @@
 //! a driver or a GPU gets an error value from [`CudaBackend::new`], never a
 //! panic: the driver library is probed before the first call.
 //!
+//! Every call makes the device's primary context current on the calling
+//! thread and, when another context was current, makes that one current
+//! again afterwards (as PyTorch's device guards do), so a backend can be
+//! used from any thread and never changes the caller's context. Restoring is
+//! best effort: it follows a call whose effect cannot be undone, so its
+//! failure is not reported.
+//!
 //! ```no_run
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
 //! use cachealloc_cuda::{CudaBackend, CudaStream};
 //! let backend = CudaBackend::new(0)?;
-//! let mut a: DeviceAllocator<CudaBackend, _> =
+//! let mut a =
 //!     DeviceAllocator::new(backend, vec![BlockSlot::VACANT; 1 << 16], Config::DEFAULT);
 //! let x = a.malloc(1 << 20, CudaStream::DEFAULT).expect("malloc");
 //! a.free(x.id.unwrap()).expect("free");
@@ -22,7 +29,7 @@ mod conv;
 pub use conv::CudaError;
 
 use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
-use conv::{check, driver_error, is_not_ready, is_out_of_memory};
+use conv::{check, driver_error, is_no_device, is_not_ready, is_out_of_memory};
 use cudarc::driver::{result, sys};
 
 /// A CUDA stream handle (`CUstream`), compared by its raw value as PyTorch
@@ -48,6 +55,13 @@ impl CudaStream {
 impl From<CudaStream> for u64 {
     fn from(s: CudaStream) -> u64 {
         s.0 as u64
+    }
+}
+
+/// The stream of a raw handle value (what snapshots give back).
+impl From<u64> for CudaStream {
+    fn from(raw: u64) -> CudaStream {
+        CudaStream(raw as usize)
     }
 }
 
@@ -79,7 +93,11 @@ impl CudaBackend {
         if !driver_present() {
             return Err(CudaError::NoDriver);
         }
-        check(result::init(), "cuInit")?;
+        match result::init() {
+            // A driver without a device fails cuInit itself.
+            Err(e) if is_no_device(&e) => return Err(CudaError::NoDevice { ordinal, count: 0 }),
+            r => check(r, "cuInit")?,
+        }
         let count = check(result::device::get_count(), "cuDeviceGetCount")?.max(0) as u32;
         if ordinal >= count {
             return Err(CudaError::NoDevice { ordinal, count });
@@ -91,13 +109,11 @@ impl CudaBackend {
             unsafe { result::primary_ctx::retain(device) },
             "cuDevicePrimaryCtxRetain",
         )?;
-        let b = CudaBackend {
+        Ok(CudaBackend {
             ordinal,
             device,
             ctx,
-        };
-        b.bind()?;
-        Ok(b)
+        })
     }
 
     /// The device ordinal.
@@ -105,20 +121,37 @@ impl CudaBackend {
         self.ordinal
     }
 
-    /// Make this device's primary context current on the calling thread.
-    fn bind(&self) -> Result<(), CudaError> {
+    /// Make this device's primary context current on the calling thread
+    /// until the guard is dropped; then the context that was current before
+    /// is current again.
+    fn bind(&self) -> Result<Bound, CudaError> {
+        let prev = check(result::ctx::get_current(), "cuCtxGetCurrent")?;
+        if prev == Some(self.ctx) {
+            return Ok(Bound { restore: None });
+        }
         // SAFETY: `ctx` is the primary context retained in `new` and not yet
         // released (that happens only in Drop).
+        let r = unsafe { result::ctx::set_current(self.ctx) };
+        check(r, "cuCtxSetCurrent")?;
+        Ok(Bound {
+            restore: Some(prev.unwrap_or(core::ptr::null_mut())),
+        })
+    }
+
+    /// Make this device's primary context current on the calling thread and
+    /// leave it so, for code that then calls the driver directly.
+    pub fn make_current(&self) -> Result<(), CudaError> {
+        // SAFETY: `ctx` is the primary context retained in `new`, not yet released.
         check(
             unsafe { result::ctx::set_current(self.ctx) },
             "cuCtxSetCurrent",
         )
     }
 
-    /// A new non-blocking stream in this device's context (never destroyed:
-    /// streams live as long as the runtime that asked for them).
+    /// A new non-blocking stream in this device's context; give it back with
+    /// [`destroy_stream`](Self::destroy_stream).
     pub fn create_stream(&self) -> Result<CudaStream, CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let s = check(
             result::stream::create(result::stream::StreamKind::NonBlocking),
             "cuStreamCreate",
@@ -126,21 +159,48 @@ impl CudaBackend {
         Ok(CudaStream::from_raw(s))
     }
 
+    /// Destroy a stream made by [`create_stream`](Self::create_stream).
+    pub fn destroy_stream(&self, stream: CudaStream) -> Result<(), CudaError> {
+        let _bound = self.bind()?;
+        // SAFETY: a stream of this context that the caller no longer uses;
+        // destroying the same stream twice is the driver's error, not UB.
+        check(
+            unsafe { result::stream::destroy(stream.as_raw()) },
+            "cuStreamDestroy_v2",
+        )
+    }
+
     /// Block until all work on the device is done (`cuCtxSynchronize`).
     pub fn synchronize_all(&self) -> Result<(), CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         check(result::ctx::synchronize(), "cuCtxSynchronize")
     }
 
     /// Block until all work queued on `stream` is done (`cuStreamSynchronize`).
     pub fn synchronize(&self, stream: CudaStream) -> Result<(), CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the stream handle is the default stream or one the caller
         // created in this context and keeps alive while it uses it here.
         check(
             unsafe { result::stream::synchronize(stream.as_raw()) },
             "cuStreamSynchronize",
         )
+    }
+}
+
+/// Restores the context that was current before a call.
+struct Bound {
+    /// The context to make current again (null: none), if we changed it.
+    restore: Option<sys::CUcontext>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: `prev` was current on this thread just before (or is
+            // null, which unbinds); best effort, see the crate docs.
+            let _ = unsafe { result::ctx::set_current(prev) };
+        }
     }
 }
 
@@ -154,7 +214,8 @@ pub fn driver_present() -> bool {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         // SAFETY: releases the reference taken by cuDevicePrimaryCtxRetain in `new`.
-        let _ = unsafe { result::primary_ctx::release(self.device) };
+        let r = unsafe { result::primary_ctx::release(self.device) };
+        let _ = check(r, "cuDevicePrimaryCtxRelease_v2"); // nothing to report it to
     }
 }
 
@@ -164,7 +225,7 @@ impl DeviceBackend for CudaBackend {
     type Error = CudaError;
 
     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<CudaError>> {
-        self.bind().map_err(MallocError::Other)?;
+        let _bound = self.bind().map_err(MallocError::Other)?;
         // SAFETY: a plain device allocation in the current (primary) context;
         // the pointer is freed only through `free` below.
         match unsafe { result::malloc_sync(size as usize) } {
@@ -175,14 +236,14 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn free(&mut self, ptr: DevicePtr, _size: u64) -> Result<(), CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the allocator frees only whole segments it obtained from
         // `malloc` above, once each.
         check(unsafe { result::free_sync(ptr.0) }, "cuMemFree_v2")
     }
 
     fn event_create(&mut self) -> Result<CudaEvent, CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let e = check(
             result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
             "cuEventCreate",
@@ -191,7 +252,7 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn event_record(&mut self, event: &CudaEvent, stream: CudaStream) -> Result<(), CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `event` was created by `event_create` and not destroyed;
         // the stream belongs to this context.
         check(
@@ -201,7 +262,7 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn event_query(&mut self, event: &CudaEvent) -> Result<EventStatus, CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `event` is a live event from `event_create`.
         match unsafe { result::event::query(event.0) } {
             Ok(()) => Ok(EventStatus::Ready),
@@ -211,7 +272,7 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn event_synchronize(&mut self, event: &CudaEvent) -> Result<(), CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `event` is a live event from `event_create`.
         check(
             unsafe { result::event::synchronize(event.0) },
@@ -219,9 +280,11 @@ impl DeviceBackend for CudaBackend {
         )
     }
 
-    fn event_destroy(&mut self, event: CudaEvent) -> Result<(), CudaError> {
-        self.bind()?;
-        // SAFETY: `event` is consumed, so it is destroyed exactly once.
+    fn event_destroy(&mut self, event: &CudaEvent) -> Result<(), CudaError> {
+        let _bound = self.bind()?;
+        // SAFETY: a live event from `event_create`; the allocator drops its
+        // handle once this succeeds, so it is destroyed once (a second
+        // destroy would be the driver's error, not UB).
         check(
             unsafe { result::event::destroy(event.0) },
             "cuEventDestroy_v2",
@@ -229,7 +292,7 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn mem_info(&mut self) -> Result<MemInfo, CudaError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let (free, total) = check(result::mem_get_info(), "cuMemGetInfo_v2")?;
         Ok(MemInfo {
             free: free as u64,
@@ -240,4 +303,6 @@ impl DeviceBackend for CudaBackend {
     fn ordinal(&self) -> u32 {
         self.ordinal
     }
+
+    const PLATFORM: &'static str = "CUDA";
 }

@@ -1,20 +1,67 @@
-//! On a machine without a CUDA driver (CI, this project's build machines) the
-//! backend reports "no driver" as an error value; with a driver it opens
-//! device 0 or reports that it has none.
+//! The CUDA backend, three ways:
 //!
-//! The backend conformance suite of `cachealloc-tests` on a real CUDA device
-//! (device 0). Without a driver or a device it prints one line saying why it
-//! skipped. Scenarios that depend on a simulated capacity or on event timing
-//! are left out (a real device runs this test's work at its own pace).
+//! - as this machine is: without a driver, `CudaBackend::new` reports "no
+//!   driver" as an error value; with one, it opens device 0 or says why not;
+//! - on the project's stub driver (`libcuda.so.1` from `cachealloc-tests`),
+//!   in a child process that has the stub first on `LD_LIBRARY_PATH` (the
+//!   `stub_*` tests; in this process they do nothing): the conformance suite
+//!   with every scenario and no leaks, no device, another thread, the
+//!   caller's context restored, a failure at every driver call, the symbol
+//!   inventory;
+//! - on a real GPU when there is one: the conformance suite, leaving out
+//!   the scenarios that need a simulated capacity or event timing.
 
+use cachealloc_core::{DeviceBackend, DevicePtr};
 use cachealloc_cuda::{driver_present, CudaBackend, CudaError, CudaStream};
-use cachealloc_tests::harness::Harness;
+use cachealloc_tests::gpu::{GpuApi, GpuHarness, StreamOf};
+use cachealloc_tests::stub::{in_child, StubKind};
+use cachealloc_tests::stub_suite::{self, child_stub};
 use cachealloc_tests::{backend_suite, testdata_dir};
 use cudarc::driver::result;
-use std::cell::RefCell;
+
+/// The CUDA backend, for the shared GPU tests.
+struct Cuda;
+
+impl GpuApi for Cuda {
+    type B = CudaBackend;
+    const NAME: &'static str = "cuda";
+    const STUB: StubKind = StubKind::Cuda;
+    fn open(ordinal: u32) -> Result<CudaBackend, String> {
+        CudaBackend::new(ordinal).map_err(|e| e.to_string())
+    }
+    fn default_stream() -> CudaStream {
+        CudaStream::DEFAULT
+    }
+    fn create_stream(b: &CudaBackend) -> Result<CudaStream, String> {
+        b.create_stream().map_err(|e| e.to_string())
+    }
+    fn destroy_stream(b: &CudaBackend, s: CudaStream) -> Result<(), String> {
+        b.destroy_stream(s).map_err(|e| e.to_string())
+    }
+    fn synchronize(b: &CudaBackend, s: Option<StreamOf<Self>>) -> Result<(), String> {
+        match s {
+            Some(s) => b.synchronize(s),
+            None => b.synchronize_all(),
+        }
+        .map_err(|e| e.to_string())
+    }
+    fn make_current(b: &CudaBackend) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())
+    }
+    fn memset(b: &CudaBackend, ptr: DevicePtr, n: u64, s: CudaStream) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())?;
+        // SAFETY: `ptr` is a live allocation of at least `n` bytes of this
+        // device (the harness's scratch buffer); the stream is this context's.
+        unsafe { result::memset_d8_async(ptr.0, 1, n as usize, s.as_raw()) }
+            .map_err(|e| e.to_string())
+    }
+}
 
 #[test]
 fn opening_a_device_never_panics() {
+    if in_child() {
+        return;
+    }
     match CudaBackend::new(0) {
         Err(CudaError::NoDriver) => {
             assert!(!driver_present());
@@ -32,6 +79,9 @@ fn opening_a_device_never_panics() {
 
 #[test]
 fn a_missing_ordinal_is_an_error() {
+    if in_child() {
+        return;
+    }
     if driver_present() {
         assert!(matches!(
             CudaBackend::new(9999),
@@ -42,68 +92,71 @@ fn a_missing_ordinal_is_an_error() {
     }
 }
 
-const SCRATCH: usize = 256 << 20;
-
-#[derive(Default)]
-struct CudaHarness {
-    /// Keeps the primary context (and so the streams) alive between opens.
-    keeper: RefCell<Option<CudaBackend>>,
-    streams: RefCell<Vec<CudaStream>>,
-    scratch: RefCell<Option<u64>>,
+#[test]
+fn real_device_conformance() {
+    if in_child() {
+        return;
+    }
+    backend_suite::run_and_report(&GpuHarness::<Cuda>::new(None), &testdata_dir());
 }
 
-impl Harness for CudaHarness {
-    type B = CudaBackend;
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
-    fn open(&self, _capacity: Option<u64>) -> Result<CudaBackend, String> {
-        let b = CudaBackend::new(0).map_err(|e| e.to_string())?;
-        if self.keeper.borrow().is_none() {
-            *self.keeper.borrow_mut() = Some(CudaBackend::new(0).map_err(|e| e.to_string())?);
-            for _ in 0..3 {
-                let s = result::stream::create(result::stream::StreamKind::NonBlocking)
-                    .map_err(|e| e.to_string())?;
-                self.streams.borrow_mut().push(CudaStream::from_raw(s));
-            }
-            // SAFETY: a plain device allocation in the current context, used
-            // only as the target of memsets and never freed while in use.
-            let p = unsafe { result::malloc_sync(SCRATCH) }.map_err(|e| e.to_string())?;
-            *self.scratch.borrow_mut() = Some(p);
+// The shared stub tests (conformance suite, another thread, the caller's
+// context restored, a failure at every call, out of memory, symbols).
+cachealloc_tests::stub_tests!(
+    Cuda,
+    malloc: "cuMemAlloc_v2",
+    oom: 2,       // CUDA_ERROR_OUT_OF_MEMORY
+    unknown: 999, // CUDA_ERROR_UNKNOWN
+    prefix: "cu",
+    // Besides what the backend names: cudarc's error formatting, the
+    // harness's memset.
+    extra: ["cuGetErrorName", "cuGetErrorString", "cuMemsetD8Async"]
+);
+
+#[test]
+fn stub_a_driver_without_devices_is_no_device() {
+    let Some(s) = child_stub(StubKind::Cuda) else {
+        return;
+    };
+    assert!(driver_present());
+    s.reset(0, u64::MAX); // cuInit says CUDA_ERROR_NO_DEVICE
+    assert_eq!(
+        CudaBackend::new(0).unwrap_err(),
+        CudaError::NoDevice {
+            ordinal: 0,
+            count: 0
         }
-        Ok(b)
-    }
-    fn stream(&self, k: u64) -> CudaStream {
-        if k == 0 {
-            CudaStream::DEFAULT
-        } else {
-            self.streams.borrow()[(k as usize - 1) % 3]
+    );
+    s.reset(2, u64::MAX);
+    assert_eq!(
+        CudaBackend::new(2).unwrap_err(),
+        CudaError::NoDevice {
+            ordinal: 2,
+            count: 2
         }
-    }
-    fn enqueue_work(&self, _b: &mut CudaBackend, k: u64) -> bool {
-        if let Some(p) = *self.scratch.borrow() {
-            // SAFETY: `p` is a live SCRATCH-byte allocation; the stream is
-            // the default stream or one created above in this context.
-            let _ = unsafe { result::memset_d8_async(p, 1, SCRATCH, self.stream(k).as_raw()) };
-        }
-        false // a memset may finish before the event is queried
-    }
-    fn finish(&self, b: &mut CudaBackend, k: Option<u64>) {
-        let r = match k {
-            Some(k) => b.synchronize(self.stream(k)).map_err(|e| e.to_string()),
-            None => result::ctx::synchronize().map_err(|e| e.to_string()),
-        };
-        r.expect("synchronize");
-    }
-    fn deterministic(&self) -> bool {
-        false
-    }
-    fn simulated(&self) -> bool {
-        false
-    }
+    );
+    stub_suite::assert_clean(&s, "no device");
 }
 
 #[test]
-fn cuda_backend_conformance() {
-    backend_suite::run_and_report(&CudaHarness::default(), &testdata_dir());
+fn stub_errors_name_the_call_and_the_code() {
+    let Some(s) = child_stub(StubKind::Cuda) else {
+        return;
+    };
+    let mut b = CudaBackend::new(0).unwrap();
+    s.set_capacity(8 << 20);
+    assert!(b.malloc(16 << 20).unwrap_err().is_out_of_memory());
+    let st = b.create_stream().unwrap();
+    b.destroy_stream(st).unwrap();
+    assert_eq!(
+        b.destroy_stream(st).unwrap_err(),
+        CudaError::Driver {
+            call: "cuStreamDestroy_v2",
+            code: 400,
+            name: "CUDA_ERROR_INVALID_HANDLE".to_string()
+        },
+        "a destroyed stream is a tombstone"
+    );
+    assert_eq!(s.counters().bad_handles, 1);
+    s.reset(2, u64::MAX);
 }

@@ -30,6 +30,13 @@ impl From<HipStream> for u64 {
     }
 }
 
+/// The stream of a raw handle value (what snapshots give back).
+impl From<u64> for HipStream {
+    fn from(raw: u64) -> HipStream {
+        HipStream(raw as usize)
+    }
+}
+
 /// A HIP event created with timing disabled.
 #[derive(Debug)]
 pub struct HipEvent(hip::hipEvent_t);
@@ -43,7 +50,7 @@ unsafe impl Send for HipEvent {}
 /// ```no_run
 /// use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
 /// use cachealloc_hip::{HipBackend, HipStream};
-/// let mut a: DeviceAllocator<HipBackend, _> =
+/// let mut a =
 ///     DeviceAllocator::new(HipBackend::new(0)?, vec![BlockSlot::VACANT; 1 << 16], Config::DEFAULT);
 /// let x = a.malloc(1 << 20, HipStream::DEFAULT).expect("malloc");
 /// a.free(x.id.unwrap()).expect("free");
@@ -73,12 +80,27 @@ impl HipBackend {
         if ordinal >= count {
             return Err(HipError::NoDevice { ordinal, count });
         }
-        let b = HipBackend { ordinal };
-        b.bind()?;
-        Ok(b)
+        Ok(HipBackend { ordinal })
     }
 
-    fn bind(&self) -> Result<(), HipError> {
+    /// Make this device current on the calling thread until the guard is
+    /// dropped; then the device that was current before is current again.
+    fn bind(&self) -> Result<Bound, HipError> {
+        let mut prev: i32 = 0;
+        // SAFETY: `prev` is a valid out-pointer for the duration of the call.
+        check(unsafe { hip::hipGetDevice(&mut prev) }, "hipGetDevice")?;
+        if prev == self.ordinal as i32 {
+            return Ok(Bound { restore: None });
+        }
+        self.make_current()?;
+        Ok(Bound {
+            restore: Some(prev),
+        })
+    }
+
+    /// Make this device current on the calling thread and leave it so, for
+    /// code that then calls HIP directly.
+    pub fn make_current(&self) -> Result<(), HipError> {
         // SAFETY: plain call with a device number checked against the count.
         check(
             unsafe { hip::hipSetDevice(self.ordinal as i32) },
@@ -86,10 +108,10 @@ impl HipBackend {
         )
     }
 
-    /// A new non-blocking stream on this device (never destroyed: streams
-    /// live as long as the runtime that asked for them).
+    /// A new non-blocking stream on this device; give it back with
+    /// [`destroy_stream`](Self::destroy_stream).
     pub fn create_stream(&self) -> Result<HipStream, HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut s: hip::hipStream_t = core::ptr::null_mut();
         // SAFETY: `s` is a valid out-pointer.
         let e = unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) };
@@ -97,9 +119,20 @@ impl HipBackend {
         Ok(HipStream::from_raw(s))
     }
 
+    /// Destroy a stream made by [`create_stream`](Self::create_stream).
+    pub fn destroy_stream(&self, stream: HipStream) -> Result<(), HipError> {
+        let _bound = self.bind()?;
+        // SAFETY: a stream of this device the caller no longer uses;
+        // destroying it twice is the runtime's error, not UB.
+        check(
+            unsafe { hip::hipStreamDestroy(stream.as_raw()) },
+            "hipStreamDestroy",
+        )
+    }
+
     /// Block until all work on the device is done (`hipDeviceSynchronize`).
     pub fn synchronize_all(&self) -> Result<(), HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: plain call on the current device.
         let e = unsafe { hip::hipDeviceSynchronize() };
         check(e, "hipDeviceSynchronize")
@@ -107,7 +140,7 @@ impl HipBackend {
 
     /// Block until all work queued on `stream` is done.
     pub fn synchronize(&self, stream: HipStream) -> Result<(), HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the default stream or one the caller keeps alive.
         check(
             unsafe { hip::hipStreamSynchronize(stream.as_raw()) },
@@ -122,7 +155,7 @@ impl DeviceBackend for HipBackend {
     type Error = HipError;
 
     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<HipError>> {
-        self.bind().map_err(MallocError::Other)?;
+        let _bound = self.bind().map_err(MallocError::Other)?;
         let mut p: *mut core::ffi::c_void = core::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; the memory is freed only through `free`.
         let e = unsafe { hip::hipMalloc(&mut p, size as usize) };
@@ -136,7 +169,7 @@ impl DeviceBackend for HipBackend {
     }
 
     fn free(&mut self, ptr: DevicePtr, _size: u64) -> Result<(), HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: only whole segments from `malloc`, once each.
         check(
             unsafe { hip::hipFree(ptr.0 as *mut core::ffi::c_void) },
@@ -145,7 +178,7 @@ impl DeviceBackend for HipBackend {
     }
 
     fn event_create(&mut self) -> Result<HipEvent, HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut ev: hip::hipEvent_t = core::ptr::null_mut();
         // SAFETY: `ev` is a valid out-pointer.
         let e = unsafe { hip::hipEventCreateWithFlags(&mut ev, hip::hipEventDisableTiming) };
@@ -154,7 +187,7 @@ impl DeviceBackend for HipBackend {
     }
 
     fn event_record(&mut self, event: &HipEvent, stream: HipStream) -> Result<(), HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: a live event from `event_create`, a stream of this device.
         check(
             unsafe { hip::hipEventRecord(event.0, stream.as_raw()) },
@@ -163,7 +196,7 @@ impl DeviceBackend for HipBackend {
     }
 
     fn event_query(&mut self, event: &HipEvent) -> Result<EventStatus, HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: a live event from `event_create`.
         let e = unsafe { hip::hipEventQuery(event.0) };
         if is_success(e) {
@@ -176,7 +209,7 @@ impl DeviceBackend for HipBackend {
     }
 
     fn event_synchronize(&mut self, event: &HipEvent) -> Result<(), HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: a live event from `event_create`.
         check(
             unsafe { hip::hipEventSynchronize(event.0) },
@@ -184,14 +217,16 @@ impl DeviceBackend for HipBackend {
         )
     }
 
-    fn event_destroy(&mut self, event: HipEvent) -> Result<(), HipError> {
-        self.bind()?;
-        // SAFETY: consumed, so destroyed exactly once.
+    fn event_destroy(&mut self, event: &HipEvent) -> Result<(), HipError> {
+        let _bound = self.bind()?;
+        // SAFETY: a live event from `event_create`; the allocator drops its
+        // handle once this succeeds (a second destroy is the runtime's
+        // error, not UB).
         check(unsafe { hip::hipEventDestroy(event.0) }, "hipEventDestroy")
     }
 
     fn mem_info(&mut self) -> Result<MemInfo, HipError> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers.
         let e = unsafe { hip::hipMemGetInfo(&mut free, &mut total) };
@@ -204,5 +239,23 @@ impl DeviceBackend for HipBackend {
 
     fn ordinal(&self) -> u32 {
         self.ordinal
+    }
+
+    const PLATFORM: &'static str = "HIP";
+}
+
+/// Restores the device that was current before a call.
+struct Bound {
+    /// The device to make current again, if we changed it.
+    restore: Option<i32>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: plain call with the device that was current just
+            // before; best effort, see the crate docs.
+            let _ = unsafe { hip::hipSetDevice(prev) };
+        }
     }
 }

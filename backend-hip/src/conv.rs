@@ -6,6 +6,7 @@ use std::fmt;
 
 /// A HIP backend error.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HipError {
     /// The runtime found no device (`hipErrorNoDevice`), or not this ordinal.
     NoDevice {

@@ -4,8 +4,10 @@
 //! `hipMalloc` / `hipFree` (not `hipMallocAsync`, which has data-corruption
 //! reports on ROCm), events created with `hipEventDisableTiming`,
 //! `hipEventQuery` "not ready" as `EventStatus::Pending`, `hipMemGetInfo`,
-//! `hipSetDevice` before each call. On a machine without an AMD GPU,
-//! `HipBackend::new` returns `HipError::NoDevice`.
+//! the device made current for each call and the caller's device current
+//! again afterwards (as PyTorch's device guards do; restoring is best effort,
+//! after a call whose effect cannot be undone). On a machine without an AMD
+//! GPU, `HipBackend::new` returns `HipError::NoDevice`.
 //!
 //! The FFI sits behind the cargo feature `rocm` (off by default), because
 //! building it needs the HIP headers and `libamdhip64`: on Debian

@@ -1,18 +1,75 @@
-//! Without an AMD GPU the runtime reports no device, and the backend turns
-//! that into an error value.
+//! The HIP backend (feature `rocm`), three ways:
 //!
-//! The backend conformance suite of `cachealloc-tests` on a real HIP device
-//! (device 0). Without a device it prints one line saying why it skipped.
+//! - as this machine is: without an AMD GPU the runtime reports no device,
+//!   and the backend turns that into an error value;
+//! - on the project's stub runtime (`libamdhip64.so.5` from
+//!   `cachealloc-tests`), in a child process that has the stub first on
+//!   `LD_LIBRARY_PATH` (the `stub_*` tests; in this process they do
+//!   nothing): the conformance suite with every scenario and no leaks, no
+//!   device, another thread, the caller's device restored, a failure at
+//!   every runtime call, the symbol inventory (the binary binds every HIP
+//!   symbol at start, so a missing one stops the child outright);
+//! - on a real GPU when there is one: the conformance suite, leaving out
+//!   the scenarios that need a simulated capacity or event timing.
 #![cfg(feature = "rocm")]
 
+use cachealloc_core::{DeviceBackend, DevicePtr};
 use cachealloc_hip::{device_count, HipBackend, HipError, HipStream};
-use cachealloc_tests::harness::Harness;
+use cachealloc_tests::gpu::{GpuApi, GpuHarness, StreamOf};
+use cachealloc_tests::stub::{in_child, StubKind};
+use cachealloc_tests::stub_suite::{self, child_stub};
 use cachealloc_tests::{backend_suite, testdata_dir};
 use hip_sys::hiprt as hip;
-use std::cell::RefCell;
+
+/// The HIP backend, for the shared GPU tests.
+struct Hip;
+
+impl GpuApi for Hip {
+    type B = HipBackend;
+    const NAME: &'static str = "hip";
+    const STUB: StubKind = StubKind::Hip;
+    fn open(ordinal: u32) -> Result<HipBackend, String> {
+        HipBackend::new(ordinal).map_err(|e| e.to_string())
+    }
+    fn default_stream() -> HipStream {
+        HipStream::DEFAULT
+    }
+    fn create_stream(b: &HipBackend) -> Result<HipStream, String> {
+        b.create_stream().map_err(|e| e.to_string())
+    }
+    fn destroy_stream(b: &HipBackend, s: HipStream) -> Result<(), String> {
+        b.destroy_stream(s).map_err(|e| e.to_string())
+    }
+    fn synchronize(b: &HipBackend, s: Option<StreamOf<Self>>) -> Result<(), String> {
+        match s {
+            Some(s) => b.synchronize(s),
+            None => b.synchronize_all(),
+        }
+        .map_err(|e| e.to_string())
+    }
+    fn make_current(b: &HipBackend) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())
+    }
+    fn memset(b: &HipBackend, ptr: DevicePtr, n: u64, s: HipStream) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())?;
+        // SAFETY: `ptr` is a live allocation of at least `n` bytes of this
+        // device (the harness's scratch buffer); the stream is this device's.
+        let e = unsafe {
+            hip::hipMemsetAsync(ptr.0 as *mut std::ffi::c_void, 1, n as usize, s.as_raw())
+        };
+        if e == hip::hipError_t::hipSuccess {
+            Ok(())
+        } else {
+            Err(format!("hipMemsetAsync: {e:?}"))
+        }
+    }
+}
 
 #[test]
 fn opening_a_device_without_a_gpu_is_no_device() {
+    if in_child() {
+        return;
+    }
     let count = device_count().expect("hipGetDeviceCount");
     match HipBackend::new(0) {
         Err(HipError::NoDevice {
@@ -31,81 +88,70 @@ fn opening_a_device_without_a_gpu_is_no_device() {
     ));
 }
 
-const SCRATCH: usize = 256 << 20;
-
-#[derive(Default)]
-struct HipHarness {
-    streams: RefCell<Vec<HipStream>>,
-    scratch: RefCell<Option<usize>>,
+#[test]
+fn real_device_conformance() {
+    if in_child() {
+        return;
+    }
+    backend_suite::run_and_report(&GpuHarness::<Hip>::new(None), &testdata_dir());
 }
 
-impl Harness for HipHarness {
-    type B = HipBackend;
-    fn name(&self) -> &'static str {
-        "hip"
-    }
-    fn open(&self, _capacity: Option<u64>) -> Result<HipBackend, String> {
-        let b = HipBackend::new(0).map_err(|e| e.to_string())?;
-        if self.streams.borrow().is_empty() {
-            for _ in 0..3 {
-                let mut s: hip::hipStream_t = std::ptr::null_mut();
-                // SAFETY: `s` is a valid out-pointer; the stream lives for the test.
-                let e = unsafe { hip::hipStreamCreateWithFlags(&mut s, hip::hipStreamNonBlocking) };
-                if e != hip::hipError_t::hipSuccess {
-                    return Err(format!("hipStreamCreateWithFlags: {e:?}"));
-                }
-                self.streams.borrow_mut().push(HipStream::from_raw(s));
-            }
-            let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: `p` is a valid out-pointer; the buffer is only a memset target.
-            let e = unsafe { hip::hipMalloc(&mut p, SCRATCH) };
-            if e != hip::hipError_t::hipSuccess {
-                return Err(format!("hipMalloc: {e:?}"));
-            }
-            *self.scratch.borrow_mut() = Some(p as usize);
+// The shared stub tests (conformance suite, another thread, the caller's
+// device restored, a failure at every call, out of memory, symbols).
+cachealloc_tests::stub_tests!(
+    Hip,
+    malloc: "hipMalloc",
+    oom: 2,       // hipErrorOutOfMemory
+    unknown: 999, // hipErrorUnknown
+    prefix: "hip",
+    extra: ["hipGetErrorName", "hipMemsetAsync"]
+);
+
+#[test]
+fn stub_a_runtime_without_devices_is_no_device() {
+    let Some(s) = child_stub(StubKind::Hip) else {
+        return;
+    };
+    s.reset(0, u64::MAX); // hipGetDeviceCount says hipErrorNoDevice
+    assert_eq!(
+        HipBackend::new(0).unwrap_err(),
+        HipError::NoDevice {
+            ordinal: 0,
+            count: 0
         }
-        Ok(b)
-    }
-    fn stream(&self, k: u64) -> HipStream {
-        if k == 0 {
-            HipStream::DEFAULT
-        } else {
-            self.streams.borrow()[(k as usize - 1) % 3]
+    );
+    s.reset(2, u64::MAX);
+    assert_eq!(
+        HipBackend::new(2).unwrap_err(),
+        HipError::NoDevice {
+            ordinal: 2,
+            count: 2
         }
-    }
-    fn enqueue_work(&self, _b: &mut HipBackend, k: u64) -> bool {
-        if let Some(p) = *self.scratch.borrow() {
-            // SAFETY: `p` is a live SCRATCH-byte allocation; the stream is ours.
-            let _ = unsafe {
-                hip::hipMemsetAsync(
-                    p as *mut std::ffi::c_void,
-                    1,
-                    SCRATCH,
-                    self.stream(k).as_raw(),
-                )
-            };
-        }
-        false
-    }
-    fn finish(&self, b: &mut HipBackend, k: Option<u64>) {
-        match k {
-            Some(k) => b.synchronize(self.stream(k)).expect("hipStreamSynchronize"),
-            None => {
-                // SAFETY: plain call.
-                let e = unsafe { hip::hipDeviceSynchronize() };
-                assert_eq!(e, hip::hipError_t::hipSuccess, "hipDeviceSynchronize");
-            }
-        }
-    }
-    fn deterministic(&self) -> bool {
-        false
-    }
-    fn simulated(&self) -> bool {
-        false
-    }
+    );
+    stub_suite::assert_clean(&s, "no device");
 }
 
 #[test]
-fn hip_backend_conformance() {
-    backend_suite::run_and_report(&HipHarness::default(), &testdata_dir());
+fn stub_errors_name_the_call_and_the_code() {
+    let Some(s) = child_stub(StubKind::Hip) else {
+        return;
+    };
+    let mut b = HipBackend::new(0).unwrap();
+    s.set_capacity(8 << 20);
+    assert!(b.malloc(16 << 20).unwrap_err().is_out_of_memory());
+    let st = b.create_stream().unwrap();
+    b.destroy_stream(st).unwrap();
+    let e = b.destroy_stream(st).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            HipError::Runtime {
+                call: "hipStreamDestroy",
+                ..
+            }
+        ) && e.to_string().contains("hipErrorInvalidHandle"),
+        "a destroyed stream is a tombstone: {e}"
+    );
+    assert_eq!(s.counters().bad_handles, 1);
+    s.reset(2, u64::MAX);
 }

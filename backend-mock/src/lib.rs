@@ -20,7 +20,7 @@
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
 //! use cachealloc_mock::MockDevice;
 //!
-//! let mut a: DeviceAllocator<MockDevice, _> = DeviceAllocator::new(
+//! let mut a = DeviceAllocator::new(
 //!     MockDevice::with_capacity(64 << 20), vec![BlockSlot::VACANT; 256], Config::DEFAULT);
 //! let x = a.malloc(4096, 1)?;
 //! a.record_stream(x.id.unwrap(), 0)?;
@@ -460,11 +460,11 @@ impl DeviceBackend for MockDevice {
         Ok(())
     }
 
-    fn event_destroy(&mut self, event: MockEvent) -> Result<(), MockError> {
+    fn event_destroy(&mut self, event: &MockEvent) -> Result<(), MockError> {
         if let Some((e, _)) = self.call(CallKind::EventDestroy) {
             return Err(e);
         }
-        self.event(&event)?;
+        self.event(event)?;
         self.events[event.0] = None;
         self.free_events.push(event.0);
         self.live_events -= 1;
@@ -519,7 +519,7 @@ mod tests {
         assert_eq!(d.event_query(&e).unwrap(), EventStatus::Pending);
         d.sync(None);
         assert_eq!(d.event_query(&e).unwrap(), EventStatus::Ready);
-        d.event_destroy(e).unwrap();
+        d.event_destroy(&e).unwrap();
         assert_eq!(d.live_events(), 0);
     }
 

@@ -45,6 +45,12 @@ macro_rules! real_device {
                 }
                 .map_err(|e| e.to_string())
             }
+            fn destroy_stream(backend: &mut $backend, stream: $stream) -> Result<(), String> {
+                if stream == <$stream>::DEFAULT {
+                    return Ok(());
+                }
+                backend.destroy_stream(stream).map_err(|e| e.to_string())
+            }
         }
     };
 }

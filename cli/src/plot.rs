@@ -264,7 +264,7 @@ fn draw_segment_map(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, c: &
     let colour = |s: BlockState| match s {
         BlockState::ActiveAllocated => RGBColor(44, 160, 44),
         BlockState::ActivePendingFree => RGBColor(255, 127, 14),
-        BlockState::Inactive => RGBColor(200, 200, 200),
+        _ => RGBColor(200, 200, 200), // inactive
     };
     let w = 0.42;
     map.draw_series(c.blocks.iter().map(|&(k, s, e, st)| {

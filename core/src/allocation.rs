@@ -28,6 +28,7 @@ bitflags::bitflags! {
 /// assert!(Allocation::NULL.ptr.is_null() && Allocation::NULL.id.is_none());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Allocation {
     /// The device address (null for a zero-byte request).
     pub ptr: DevicePtr,
@@ -56,15 +57,15 @@ impl Allocation {
 ///
 /// ```
 /// # use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
-/// # let mut a: DeviceAllocator<TinyBackend, _> =
-/// #     DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
+/// # let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
 /// let x = a.malloc(1000, 0)?;
 /// let info = a.allocation_info_ptr(x.ptr)?;
 /// assert_eq!((info.requested_size, info.allocated_size), (1000, 1024));
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AllocationInfo {
+#[non_exhaustive]
+pub struct AllocationInfo<St> {
     /// Its start.
     pub ptr: DevicePtr,
     /// The bytes asked for (TensorFlow's `RequestedSize`).
@@ -73,8 +74,8 @@ pub struct AllocationInfo {
     pub allocated_size: u64,
     /// Its unique number (TensorFlow's `AllocationId`).
     pub allocation_id: u64,
-    /// Its allocation stream (raw handle value).
-    pub stream: u64,
+    /// Its allocation stream.
+    pub stream: St,
     /// Its handle.
     pub id: BlockId,
 }

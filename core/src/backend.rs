@@ -101,9 +101,10 @@ pub struct MemInfo {
 /// A device: memory, events and memory information. Nothing else is
 /// required of a backend.
 ///
-/// Streams are compared by their raw handle value (`Into<u64>`), exactly as
-/// PyTorch orders its free sets by the unsigned stream handle; the `Ord` of a
-/// stream type must agree with that value.
+/// A stream is its raw handle value: the allocator keeps it as a `u64`
+/// (`Into<u64>`) and orders free blocks by it, exactly as PyTorch orders its
+/// free sets by the unsigned stream handle, and gives it back in snapshots
+/// (`From<u64>`).
 ///
 /// ```
 /// use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
@@ -129,7 +130,7 @@ pub struct MemInfo {
 ///     fn event_create(&mut self) -> Result<(), Self::Error> { Ok(()) }
 ///     fn event_record(&mut self, _e: &(), _s: u64) -> Result<(), Self::Error> { Ok(()) }
 ///     fn event_query(&mut self, _e: &()) -> Result<EventStatus, Self::Error> { Ok(EventStatus::Ready) }
-///     fn event_destroy(&mut self, _e: ()) -> Result<(), Self::Error> { Ok(()) }
+///     fn event_destroy(&mut self, _e: &()) -> Result<(), Self::Error> { Ok(()) }
 ///     fn mem_info(&mut self) -> Result<MemInfo, Self::Error> {
 ///         Ok(MemInfo { free: (1 << 30) - self.held, total: 1 << 30 })
 ///     }
@@ -139,7 +140,7 @@ pub struct MemInfo {
 /// ```
 pub trait DeviceBackend {
     /// A stream (a queue of device work). `0` is conventionally the default stream.
-    type Stream: Copy + Eq + Ord + fmt::Debug + Into<u64>;
+    type Stream: Copy + Eq + fmt::Debug + Into<u64> + From<u64>;
     /// An event that can be recorded on a stream and queried.
     type Event;
     /// The backend's error.
@@ -159,8 +160,10 @@ pub trait DeviceBackend {
     ) -> Result<(), Self::Error>;
     /// Whether `event` has completed.
     fn event_query(&mut self, event: &Self::Event) -> Result<EventStatus, Self::Error>;
-    /// Destroy an event.
-    fn event_destroy(&mut self, event: Self::Event) -> Result<(), Self::Error>;
+    /// Destroy an event. The caller drops its handle only when this
+    /// succeeds (so a failed destroy leaves the event with the caller, to
+    /// retry, rather than lost).
+    fn event_destroy(&mut self, event: &Self::Event) -> Result<(), Self::Error>;
     /// Free and total device memory.
     fn mem_info(&mut self) -> Result<MemInfo, Self::Error>;
 
@@ -180,4 +183,8 @@ pub trait DeviceBackend {
     fn ordinal(&self) -> u32 {
         0
     }
+
+    /// The platform's name in messages, as PyTorch prints it: "CUDA out of
+    /// memory", "PYTORCH_CUDA_ALLOC_CONF" (PyTorch on ROCm says "HIP").
+    const PLATFORM: &'static str = "CUDA";
 }

@@ -21,7 +21,7 @@ type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 ///
 /// ```
 /// use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator};
-/// let a: CachingAllocator<TinyBackend, _> = CachingAllocator::new(DeviceAllocator::new(
+/// let a = CachingAllocator::new(DeviceAllocator::new(
 ///     TinyBackend::default(), [BlockSlot::VACANT; 64], Config::DEFAULT));
 /// let x = a.malloc(4096, 0)?;
 /// a.free(x.id.unwrap())?;
@@ -126,6 +126,7 @@ where
 
 /// An allocation and the device it came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceAllocation {
     /// Index of the device in the [`MultiDeviceAllocator`].
     pub device: usize,
@@ -141,7 +142,7 @@ pub struct DeviceAllocation {
 ///     MultiDeviceAllocator};
 /// let dev = |base: u64| CachingAllocator::new(DeviceAllocator::new(
 ///     TinyBackend { next: base, ..TinyBackend::default() }, [BlockSlot::VACANT; 32], Config::DEFAULT));
-/// let m: MultiDeviceAllocator<TinyBackend, _, 64, 2> = MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]);
+/// let m = MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]);
 /// let x = m.malloc(1, 512, 0)?;
 /// m.free_ptr(x.allocation.ptr)?;                       // routed to device 1
 /// assert_eq!(m.device(1).unwrap().stats().allocation.all().allocated, 1);

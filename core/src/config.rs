@@ -17,6 +17,7 @@ const MIB: u64 = 1 << 20;
 
 /// The policy knobs of `PYTORCH_CUDA_ALLOC_CONF`.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// Blocks of this size or more are "oversize": never split, never handed
     /// to smaller requests. `u64::MAX` (the default) means unlimited.
@@ -43,6 +44,7 @@ impl Default for Config {
 /// A `PYTORCH_CUDA_ALLOC_CONF` string that could not be parsed: the key and
 /// value at fault (slices of the input) and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigError<'a> {
     /// The option name as written (may be empty).
     pub key: &'a str,

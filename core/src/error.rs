@@ -6,17 +6,20 @@ use core::fmt;
 
 /// The numbers of PyTorch's out-of-memory message. `Display` writes that
 /// message ("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a
-/// total capacity of ...").
+/// total capacity of ..."; "HIP out of memory" on a HIP backend).
 ///
 /// ```
-/// use cachealloc_core::OomReport;
-/// let r = OomReport { device: 0, requested: 1, rounded: 512, alloc_size: 2 << 20,
-///     device_total: 20 << 20, device_free: 0, allowed: None,
-///     allocated: 20 << 20, reserved: 20 << 20 };
-/// assert!(format!("{r}").starts_with("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0"));
+/// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator, Error};
+/// let mut a = DeviceAllocator::new(TinyBackend::with_capacity(20 << 20), [BlockSlot::VACANT; 8], Config::DEFAULT);
+/// let Err(Error::OutOfMemory(r)) = a.malloc(30 << 20, 0) else { panic!() };
+/// assert_eq!((r.requested, r.alloc_size, r.platform), (30 << 20, 30 << 20, "CUDA"));
+/// assert!(r.to_string().starts_with("CUDA out of memory. Tried to allocate 30.00 MiB. GPU 0"));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OomReport {
+    /// The platform, as PyTorch names it in the message ("CUDA", "HIP").
+    pub platform: &'static str,
     /// The device ordinal.
     pub device: u32,
     /// The bytes the caller asked for.
@@ -41,7 +44,8 @@ impl fmt::Display for OomReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
+            "{} out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
+            self.platform,
             FormatSize(self.alloc_size),
             self.device,
             FormatSize(self.device_total),
@@ -53,11 +57,12 @@ impl fmt::Display for OomReport {
         write!(
             f,
             "Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. \
-             If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+             If reserved but unallocated memory is large try setting PYTORCH_{}_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation.  See documentation for Memory Management  \
              (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
             FormatSize(self.allocated),
-            FormatSize(self.reserved.saturating_sub(self.allocated))
+            FormatSize(self.reserved.saturating_sub(self.allocated)),
+            self.platform
         )
     }
 }
@@ -66,6 +71,7 @@ impl fmt::Display for OomReport {
 /// `OutOfMemory` and `Backend` (which may follow cache releases, as in
 /// PyTorch) leave it exactly as it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Error<E> {
     /// No cached block fits and the device (or the memory limit) cannot supply a segment.
     OutOfMemory(OomReport),
@@ -73,6 +79,8 @@ pub enum Error<E> {
     TooLarge {
         /// The bytes asked for.
         requested: u64,
+        /// The platform, as in [`OomReport::platform`].
+        platform: &'static str,
     },
     /// Rounding the request overflowed 64 bits.
     SizeOverflow {
@@ -145,9 +153,12 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::OutOfMemory(r) => r.fmt(f),
-            Error::TooLarge { requested } => write!(
+            Error::TooLarge {
+                requested,
+                platform,
+            } => write!(
                 f,
-                "CUDA out of memory. Tried to allocate more than 1EB memory ({requested} bytes requested)."
+                "{platform} out of memory. Tried to allocate more than 1EB memory ({requested} bytes requested)."
             ),
             Error::SizeOverflow { requested } => {
                 write!(f, "size overflow: {requested} bytes cannot be rounded to a block size")

@@ -154,7 +154,7 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
     fn recycle(&mut self, backend: &mut B, event: B::Event) {
         if let Err(event) = self.idle.push(event) {
             // Unreachable while events in existence <= E; destroy rather than leak.
-            let _ = backend.event_destroy(event);
+            let _ = backend.event_destroy(&event);
         }
     }
 
@@ -210,10 +210,11 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
         Ok(None)
     }
 
-    /// Destroy the idle events.
+    /// Destroy the idle events (one that fails to be destroyed stays idle).
     pub(crate) fn release_idle(&mut self, backend: &mut B) -> Result<(), B::Error> {
-        while let Some(event) = self.idle.pop() {
+        while let Some(event) = self.idle.last() {
             backend.event_destroy(event)?;
+            self.idle.pop();
         }
         Ok(())
     }

@@ -43,7 +43,7 @@
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
 //! # use cachealloc_core::testing::TinyBackend;
 //! let storage = [BlockSlot::VACANT; 64];
-//! let mut alloc: DeviceAllocator<TinyBackend, _> =
+//! let mut alloc =
 //!     DeviceAllocator::new(TinyBackend::default(), storage, Config::DEFAULT);
 //! let a = alloc.malloc(1000, 0)?;
 //! assert_eq!(a.size, 1024);
@@ -83,7 +83,7 @@ mod sync;
 pub mod testing;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
-pub use allocator::{DeviceAllocator, FreeMemoryCallback};
+pub use allocator::{DeviceAllocator, FreeAccess, FreeMemoryCallback, DEFAULT_EVENTS};
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};

@@ -12,13 +12,13 @@ use crate::segment_index::SegmentIndex;
 ///
 /// ```
 /// # use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
-/// # let mut a: DeviceAllocator<TinyBackend, _> =
-/// #     DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
+/// # let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
 /// let x = a.malloc(512, 0)?;
 /// assert_eq!(a.cache_info().largest_block, (2 << 20) - 512);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct CacheInfo {
     /// Bytes in cached blocks (reserved and not active).
     pub cached_bytes: u64,
@@ -28,6 +28,7 @@ pub struct CacheInfo {
 
 /// The state of a block in a snapshot (PyTorch's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BlockState {
     /// Handed out (`active_allocated`).
     ActiveAllocated,
@@ -50,6 +51,7 @@ impl BlockState {
 
 /// One block of a segment in a snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BlockInfo {
     /// Start address.
     pub address: DevicePtr,
@@ -63,7 +65,8 @@ pub struct BlockInfo {
 
 /// One segment in a snapshot (PyTorch's `SegmentInfo`).
 #[derive(Clone, Copy, Debug)]
-pub struct SegmentInfo<'a> {
+#[non_exhaustive]
+pub struct SegmentInfo<'a, St> {
     slots: &'a [BlockSlot],
     head: u32,
     /// Base address.
@@ -76,15 +79,15 @@ pub struct SegmentInfo<'a> {
     pub active_size: u64,
     /// Requested bytes of active blocks.
     pub requested_size: u64,
-    /// Allocation stream (raw handle value).
-    pub stream: u64,
+    /// Allocation stream.
+    pub stream: St,
     /// The pool.
     pub pool: Pool,
     /// Number of blocks.
     pub block_count: u32,
 }
 
-impl<'a> SegmentInfo<'a> {
+impl<'a, St> SegmentInfo<'a, St> {
     /// The blocks of the segment in address order.
     pub fn blocks(&self) -> Blocks<'a> {
         Blocks {
@@ -128,26 +131,28 @@ pub(crate) fn state_of(s: &BlockSlot) -> BlockState {
 /// Iterator over segments in address order (no allocation: each step is a
 /// successor search in the segment index).
 #[derive(Clone, Debug)]
-pub struct Segments<'a> {
+pub struct Segments<'a, St> {
     slots: &'a [BlockSlot],
     index: SegmentIndex,
     cur: u32,
+    _stream: core::marker::PhantomData<St>,
 }
 
-impl<'a> Segments<'a> {
+impl<'a, St> Segments<'a, St> {
     /// The segments of `index`, from the lowest base.
     pub(crate) fn new(slots: &'a [BlockSlot], index: SegmentIndex) -> Self {
         Segments {
             slots,
             index,
             cur: index.first(slots),
+            _stream: core::marker::PhantomData,
         }
     }
 }
 
-impl<'a> Iterator for Segments<'a> {
-    type Item = SegmentInfo<'a>;
-    fn next(&mut self) -> Option<SegmentInfo<'a>> {
+impl<'a, St: From<u64>> Iterator for Segments<'a, St> {
+    type Item = SegmentInfo<'a, St>;
+    fn next(&mut self) -> Option<SegmentInfo<'a, St>> {
         let head = self.cur;
         let h = self.slots.get(head as usize)?;
         self.cur = self.index.successor(self.slots, h.addr);
@@ -159,7 +164,7 @@ impl<'a> Iterator for Segments<'a> {
             allocated_size: 0,
             active_size: 0,
             requested_size: 0,
-            stream: h.stream,
+            stream: St::from(h.stream),
             pool: Pool::of(h.flags),
             block_count: 0,
         };

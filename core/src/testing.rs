@@ -106,7 +106,7 @@ impl DeviceBackend for TinyBackend {
         Ok(EventStatus::Ready)
     }
 
-    fn event_destroy(&mut self, _event: ()) -> Result<(), TinyError> {
+    fn event_destroy(&mut self, _event: &()) -> Result<(), TinyError> {
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator, 
 
 /// The allocator, built at compile time: 1024 block slots, 16 events.
 static ALLOC: spin::Mutex<DeviceAllocator<TinyBackend, [BlockSlot; 1024], 16>> =
-    spin::Mutex::new(DeviceAllocator::new(
+    spin::Mutex::new(DeviceAllocator::with_events(
         TinyBackend::new(),
         [BlockSlot::VACANT; 1024],
         Config::DEFAULT,

@@ -83,7 +83,7 @@ fn events<H: Harness>(h: &H) -> Result<(), String> {
         return Err("the event is not ready after its stream finished".into());
     }
     b.event_synchronize(&e).map_err(|e| e.to_string())?;
-    b.event_destroy(e).map_err(|e| e.to_string())
+    b.event_destroy(&e).map_err(|e| e.to_string())
 }
 
 fn event_reuse<H: Harness>(h: &H) -> Result<(), String> {

@@ -354,7 +354,7 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
         capacity = Some(64 * MIB);
     }
     let slots = 2 + input.slots as usize;
-    let mut a: FuzzAllocator = DeviceAllocator::new(
+    let mut a: FuzzAllocator = DeviceAllocator::with_events(
         MockDevice::new(capacity),
         vec![BlockSlot::VACANT; slots].into_boxed_slice(),
         config,

@@ -126,7 +126,7 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     fn event_synchronize(&mut self, event: &B::Event) -> Result<(), B::Error> {
         self.inner.event_synchronize(event)
     }
-    fn event_destroy(&mut self, event: B::Event) -> Result<(), B::Error> {
+    fn event_destroy(&mut self, event: &B::Event) -> Result<(), B::Error> {
         self.inner.event_destroy(event)?;
         self.event_destroys += 1;
         Ok(())
@@ -137,4 +137,5 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     fn ordinal(&self) -> u32 {
         self.inner.ordinal()
     }
+    const PLATFORM: &'static str = B::PLATFORM;
 }

@@ -12,12 +12,20 @@ use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, DeviceStats
 use cachealloc_mock::{MockDevice, MockError};
 use std::path::PathBuf;
 
+/// The README's Rust examples, compiled and run by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod backend_suite;
 pub mod fuzz;
+pub mod gpu;
 pub mod harness;
 pub mod ops;
 pub mod oracle;
 pub mod scenario;
+pub mod stub;
+pub mod stub_suite;
 
 /// The allocator under test: mock device, boxed slots, 256 pending events.
 pub type MockAllocator = DeviceAllocator<MockDevice, Box<[BlockSlot]>, 256>;
@@ -27,7 +35,7 @@ pub type MockAllocError = Error<MockError>;
 
 /// A fresh allocator with `slots` block slots.
 pub fn allocator(capacity: Option<u64>, config: Config, slots: usize) -> MockAllocator {
-    DeviceAllocator::new(
+    DeviceAllocator::with_events(
         MockDevice::new(capacity),
         vec![BlockSlot::VACANT; slots].into_boxed_slice(),
         config,
@@ -110,9 +118,10 @@ impl AsMock for harness::Logged<MockDevice> {
     }
 }
 
-/// Wait for all stream work, free what is live, wait again, empty the cache,
-/// drop the idle events and check the invariants: what every test ends with
-/// before it looks for leaks. `wait_all` makes the device finish all work.
+/// Wait for all stream work, free what is live, then the allocator's own
+/// teardown (`release_all`: wait for events, return every cached segment,
+/// destroy idle events) and the invariants: what every test ends with before
+/// it looks for leaks. `wait_all` makes the device finish all work.
 pub fn release_everything<B, S, const E: usize>(
     a: &mut DeviceAllocator<B, S, E>,
     live: impl IntoIterator<Item = DevicePtr>,
@@ -128,10 +137,11 @@ where
     for p in live {
         a.free_ptr(p).map_err(|e| format!("free of {p}: {e}"))?;
     }
-    wait_all(a.backend_mut());
-    a.empty_cache().map_err(|e| format!("empty_cache: {e}"))?;
-    a.release_idle_events()
-        .map_err(|e| format!("idle events: {e}"))?;
+    match a.release_all() {
+        Ok(0) => {}
+        Ok(n) => return Err(format!("{n} allocations still live after release_all")),
+        Err(e) => return Err(format!("release_all: {e}")),
+    }
     a.check_invariants()
         .map_err(|e| format!("after release: {e}"))
 }

@@ -199,7 +199,7 @@ impl<'h, H: Harness> Run<'h, H> {
         let backend = harness.open(sc.capacity)?;
         Ok(Run {
             harness,
-            alloc: DeviceAllocator::new(
+            alloc: DeviceAllocator::with_events(
                 Logged::new(backend),
                 vec![BlockSlot::VACANT; slots].into_boxed_slice(),
                 config,

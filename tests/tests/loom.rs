@@ -35,7 +35,7 @@ type Alloc = CachingAllocator<MockDevice, Vec<BlockSlot>, 4>;
 const MIB: u64 = 1 << 20;
 
 fn device(capacity: u64, slots: usize) -> Alloc {
-    CachingAllocator::new(DeviceAllocator::new(
+    CachingAllocator::new(DeviceAllocator::with_events(
         MockDevice::with_capacity(capacity),
         vec![BlockSlot::VACANT; slots],
         Config::DEFAULT,
@@ -290,14 +290,17 @@ fn record_stream_races_free() {
 fn two_devices_route_frees_across_threads() {
     model("two_devices_route_frees_across_threads", || {
         let dev = |base: u64| {
-            CachingAllocator::new(DeviceAllocator::new(
+            CachingAllocator::new(DeviceAllocator::with_events(
                 MockDevice::with_capacity(8 * MIB).with_base(base),
                 vec![BlockSlot::VACANT; 8],
                 Config::DEFAULT,
             ))
         };
         let m: Arc<MultiDeviceAllocator<MockDevice, Vec<BlockSlot>, 4, 2>> =
-            Arc::new(MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]));
+            Arc::new(MultiDeviceAllocator::with_events([
+                dev(1 << 40),
+                dev(2 << 40),
+            ]));
         let a = m.malloc(0, 4096, 0).unwrap();
         let b = m.malloc(1, 4096, 0).unwrap();
         let t1 = {

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 
 /// Statistics of a valid trace.
 #[derive(Clone, Debug, Default, serde::Serialize)]
+#[non_exhaustive]
 pub struct TraceStats {
     /// The file.
     pub trace: String,

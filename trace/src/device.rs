@@ -25,6 +25,14 @@ pub trait ReplayDevice {
         backend: &mut Self::Backend,
         stream: Option<<Self::Backend as DeviceBackend>::Stream>,
     ) -> Result<(), String>;
+    /// Give back a stream `stream_for` made (at the end of a replay on a
+    /// real device). The simulated device's streams need nothing.
+    fn destroy_stream(
+        _backend: &mut Self::Backend,
+        _stream: <Self::Backend as DeviceBackend>::Stream,
+    ) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl ReplayDevice for MockDevice {

@@ -29,6 +29,7 @@ impl Op {
 
 /// An event that breaks the liveness rules of the format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LivenessError {
     /// The op.
     pub op: Op,
@@ -89,6 +90,7 @@ impl From<LivenessError> for Reason {
 /// A problem with a trace or its replay: `FILE:LINE: reason` (line 0: the
 /// file as a whole).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TraceError {
     /// The trace file.
     pub path: String,

@@ -117,7 +117,7 @@ impl<D: ReplayDevice> Replay<D> {
             .take()
             .unwrap_or_else(|| vec![BlockSlot::VACANT; self.opts.slots].into_boxed_slice());
         let backend = D::open(index, self.capacity).map_err(Reason::Device)?;
-        let mut alloc = DeviceAllocator::new(backend, storage, self.opts.config);
+        let mut alloc = DeviceAllocator::with_events(backend, storage, self.opts.config);
         if let (false, Some(cap)) = (D::SIMULATED, self.capacity) {
             alloc.set_memory_limit(cap);
         }
@@ -238,8 +238,10 @@ impl<D: ReplayDevice> Replay<D> {
         self.live_bytes = 0;
         for d in &mut self.devices {
             D::sync(d.alloc.backend_mut(), None).map_err(Reason::Device)?;
-            d.alloc.empty_cache().map_err(allocator_error)?;
-            d.alloc.release_idle_events().map_err(allocator_error)?;
+            d.alloc.release_all().map_err(allocator_error)?;
+            for (_, s) in d.streams.drain(..) {
+                D::destroy_stream(d.alloc.backend_mut(), s).map_err(Reason::Device)?;
+            }
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 use cachealloc_core::DeviceStats;
 
 /// The result of a replay.
+#[non_exhaustive]
 pub struct Report {
     /// The trace file.
     pub trace: String,

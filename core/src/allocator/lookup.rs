@@ -36,14 +36,14 @@ where
     }
 
     /// What the caller may know of the allocation in slot `i`.
-    pub(super) fn info_of(&self, i: u32) -> AllocationInfo {
+    pub(super) fn info_of(&self, i: u32) -> AllocationInfo<B::Stream> {
         let s = self.slot(i);
         AllocationInfo {
             ptr: DevicePtr(s.addr),
             requested_size: s.requested,
             allocated_size: s.size,
             allocation_id: s.aux,
-            stream: s.stream,
+            stream: B::Stream::from(s.stream),
             id: BlockId::new(i, s.generation),
         }
     }

@@ -28,7 +28,10 @@ where
             return Ok(Allocation::NULL);
         }
         if orig >= policy::ONE_EIB {
-            return Err(Error::TooLarge { requested: orig });
+            return Err(Error::TooLarge {
+                requested: orig,
+                platform: B::PLATFORM,
+            });
         }
         self.reserve_slots()?;
         if !self.events.is_empty() {
@@ -104,7 +107,7 @@ where
         let mut k = 0;
         while k < self.callbacks.len() {
             let cb = self.callbacks[k];
-            freed |= cb(self);
+            freed |= cb.free_memory(self);
             k += 1;
         }
         freed
@@ -204,6 +207,7 @@ where
         let info = self.backend.mem_info().unwrap_or_default();
         self.stats.num_ooms += 1;
         Error::OutOfMemory(OomReport {
+            platform: B::PLATFORM,
             device: self.backend.ordinal(),
             requested: orig,
             rounded: size,

@@ -29,23 +29,81 @@ use crate::segment_index::SegmentIndex;
 use crate::snapshot::{BlockState, CacheInfo, Segments};
 use crate::stats::DeviceStats;
 
-/// A function the allocator calls when no cached block fits, before it asks
-/// the device for memory (PyTorch's `FreeMemoryCallback`). It may free
-/// allocations; it returns whether it freed anything, and if so the cache is
-/// searched again.
-pub type FreeMemoryCallback<B, S, const E: usize> = fn(&mut DeviceAllocator<B, S, E>) -> bool;
+/// The event capacity of an allocator made by [`DeviceAllocator::new`].
+pub const DEFAULT_EVENTS: usize = 64;
+
+/// Called when no cached block fits, before the allocator asks the device
+/// for memory (PyTorch's `FreeMemoryCallback`). It may free allocations
+/// through the [`FreeAccess`] it is given; it returns whether it freed
+/// anything, and if so the cache is searched again. It keeps its state
+/// behind `&self` (atomics, a lock); any `Fn(&mut dyn FreeAccess) -> bool +
+/// Sync` closure is one. Register it with
+/// [`DeviceAllocator::add_free_memory_callback`], in storage that lives as
+/// long as the allocator (a `static`, or `Box::leak` with `std`).
+pub trait FreeMemoryCallback: Sync {
+    /// Free what can be freed; whether anything was.
+    fn free_memory(&self, allocator: &mut dyn FreeAccess) -> bool;
+}
+
+impl<F> FreeMemoryCallback for F
+where
+    F: Fn(&mut dyn FreeAccess) -> bool + Sync,
+{
+    fn free_memory(&self, allocator: &mut dyn FreeAccess) -> bool {
+        self(allocator)
+    }
+}
+
+/// What a free-memory callback may do with the allocator that calls it.
+pub trait FreeAccess {
+    /// Free the live allocation starting at `ptr`; whether it was freed.
+    fn free_ptr(&mut self, ptr: DevicePtr) -> bool;
+    /// Free the live allocation `id`; whether it was freed.
+    fn free(&mut self, id: BlockId) -> bool;
+}
+
+impl<B, S, const E: usize> FreeAccess for DeviceAllocator<B, S, E>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    fn free_ptr(&mut self, ptr: DevicePtr) -> bool {
+        DeviceAllocator::free_ptr(self, ptr).is_ok()
+    }
+    fn free(&mut self, id: BlockId) -> bool {
+        DeviceAllocator::free(self, id).is_ok()
+    }
+}
 
 /// One device's caching allocator.
 ///
 /// `B` is the device, `S` the block-slot storage (any
-/// `AsRef<[BlockSlot]> + AsMut<[BlockSlot]>`), `E` the capacity of the
-/// pending-event queue, of the idle-event pool and of the `record_stream`
-/// table (at most 65535).
+/// `AsRef<[BlockSlot]> + AsMut<[BlockSlot]>`), `E` the event capacity
+/// ([`new`](Self::new) uses [`DEFAULT_EVENTS`];
+/// [`with_events`](Self::with_events) any other, at most 65535).
+///
+/// # Capacities, and what happens when they run out
+///
+/// - **Block slots** (`storage`, 88 bytes each): one per block, that is per
+///   live allocation, per cached or pending free block, and at least one per
+///   segment. A workload with `L` live allocations at its peak needs about
+///   `2 L` plus its segments (each allocation can leave a cached remainder
+///   behind it); the replay tool gives 131,072 per device, which every real
+///   trace of the repository fits in. When they run out, `malloc` fails with
+///   [`Error::MetadataExhausted`] before it changes anything (it keeps two in
+///   reserve); frees never need a new slot.
+/// - **Events** (`E`): the end-of-life events queued at once (a free of a
+///   block that `record_stream` marked records one per extra stream), the
+///   idle events kept for reuse, and the (block, stream) pairs recorded on
+///   live blocks. A free that would overflow the queue first completes what
+///   has finished, then fails with [`Error::EventQueueFull`], leaving the
+///   allocation live; a `record_stream` beyond the table fails with
+///   [`Error::StreamUsesFull`]. PyTorch's queues are unbounded: size `E` for
+///   the streams a block is used on times the frees in flight.
 ///
 /// ```
 /// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
-/// let mut a: DeviceAllocator<TinyBackend, _> =
-///     DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 32], Config::DEFAULT);
+/// let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 32], Config::DEFAULT);
 /// let x = a.malloc(3 << 20, 0)?;                       // large pool, 20 MiB segment
 /// assert_eq!(a.stats().reserved_bytes.all().current, 20 << 20);
 /// a.free(x.id.unwrap())?;
@@ -74,19 +132,32 @@ pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64> {
     /// PyTorch's `total_allocated_memory`: bytes of all segments.
     total_allocated_memory: u64,
     next_allocation_id: u64,
-    callbacks: heapless::Vec<FreeMemoryCallback<B, S, E>, 4>,
+    callbacks: heapless::Vec<&'static dyn FreeMemoryCallback, 4>,
 }
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
+
+impl<B, S> DeviceAllocator<B, S, DEFAULT_EVENTS>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+{
+    /// A new allocator over `backend`, keeping block metadata in `storage`,
+    /// with [`DEFAULT_EVENTS`] events. `const`, so a `no_std` program can
+    /// build it in a `static`.
+    pub const fn new(backend: B, storage: S, config: Config) -> Self {
+        Self::with_events(backend, storage, config)
+    }
+}
 
 impl<B, S, const E: usize> DeviceAllocator<B, S, E>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
 {
-    /// A new allocator over `backend`, keeping block metadata in `storage`.
-    /// `const`, so a `no_std` program can build it in a `static`.
-    pub const fn new(backend: B, storage: S, config: Config) -> Self {
+    /// [`new`](DeviceAllocator::new) with an event capacity of `E`:
+    /// `DeviceAllocator::<_, _, 256>::with_events(backend, storage, config)`.
+    pub const fn with_events(backend: B, storage: S, config: Config) -> Self {
         const { assert!(E <= u16::MAX as usize, "E must fit a u16") };
         DeviceAllocator {
             backend,
@@ -239,29 +310,56 @@ where
     }
 
     /// Requested size, block size and id of a live allocation.
-    pub fn allocation_info(&self, id: BlockId) -> Res<AllocationInfo, B> {
+    pub fn allocation_info(&self, id: BlockId) -> Res<AllocationInfo<B::Stream>, B> {
         let i = self.validate(id)?;
         Ok(self.info_of(i))
     }
 
     /// [`allocation_info`](Self::allocation_info) by address.
-    pub fn allocation_info_ptr(&self, ptr: DevicePtr) -> Res<AllocationInfo, B> {
+    pub fn allocation_info_ptr(&self, ptr: DevicePtr) -> Res<AllocationInfo<B::Stream>, B> {
         let i = self.live_slot(ptr)?;
         Ok(self.info_of(i))
     }
 
     /// Segments in address order, each with its blocks: a snapshot that
     /// allocates nothing.
-    pub fn segments(&self) -> Segments<'_> {
+    pub fn segments(&self) -> Segments<'_, B::Stream> {
         Segments::new(self.arena.slots(), self.segments)
     }
 
     /// Register a free-memory callback (at most 4); gives it back if full.
+    ///
+    /// ```
+    /// # use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator, FreeAccess};
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// static CALLS: AtomicU32 = AtomicU32::new(0);
+    /// fn count(_: &mut dyn FreeAccess) -> bool {
+    ///     CALLS.fetch_add(1, Ordering::Relaxed);
+    ///     false // freed nothing
+    /// }
+    /// let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
+    /// a.add_free_memory_callback(&count).ok();
+    /// assert!(a.malloc(1, 0).is_ok());
+    /// assert_eq!(CALLS.load(Ordering::Relaxed), 1); // no cached block fitted
+    /// ```
     pub fn add_free_memory_callback(
         &mut self,
-        callback: FreeMemoryCallback<B, S, E>,
-    ) -> Result<(), FreeMemoryCallback<B, S, E>> {
+        callback: &'static dyn FreeMemoryCallback,
+    ) -> Result<(), &'static dyn FreeMemoryCallback> {
         self.callbacks.push(callback)
+    }
+
+    /// Teardown: wait for every pending end-of-life event, return every
+    /// cached segment to the device, and destroy the idle events. Live
+    /// allocations stay (free them first to release everything); returns how
+    /// many there are. With none, the device then holds nothing of this
+    /// allocator. A backend error leaves the allocator consistent; call again
+    /// to retry. (There is no `Drop` doing this: a drop cannot report a
+    /// failure, and an allocator in a `static` is never dropped.)
+    pub fn release_all(&mut self) -> Res<u32, B> {
+        self.release_cached_blocks()?;
+        self.release_idle_events()?;
+        Ok(self.live.len())
     }
 
     /// The backend.

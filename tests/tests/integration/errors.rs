@@ -4,10 +4,12 @@
 //! queue, an invalid fraction, a backend that breaks its contract.
 
 use cachealloc_core::{
-    testing::TinyBackend, BlockSlot, Config, DeviceAllocator, DevicePtr, Error, MallocFlags,
+    testing::TinyBackend, BlockSlot, Config, DeviceAllocator, DevicePtr, Error, FreeAccess,
+    FreeMemoryCallback, MallocFlags,
 };
 use cachealloc_mock::MockDevice;
 use cachealloc_tests::{allocator, teardown, MockAllocator};
+use std::sync::Mutex;
 
 /// Everything observable: stats, the segment/block layout, slot use.
 fn state(a: &MockAllocator) -> String {
@@ -184,7 +186,7 @@ fn unchanged_on_err(
 #[test]
 fn full_event_queue_leaves_the_allocation_live() {
     type Small = DeviceAllocator<MockDevice, Vec<BlockSlot>, 2>;
-    let mut a: Small = DeviceAllocator::new(
+    let mut a: Small = DeviceAllocator::with_events(
         MockDevice::unlimited(),
         vec![BlockSlot::VACANT; 64],
         Config::DEFAULT,
@@ -253,21 +255,21 @@ fn no_retry_flag_skips_the_release_ladder() {
 
 #[test]
 fn free_memory_callback_runs_before_the_device_and_can_free() {
-    thread_local! {
-        static HELD: std::cell::RefCell<Vec<DevicePtr>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    fn release_held(a: &mut MockAllocator) -> bool {
-        let held: Vec<_> = HELD.with(|h| h.borrow_mut().drain(..).collect());
-        let freed = !held.is_empty();
-        for p in held {
-            a.free_ptr(p).unwrap();
-        }
-        freed
-    }
+    // A callback with state of its own: the allocations it may release.
+    let held: &'static Mutex<Vec<DevicePtr>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+    let release_held: &'static dyn FreeMemoryCallback =
+        Box::leak(Box::new(move |a: &mut dyn FreeAccess| {
+            let v: Vec<DevicePtr> = held.lock().unwrap().drain(..).collect();
+            let freed = !v.is_empty();
+            for p in v {
+                assert!(a.free_ptr(p));
+            }
+            freed
+        }));
     let mut a = allocator(Some(40 << 20), Config::DEFAULT, 64);
-    a.add_free_memory_callback(release_held).unwrap();
+    assert!(a.add_free_memory_callback(release_held).is_ok());
     let x = a.malloc(30 << 20, 0).unwrap();
-    HELD.with(|h| h.borrow_mut().push(x.ptr));
+    held.lock().unwrap().push(x.ptr);
     let y = a.malloc(30 << 20, 0).unwrap();
     assert_eq!(
         y.ptr, x.ptr,
@@ -345,7 +347,7 @@ fn a_null_or_duplicate_segment_is_refused_and_leaked() {
 
 #[test]
 fn a_failed_device_free_keeps_the_segment() {
-    let mut a: DeviceAllocator<TinyBackend, _> = DeviceAllocator::new(
+    let mut a = DeviceAllocator::new(
         TinyBackend::default(),
         [BlockSlot::VACANT; 16],
         Config::DEFAULT,
@@ -411,7 +413,7 @@ fn snapshot_cache_info_and_allocation_info() {
 #[test]
 fn free_drains_completed_events_before_refusing() {
     type Small = DeviceAllocator<MockDevice, Vec<BlockSlot>, 2>;
-    let mut a: Small = DeviceAllocator::new(
+    let mut a: Small = DeviceAllocator::with_events(
         MockDevice::unlimited(),
         vec![BlockSlot::VACANT; 64],
         Config::DEFAULT,

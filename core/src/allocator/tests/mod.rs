@@ -14,7 +14,7 @@ use crate::testing::TinyBackend;
 type Tiny = DeviceAllocator<TinyBackend, [BlockSlot; 64], 8>;
 
 fn tiny() -> Tiny {
-    DeviceAllocator::new(
+    DeviceAllocator::with_events(
         TinyBackend::default(),
         [BlockSlot::VACANT; 64],
         Config::DEFAULT,

@@ -1,0 +1,331 @@
+//! The checks a GPU backend's tests run on a stub driver, in the child
+//! process (see [`crate::stub`]), written once for CUDA and HIP: the
+//! conformance suite with every scenario and no leaks, a backend moved to
+//! another thread, the caller's current device restored, a failure injected
+//! at every driver call, and the symbol inventory.
+
+use crate::backend_suite;
+use crate::gpu::{GpuApi, GpuHarness, StreamOf};
+use crate::harness::Logged;
+use crate::stub::{self, Stub, StubCounters, StubKind};
+use cachealloc_core::{Allocation, BlockSlot, Config, DeviceAllocator, DeviceBackend};
+use std::path::Path;
+
+/// The stub this child process runs on, reset to two unlimited devices;
+/// `None` in the parent (the test then does nothing there).
+pub fn child_stub(kind: StubKind) -> Option<Stub> {
+    if !stub::in_child() {
+        return None;
+    }
+    let s = Stub::open(kind).unwrap_or_else(|e| panic!("the child must load the stub: {e}"));
+    s.reset(2, u64::MAX);
+    Some(s)
+}
+
+/// Nothing left alive in the stub, and no bad handle ever used.
+pub fn assert_clean(stub: &Stub, what: &str) {
+    let c = stub.counters();
+    assert!(
+        c.clean(),
+        "{what}: the stub driver reports leaks or bad handles: {c:?}"
+    );
+}
+
+/// The backend conformance suite on the stub: every scenario applies, all
+/// pass, and afterwards the stub holds nothing.
+pub fn conformance<G: GpuApi>(stub: &Stub, data: &Path) -> StubCounters {
+    let h = GpuHarness::<G>::new(Some(Stub::open(G::STUB).expect("stub")));
+    let r = backend_suite::run(&h, data).expect("the stub is a device");
+    for p in &r.passed {
+        println!("{} (stub): ok   {p}", G::NAME);
+    }
+    println!(
+        "{} (stub): {} passed, {} failed, {} not applicable",
+        G::NAME,
+        r.passed.len(),
+        r.failed.len(),
+        r.skipped.len()
+    );
+    assert!(r.failed.is_empty(), "{:#?}", r.failed);
+    assert!(r.skipped.is_empty(), "not applicable: {:?}", r.skipped);
+    drop(h);
+    let c = stub.counters();
+    assert!(c.clean(), "after the suite: {c:?}");
+    c
+}
+
+type Alloc<G> = DeviceAllocator<Logged<<G as GpuApi>::B>, Vec<BlockSlot>, 64>;
+
+fn allocator<G: GpuApi>() -> Alloc<G> {
+    DeviceAllocator::with_events(
+        Logged::new(G::open(0).expect("open device 0")),
+        vec![BlockSlot::VACANT; 256],
+        Config::DEFAULT,
+    )
+}
+
+/// A backend opened on one thread and moved to another, where no device is
+/// current, still works (each call makes its device current).
+pub fn moved_to_another_thread<G: GpuApi>(stub: &Stub) {
+    let mut a = allocator::<G>();
+    let x = a.malloc(4096, G::default_stream()).expect("malloc");
+    let t = std::thread::spawn(move || {
+        a.free(x.id.expect("handle"))
+            .expect("free on another thread");
+        let y = a
+            .malloc(3 << 20, G::default_stream())
+            .expect("malloc on another thread");
+        a.free(y.id.expect("handle")).expect("free");
+        assert_eq!(a.release_all().expect("release_all"), 0);
+        a
+    });
+    let a = t.join().expect("the other thread");
+    assert_eq!(a.backend().held, 0);
+    drop(a);
+    assert_clean(stub, "moved to another thread");
+}
+
+/// After a call on device 0, the device the caller had made current
+/// (device 1) is current again.
+pub fn restores_the_current_device<G: GpuApi>(stub: &Stub) {
+    let d1 = G::open(1).expect("device 1");
+    G::make_current(&d1).expect("make device 1 current");
+    assert_eq!(stub.current_device(), 1);
+    let mut d0 = G::open(0).expect("device 0");
+    let p = d0.malloc(2 << 20).expect("malloc on device 0");
+    assert_eq!(stub.current_device(), 1, "malloc left device 0 current");
+    let e = d0.event_create().expect("event");
+    d0.event_record(&e, G::default_stream()).expect("record");
+    d0.event_destroy(&e).expect("destroy");
+    d0.free(p, 2 << 20).expect("free");
+    assert_eq!(
+        stub.current_device(),
+        1,
+        "the device is restored after every call"
+    );
+    drop((d0, d1));
+    assert_clean(stub, "restore");
+}
+
+/// The steps of [`every_call_can_fail`]: allocations on two streams, frees
+/// with a pending event (one waited for by `empty_cache`, one completed by a
+/// stream sync and noticed by a malloc), a memory fraction, teardown.
+const STEPS: usize = 14;
+
+struct Workload<G: GpuApi> {
+    s1: StreamOf<G>,
+    /// x, y, z, w.
+    live: [Option<Allocation>; 4],
+}
+
+/// Run step `k`; `Err` carries the error's text.
+fn step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result<(), String> {
+    let s0 = G::default_stream();
+    let e = |e: cachealloc_core::Error<<G::B as DeviceBackend>::Error>| e.to_string();
+    let id = |w: &Workload<G>, n: usize| w.live[n].and_then(|x| x.id);
+    let free = |a: &mut Alloc<G>, w: &mut Workload<G>, n: usize| -> Result<(), String> {
+        match id(w, n) {
+            Some(i) => a.free(i).map_err(e).map(|()| w.live[n] = None),
+            None => Ok(()),
+        }
+    };
+    let record = |a: &mut Alloc<G>, w: &Workload<G>, n: usize| match id(w, n) {
+        Some(i) => a.record_stream(i, w.s1).map_err(e),
+        None => Ok(()),
+    };
+    match k {
+        0 => w.live[0] = Some(a.malloc(4096, s0).map_err(e)?),
+        1 => w.live[1] = Some(a.malloc(3 << 20, w.s1).map_err(e)?),
+        2 => record(a, w, 0)?,
+        3 => free(a, w, 0)?, // an event on s1, pending
+        4 => w.live[2] = Some(a.malloc(4096, s0).map_err(e)?), // queries it
+        5 => a.empty_cache().map_err(e)?, // waits for it
+        6 => free(a, w, 1)?,
+        7 => record(a, w, 2)?,
+        8 => free(a, w, 2)?,
+        9 => G::synchronize(&a.backend().inner, Some(w.s1))?,
+        10 => w.live[3] = Some(a.malloc(4096, s0).map_err(e)?), // finds it done
+        11 => a.set_memory_fraction(0.5).map_err(e)?,
+        12 => free(a, w, 3)?,
+        _ => {
+            a.release_all().map_err(e)?;
+        }
+    }
+    Ok(())
+}
+
+/// A failure injected at every driver call of a workload: the operation
+/// that made the failing call returns an error value (never a panic), the
+/// allocator stays consistent, and after clearing the fault and tearing
+/// down, nothing leaks. Returns the number of calls covered.
+pub fn every_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
+    let run = |fail_at: Option<u64>| -> Result<u64, String> {
+        let mut a = allocator::<G>();
+        G::make_current(&a.backend().inner)?; // no switching, so every call counts
+        let s1 = G::create_stream(&a.backend().inner)?;
+        let mut w = Workload::<G> {
+            s1,
+            live: [None; 4],
+        };
+        let start = stub.counters().calls;
+        if let Some(i) = fail_at {
+            stub.fail(None, i, fault_code);
+        }
+        for k in 0..STEPS {
+            let before = stub.counters().injected;
+            let r = step(&mut a, &mut w, k);
+            if stub.counters().injected > before && r.is_ok() {
+                return Err(format!("step {k}: the call failed, the step succeeded"));
+            }
+            a.check_invariants()
+                .map_err(|v| format!("step {k} (fault at {fail_at:?}): {v}"))?;
+        }
+        let calls = stub.counters().calls - start;
+        stub.clear_faults();
+        let live: Vec<_> = w.live.iter().flatten().map(|x| x.ptr).collect();
+        crate::release_everything(&mut a, live, |b| {
+            G::synchronize(&b.inner, None).expect("synchronize")
+        })?;
+        let b = a.backend();
+        if b.held != 0 || b.event_creates != b.event_destroys {
+            return Err(format!(
+                "fault at {fail_at:?}: {} bytes and {} events left",
+                b.held,
+                b.event_creates - b.event_destroys
+            ));
+        }
+        G::destroy_stream(&a.backend().inner, s1)?;
+        drop(a);
+        let c = stub.counters();
+        if !c.clean() {
+            return Err(format!("fault at {fail_at:?}: the stub reports {c:?}"));
+        }
+        Ok(calls)
+    };
+    let calls = run(None).expect("the workload without faults");
+    assert!(calls > 10, "only {calls} driver calls");
+    for i in 0..calls {
+        run(Some(i)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    println!(
+        "{}: a failure at each of {calls} driver calls gave an error value",
+        G::NAME
+    );
+    calls
+}
+
+/// Every driver function the backend's sources name (`prefix`: "cu",
+/// "hip"), and `extra` (what the tests call directly), exists in the stub.
+pub fn symbol_inventory(stub: &Stub, sources: &Path, prefix: &str, extra: &[&str]) {
+    let mut names = stub::called_functions(sources, prefix);
+    names.extend(extra.iter().map(|s| s.to_string()));
+    assert!(names.len() >= 10, "found only {names:?}");
+    let missing: Vec<_> = names.iter().filter(|n| !stub.has_symbol(n)).collect();
+    assert!(missing.is_empty(), "the stub lacks {missing:?}");
+    println!("stub exports all {} functions: {names:?}", names.len());
+}
+
+/// Out of memory, through the FFI: the device's own out-of-memory code (a
+/// full device, then one injected by name into `malloc_call`) reaches the
+/// allocator as out-of-memory, so the ladder runs (an injected one is
+/// retried and succeeds), and the final error names the platform as
+/// PyTorch does ("HIP out of memory ... PYTORCH_HIP_ALLOC_CONF").
+pub fn out_of_memory<G: GpuApi>(stub: &Stub, malloc_call: &str, oom_code: i32) {
+    stub.set_capacity(8 << 20);
+    let mut a = allocator::<G>();
+    let e = a.malloc(16 << 20, G::default_stream()).unwrap_err();
+    let platform = <G::B as DeviceBackend>::PLATFORM;
+    let msg = e.to_string();
+    assert!(e.is_out_of_memory(), "{msg}");
+    assert!(
+        msg.starts_with(&format!(
+            "{platform} out of memory. Tried to allocate 16.00 MiB"
+        )) && msg.contains(&format!("PYTORCH_{platform}_ALLOC_CONF")),
+        "{msg}"
+    );
+    stub.set_capacity(u64::MAX);
+    stub.fail(Some(malloc_call), 0, oom_code);
+    let retries = a.stats().num_alloc_retries;
+    let x = a
+        .malloc(4096, G::default_stream())
+        .expect("retried after the injected OOM");
+    assert_eq!(a.stats().num_alloc_retries, retries + 1);
+    assert_eq!(stub.counters().injected, 1);
+    a.free(x.id.expect("handle")).expect("free");
+    assert_eq!(a.release_all().expect("release_all"), 0);
+    drop(a);
+    assert_clean(stub, "out of memory");
+}
+
+/// The stub tests of one GPU backend's test file, and the test that runs
+/// them in a child process with the stub driver loaded:
+///
+/// ```ignore
+/// cachealloc_tests::stub_tests!(Cuda, malloc: "cuMemAlloc_v2", oom: 2, unknown: 999,
+///     prefix: "cu", extra: ["cuGetErrorName"]);
+/// ```
+///
+/// `Cuda` implements [`GpuApi`]; `malloc` is its driver's allocation call,
+/// `oom` and `unknown` its out-of-memory and "unknown error" codes; `prefix`
+/// and `extra` feed the symbol inventory. The generated `stub_*` tests do
+/// nothing in the parent process.
+#[macro_export]
+macro_rules! stub_tests {
+    ($api:ty, malloc: $malloc:literal, oom: $oom:expr, unknown: $unknown:expr,
+     prefix: $prefix:literal, extra: [$($extra:literal),* $(,)?]) => {
+        #[test]
+        fn ffi_checks_run_on_the_stub_in_a_child_process() {
+            if $crate::stub::in_child() {
+                return;
+            }
+            let kind = <$api as $crate::gpu::GpuApi>::STUB;
+            match $crate::stub::run_in_child(kind, "stub_") {
+                Ok(out) => println!("{out}"),
+                Err(out) => panic!("the stub tests failed in the child:\n{out}"),
+            }
+        }
+
+        #[test]
+        fn stub_conformance_suite() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_suite::conformance::<$api>(&s, &$crate::testdata_dir());
+            }
+        }
+
+        #[test]
+        fn stub_backend_moved_to_another_thread() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_suite::moved_to_another_thread::<$api>(&s);
+            }
+        }
+
+        #[test]
+        fn stub_restores_the_callers_device() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_suite::restores_the_current_device::<$api>(&s);
+            }
+        }
+
+        #[test]
+        fn stub_every_call_can_fail() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_suite::every_call_can_fail::<$api>(&s, $unknown);
+            }
+        }
+
+        #[test]
+        fn stub_out_of_memory() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_suite::out_of_memory::<$api>(&s, $malloc, $oom);
+            }
+        }
+
+        #[test]
+        fn stub_symbol_inventory() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+                $crate::stub_suite::symbol_inventory(&s, &src, $prefix, &[$($extra),*]);
+            }
+        }
+    };
+}

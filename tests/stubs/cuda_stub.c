@@ -1,0 +1,221 @@
+/*
+ * A stub of the CUDA driver (libcuda.so.1) for testing cachealloc-cuda's
+ * FFI without a GPU: the entry points cudarc resolves for the backend and
+ * its tests, over the state machine of stub_core.h. Error codes are the
+ * driver's (CUresult), and only ones cudarc's enum lists.
+ */
+#define STUB_IMPLICIT_DEVICE 0
+#include "stub_core.h"
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_UNKNOWN = 999,
+};
+
+/* The driver's code for what an entry point found. */
+static CUresult cu(stub_status s) {
+    switch (s) {
+    case ST_OK: return CUDA_SUCCESS;
+    case ST_INJECTED: return stub_injected_code;
+    case ST_INVALID_VALUE: return CUDA_ERROR_INVALID_VALUE;
+    case ST_OUT_OF_MEMORY: return CUDA_ERROR_OUT_OF_MEMORY;
+    case ST_NOT_INITIALIZED: return CUDA_ERROR_NOT_INITIALIZED;
+    case ST_NO_DEVICE: return CUDA_ERROR_NO_DEVICE;
+    case ST_INVALID_DEVICE: return CUDA_ERROR_INVALID_DEVICE;
+    case ST_INVALID_CONTEXT: return CUDA_ERROR_INVALID_CONTEXT;
+    case ST_BAD_HANDLE: return CUDA_ERROR_INVALID_HANDLE;
+    case ST_NOT_READY: return CUDA_ERROR_NOT_READY;
+    }
+    return CUDA_ERROR_UNKNOWN;
+}
+
+#define ENTER(name)                                                            \
+    pthread_mutex_lock(&stub_lock);                                            \
+    do {                                                                       \
+        int injected_ = stub_enter_locked(name);                               \
+        if (injected_) {                                                       \
+            pthread_mutex_unlock(&stub_lock);                                  \
+            return injected_;                                                  \
+        }                                                                      \
+    } while (0)
+#define LEAVE(code)                                                            \
+    do {                                                                       \
+        CUresult r_ = (code);                                                  \
+        pthread_mutex_unlock(&stub_lock);                                      \
+        return r_;                                                             \
+    } while (0)
+STUB_EXPORT CUresult cuInit(unsigned flags) {
+    ENTER("cuInit");
+    if (flags != 0) LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (stub_devices == 0) LEAVE(CUDA_ERROR_NO_DEVICE);
+    stub_initialized = 1;
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuDeviceGetCount(int *count) {
+    ENTER("cuDeviceGetCount");
+    if (!stub_initialized) LEAVE(CUDA_ERROR_NOT_INITIALIZED);
+    if (!count) LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *count = stub_devices;
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    ENTER("cuDeviceGet");
+    if (!stub_initialized) LEAVE(CUDA_ERROR_NOT_INITIALIZED);
+    if (!device) LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (ordinal < 0 || ordinal >= stub_devices) LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    *device = ordinal;
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device) {
+    ENTER("cuDevicePrimaryCtxRetain");
+    if (!stub_initialized) LEAVE(CUDA_ERROR_NOT_INITIALIZED);
+    if (!ctx) LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (device < 0 || device >= stub_devices) LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    stub_dev[device].ctx_refs++;
+    *ctx = stub_handle(STUB_CONTEXT_BASE, (size_t)device);
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+    ENTER("cuDevicePrimaryCtxRelease_v2");
+    if (!stub_initialized) LEAVE(CUDA_ERROR_NOT_INITIALIZED);
+    if (device < 0 || device >= stub_devices) LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    if (stub_dev[device].ctx_refs == 0) {
+        stub_bad_handles++;
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    stub_dev[device].ctx_refs--;
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    ENTER("cuCtxSetCurrent");
+    if (!stub_initialized) LEAVE(CUDA_ERROR_NOT_INITIALIZED);
+    if (ctx == NULL) {
+        stub_current = -1;
+        LEAVE(CUDA_SUCCESS);
+    }
+    long d = stub_index(ctx, STUB_CONTEXT_BASE, (size_t)stub_devices);
+    if (d < 0 || stub_dev[d].ctx_refs == 0) {
+        stub_bad_handles++;
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    stub_current = (int)d;
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    ENTER("cuCtxGetCurrent");
+    if (!stub_initialized) LEAVE(CUDA_ERROR_NOT_INITIALIZED);
+    if (!ctx) LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *ctx = stub_current < 0 ? NULL : stub_handle(STUB_CONTEXT_BASE, (size_t)stub_current);
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuCtxSynchronize(void) {
+    return cu(stub_op_device_sync("cuCtxSynchronize"));
+}
+
+STUB_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
+    (void)flags;
+    return cu(stub_op_stream_create("cuStreamCreate", stream));
+}
+
+STUB_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    return cu(stub_op_stream_destroy("cuStreamDestroy_v2", stream));
+}
+
+STUB_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    return cu(stub_op_stream_sync("cuStreamSynchronize", stream));
+}
+
+STUB_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size) {
+    uint64_t addr = 0;
+    stub_status s = stub_op_malloc("cuMemAlloc_v2", ptr ? &addr : NULL, size, 0);
+    if (s == ST_OK) *ptr = addr;
+    return cu(s);
+}
+
+STUB_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    return cu(stub_op_free("cuMemFree_v2", ptr, 0));
+}
+
+STUB_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    return cu(stub_op_mem_info("cuMemGetInfo_v2", free_bytes, total));
+}
+
+STUB_EXPORT CUresult cuMemsetD8Async(CUdeviceptr ptr, unsigned char value, size_t n, CUstream stream) {
+    (void)value;
+    return cu(stub_op_memset("cuMemsetD8Async", ptr, n, stream));
+}
+
+STUB_EXPORT CUresult cuEventCreate(CUevent *event, unsigned flags) {
+    (void)flags;
+    return cu(stub_op_event_create("cuEventCreate", event));
+}
+
+STUB_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
+    return cu(stub_op_event_record("cuEventRecord", event, stream));
+}
+
+STUB_EXPORT CUresult cuEventQuery(CUevent event) {
+    return cu(stub_op_event("cuEventQuery", event, STUB_EVENT_QUERY));
+}
+
+STUB_EXPORT CUresult cuEventSynchronize(CUevent event) {
+    return cu(stub_op_event("cuEventSynchronize", event, STUB_EVENT_SYNCHRONIZE));
+}
+
+STUB_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+    return cu(stub_op_event("cuEventDestroy_v2", event, STUB_EVENT_DESTROY));
+}
+
+static const char *stub_cu_name(CUresult e) {
+    switch (e) {
+    case CUDA_SUCCESS: return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
+    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+    case CUDA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
+    case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
+    default: return NULL;
+    }
+}
+
+STUB_EXPORT CUresult cuGetErrorName(CUresult error, const char **name) {
+    ENTER("cuGetErrorName");
+    const char *n = stub_cu_name(error);
+    if (!name || !n) LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *name = n;
+    LEAVE(CUDA_SUCCESS);
+}
+
+STUB_EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
+    ENTER("cuGetErrorString");
+    const char *n = stub_cu_name(error);
+    if (!text || !n) LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *text = n; /* the stub's strings are the names */
+    LEAVE(CUDA_SUCCESS);
+}

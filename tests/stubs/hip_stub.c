@@ -1,0 +1,164 @@
+/*
+ * A stub of the HIP runtime (libamdhip64.so.5, symbol version hip_4.2) for
+ * testing cachealloc-hip's FFI without a GPU: every entry point the backend
+ * and its tests link (the binaries bind every symbol at start), over the
+ * state machine of stub_core.h. Error codes are HIP's (hipError_t), and only
+ * ones hip-sys's enum lists. A thread's device is 0 until it sets one.
+ */
+#define STUB_IMPLICIT_DEVICE 1
+#include "stub_core.h"
+
+typedef int hipError_t;
+typedef void *hipStream_t;
+typedef void *hipEvent_t;
+
+enum {
+    hipSuccess = 0,
+    hipErrorInvalidValue = 1,
+    hipErrorOutOfMemory = 2,
+    hipErrorNotInitialized = 3,
+    hipErrorNoDevice = 100,
+    hipErrorInvalidDevice = 101,
+    hipErrorInvalidContext = 201,
+    hipErrorInvalidHandle = 400,
+    hipErrorNotReady = 600,
+    hipErrorUnknown = 999,
+};
+
+/* The runtime's code for what an entry point found. */
+static hipError_t hip(stub_status s) {
+    switch (s) {
+    case ST_OK: return hipSuccess;
+    case ST_INJECTED: return stub_injected_code;
+    case ST_INVALID_VALUE: return hipErrorInvalidValue;
+    case ST_OUT_OF_MEMORY: return hipErrorOutOfMemory;
+    case ST_NOT_INITIALIZED: return hipErrorNotInitialized;
+    case ST_NO_DEVICE: return hipErrorNoDevice;
+    case ST_INVALID_DEVICE: return hipErrorInvalidDevice;
+    case ST_INVALID_CONTEXT: return hipErrorInvalidContext;
+    case ST_BAD_HANDLE: return hipErrorInvalidHandle;
+    case ST_NOT_READY: return hipErrorNotReady;
+    }
+    return hipErrorUnknown;
+}
+
+#define ENTER(name)                                                            \
+    pthread_mutex_lock(&stub_lock);                                            \
+    do {                                                                       \
+        int injected_ = stub_enter_locked(name);                               \
+        if (injected_) {                                                       \
+            pthread_mutex_unlock(&stub_lock);                                  \
+            return injected_;                                                  \
+        }                                                                      \
+    } while (0)
+#define LEAVE(code)                                                            \
+    do {                                                                       \
+        hipError_t r_ = (code);                                                \
+        pthread_mutex_unlock(&stub_lock);                                      \
+        return r_;                                                             \
+    } while (0)
+/* The calling thread's device, or return "no device". */
+#define NEED_DEVICE(dev)                                                       \
+    if (stub_devices == 0) LEAVE(hipErrorNoDevice);                            \
+    int dev = stub_current < 0 ? 0 : stub_current
+
+STUB_EXPORT hipError_t hipGetDeviceCount(int *count) {
+    ENTER("hipGetDeviceCount");
+    if (!count) LEAVE(hipErrorInvalidValue);
+    *count = stub_devices;
+    LEAVE(stub_devices == 0 ? hipErrorNoDevice : hipSuccess);
+}
+
+STUB_EXPORT hipError_t hipSetDevice(int device) {
+    ENTER("hipSetDevice");
+    if (stub_devices == 0) LEAVE(hipErrorNoDevice);
+    if (device < 0 || device >= stub_devices) LEAVE(hipErrorInvalidDevice);
+    stub_current = device;
+    LEAVE(hipSuccess);
+}
+
+STUB_EXPORT hipError_t hipGetDevice(int *device) {
+    ENTER("hipGetDevice");
+    NEED_DEVICE(dev);
+    if (!device) LEAVE(hipErrorInvalidValue);
+    *device = dev;
+    LEAVE(hipSuccess);
+}
+
+STUB_EXPORT hipError_t hipDeviceSynchronize(void) {
+    return hip(stub_op_device_sync("hipDeviceSynchronize"));
+}
+
+STUB_EXPORT hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned flags) {
+    (void)flags;
+    return hip(stub_op_stream_create("hipStreamCreateWithFlags", stream));
+}
+
+STUB_EXPORT hipError_t hipStreamDestroy(hipStream_t stream) {
+    return hip(stub_op_stream_destroy("hipStreamDestroy", stream));
+}
+
+STUB_EXPORT hipError_t hipStreamSynchronize(hipStream_t stream) {
+    return hip(stub_op_stream_sync("hipStreamSynchronize", stream));
+}
+
+STUB_EXPORT hipError_t hipMalloc(void **ptr, size_t size) {
+    uint64_t addr = 0;
+    stub_status s = stub_op_malloc("hipMalloc", ptr ? &addr : NULL, size, 1);
+    if (s == ST_OK) *ptr = (void *)(uintptr_t)addr;
+    return hip(s);
+}
+
+STUB_EXPORT hipError_t hipFree(void *ptr) {
+    return hip(stub_op_free("hipFree", (uint64_t)(uintptr_t)ptr, 1));
+}
+
+STUB_EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
+    return hip(stub_op_mem_info("hipMemGetInfo", free_bytes, total));
+}
+
+STUB_EXPORT hipError_t hipMemsetAsync(void *dst, int value, size_t n, hipStream_t stream) {
+    (void)value;
+    return hip(stub_op_memset("hipMemsetAsync", (uint64_t)(uintptr_t)dst, n, stream));
+}
+
+STUB_EXPORT hipError_t hipEventCreateWithFlags(hipEvent_t *event, unsigned flags) {
+    (void)flags;
+    return hip(stub_op_event_create("hipEventCreateWithFlags", event));
+}
+
+STUB_EXPORT hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream) {
+    return hip(stub_op_event_record("hipEventRecord", event, stream));
+}
+
+STUB_EXPORT hipError_t hipEventQuery(hipEvent_t event) {
+    return hip(stub_op_event("hipEventQuery", event, STUB_EVENT_QUERY));
+}
+
+STUB_EXPORT hipError_t hipEventSynchronize(hipEvent_t event) {
+    return hip(stub_op_event("hipEventSynchronize", event, STUB_EVENT_SYNCHRONIZE));
+}
+
+STUB_EXPORT hipError_t hipEventDestroy(hipEvent_t event) {
+    return hip(stub_op_event("hipEventDestroy", event, STUB_EVENT_DESTROY));
+}
+
+STUB_EXPORT const char *hipGetErrorName(hipError_t error) {
+    switch (error) {
+    case hipSuccess: return "hipSuccess";
+    case hipErrorInvalidValue: return "hipErrorInvalidValue";
+    case hipErrorOutOfMemory: return "hipErrorOutOfMemory";
+    case hipErrorNotInitialized: return "hipErrorNotInitialized";
+    case hipErrorNoDevice: return "hipErrorNoDevice";
+    case hipErrorInvalidDevice: return "hipErrorInvalidDevice";
+    case hipErrorInvalidContext: return "hipErrorInvalidContext";
+    case hipErrorInvalidHandle: return "hipErrorInvalidHandle";
+    case hipErrorNotReady: return "hipErrorNotReady";
+    case hipErrorUnknown: return "hipErrorUnknown";
+    default: return "hipErrorUnknown";
+    }
+}
+
+STUB_EXPORT const char *hipGetErrorString(hipError_t error) {
+    return hipGetErrorName(error);
+}

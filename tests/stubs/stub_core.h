@@ -1,0 +1,540 @@
+/*
+ * The state machine shared by the stub drivers (cuda_stub.c, hip_stub.c):
+ * a host-only stand-in for a GPU driver, so the backends' FFI is exercised
+ * through the real libraries' entry points on machines without a GPU.
+ *
+ * - devices (default 1) with a capacity each; allocations at never-reused
+ *   addresses (a bump pointer in 2 MiB steps), out of memory past the
+ *   capacity;
+ * - a current context / device per thread;
+ * - streams and events: an event recorded on a stream stays pending until
+ *   that stream, or its whole device, is synchronized, or the event itself;
+ * - tombstones: a destroyed or freed handle stays known, so a second
+ *   destroy or a later use gets the driver's error and is counted;
+ * - fault injection by call name (or any call) and index;
+ * - counters of what is still alive, read through `cachealloc_stub_counters`.
+ *
+ * Every entry point takes one lock. Handles are small integers in disjoint
+ * ranges, cast to the drivers' pointer types.
+ */
+#ifndef CACHEALLOC_STUB_CORE_H
+#define CACHEALLOC_STUB_CORE_H
+
+/* Each stub defines this before including: 1 when a thread without a
+ * current device uses device 0 (HIP), 0 when it has no context (CUDA). */
+#ifndef STUB_IMPLICIT_DEVICE
+#error "define STUB_IMPLICIT_DEVICE before including stub_core.h"
+#endif
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STUB_EXPORT __attribute__((visibility("default")))
+#define STUB_MAX_DEVICES 8
+#define STUB_SEGMENT_ALIGN (2ull << 20)
+#define STUB_DEVICE_BASE 0x7f0000000000ull
+#define STUB_DEVICE_SPAN (1ull << 40)
+#define STUB_STREAM_BASE 0x10000000ull
+#define STUB_EVENT_BASE 0x20000000ull
+#define STUB_CONTEXT_BASE 0x30000000ull
+#define STUB_HANDLE_STEP 0x10ull
+
+/* What the tests read back. Field order is the Rust side's `StubCounters`. */
+typedef struct {
+    uint64_t live_allocations;
+    uint64_t live_bytes;
+    uint64_t live_events;
+    uint64_t live_streams;
+    uint64_t retained_contexts;
+    uint64_t bad_handles;
+    uint64_t calls;
+    uint64_t injected;
+} stub_counters;
+
+typedef struct {
+    uint64_t addr, size;
+    int device, live;
+} stub_alloc;
+
+typedef struct {
+    int device, live;
+    uint64_t epoch;
+} stub_stream;
+
+typedef struct {
+    int live, recorded, done, device;
+    long stream; /* index into streams, or -1 - device for a default stream */
+    uint64_t stream_epoch, device_epoch;
+} stub_event;
+
+typedef struct {
+    char name[64]; /* empty: any call */
+    uint64_t nth;  /* fires at this call count (of that name, or in all) */
+    int code;
+} stub_fault;
+
+typedef struct {
+    uint64_t capacity, held, next_addr;
+    uint64_t default_epoch, device_epoch;
+    uint64_t ctx_refs;
+} stub_device;
+
+typedef struct {
+    char name[48];
+    uint64_t count;
+} stub_call_count;
+
+static pthread_mutex_t stub_lock = PTHREAD_MUTEX_INITIALIZER;
+static int stub_devices = 1;
+static int stub_initialized;
+static stub_device stub_dev[STUB_MAX_DEVICES];
+static stub_alloc *stub_allocs;
+static size_t stub_nallocs, stub_cap_allocs;
+static stub_stream *stub_streams;
+static size_t stub_nstreams, stub_cap_streams;
+static stub_event *stub_events;
+static size_t stub_nevents, stub_cap_events;
+static stub_fault stub_faults[64];
+static size_t stub_nfaults;
+static stub_call_count stub_call_counts[64];
+static size_t stub_ncall_counts;
+static uint64_t stub_calls, stub_injected, stub_bad_handles;
+static __thread int stub_current = -1; /* this thread's device, -1: none */
+
+#define STUB_GROW(arr, n, cap)                                                 \
+    do {                                                                       \
+        if ((n) == (cap)) {                                                    \
+            size_t c = (cap) ? (cap) * 2 : 64;                                 \
+            void *p = realloc((arr), c * sizeof(*(arr)));                      \
+            if (!p) abort();                                                   \
+            (arr) = p;                                                         \
+            (cap) = c;                                                         \
+        }                                                                      \
+    } while (0)
+
+static void stub_reset_locked(int devices, uint64_t capacity) {
+    stub_devices = devices < 0 ? 0 : (devices > STUB_MAX_DEVICES ? STUB_MAX_DEVICES : devices);
+    for (int d = 0; d < STUB_MAX_DEVICES; d++) {
+        stub_dev[d].capacity = capacity;
+        stub_dev[d].held = 0;
+        stub_dev[d].next_addr = STUB_DEVICE_BASE + (uint64_t)d * STUB_DEVICE_SPAN;
+        stub_dev[d].default_epoch = 0;
+        stub_dev[d].device_epoch = 0;
+        stub_dev[d].ctx_refs = 0;
+    }
+    stub_initialized = 0;
+    stub_nallocs = stub_nstreams = stub_nevents = 0;
+    stub_nfaults = 0;
+    stub_ncall_counts = 0;
+    stub_calls = stub_injected = stub_bad_handles = 0;
+}
+
+/* Settings from the environment at first use: CACHEALLOC_STUB_DEVICES. */
+static void stub_init_once_locked(void) {
+    static int done;
+    if (done) return;
+    done = 1;
+    const char *d = getenv("CACHEALLOC_STUB_DEVICES");
+    stub_reset_locked(d ? atoi(d) : 1, UINT64_MAX);
+}
+
+static uint64_t stub_count_call_locked(const char *name) {
+    for (size_t i = 0; i < stub_ncall_counts; i++)
+        if (strcmp(stub_call_counts[i].name, name) == 0) return stub_call_counts[i].count++;
+    if (stub_ncall_counts < 64) {
+        strncpy(stub_call_counts[stub_ncall_counts].name, name, 47);
+        stub_call_counts[stub_ncall_counts].count = 1;
+        stub_ncall_counts++;
+    }
+    return 0;
+}
+
+/* Count a call of `name`; the injected error code if a fault fires, else 0. */
+static int stub_enter_locked(const char *name) {
+    stub_init_once_locked();
+    uint64_t any = stub_calls++;
+    uint64_t this_name = stub_count_call_locked(name);
+    for (size_t i = 0; i < stub_nfaults; i++) {
+        stub_fault *f = &stub_faults[i];
+        int hit = f->name[0] ? (strcmp(f->name, name) == 0 && f->nth == this_name) : f->nth == any;
+        if (hit) {
+            int code = f->code;
+            stub_faults[i] = stub_faults[--stub_nfaults];
+            stub_injected++;
+            return code;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- handles */
+
+static void *stub_handle(uint64_t base, size_t index) {
+    return (void *)(uintptr_t)(base + (index + 1) * STUB_HANDLE_STEP);
+}
+
+/* The index of a handle in [base, base + n), or -1. */
+static long stub_index(const void *h, uint64_t base, size_t n) {
+    uint64_t v = (uint64_t)(uintptr_t)h;
+    if (v <= base || (v - base) % STUB_HANDLE_STEP) return -1;
+    uint64_t i = (v - base) / STUB_HANDLE_STEP - 1;
+    return i < n ? (long)i : -1;
+}
+
+/* A live stream of the handle, or -1 - device for the default (null)
+ * stream of `device`; -2 - STUB_MAX_DEVICES when unknown or destroyed. */
+#define STUB_BAD_STREAM (-2 - STUB_MAX_DEVICES)
+static long stub_stream_of(const void *s, int device) {
+    if (s == NULL) return -1 - device;
+    long i = stub_index(s, STUB_STREAM_BASE, stub_nstreams);
+    if (i < 0 || !stub_streams[i].live) {
+        stub_bad_handles++;
+        return STUB_BAD_STREAM;
+    }
+    return i;
+}
+
+static long stub_event_of(const void *e) {
+    long i = stub_index(e, STUB_EVENT_BASE, stub_nevents);
+    if (i < 0 || !stub_events[i].live) {
+        stub_bad_handles++;
+        return -1;
+    }
+    return i;
+}
+
+static uint64_t stub_stream_epoch(long s) {
+    return s >= 0 ? stub_streams[s].epoch : stub_dev[-1 - s].default_epoch;
+}
+
+static int stub_event_ready(const stub_event *e) {
+    if (!e->recorded || e->done) return 1;
+    return stub_stream_epoch(e->stream) != e->stream_epoch ||
+           stub_dev[e->device].device_epoch != e->device_epoch;
+}
+
+/* -------------------------------------------------------------- resources */
+
+/* 0, or 1 (out of memory), or 2 (bad size); the address in *out. */
+static int stub_alloc_locked(int device, uint64_t size, uint64_t *out) {
+    stub_device *d = &stub_dev[device];
+    if (size == 0) return 2;
+    if (size > d->capacity - d->held) return 1;
+    uint64_t span = (size + STUB_SEGMENT_ALIGN - 1) / STUB_SEGMENT_ALIGN * STUB_SEGMENT_ALIGN;
+    STUB_GROW(stub_allocs, stub_nallocs, stub_cap_allocs);
+    stub_allocs[stub_nallocs++] = (stub_alloc){d->next_addr, size, device, 1};
+    *out = d->next_addr;
+    d->next_addr += span;
+    d->held += size;
+    return 0;
+}
+
+/* 0, or 1 when `addr` is not the base of a live allocation. */
+static int stub_free_locked(uint64_t addr) {
+    for (size_t i = 0; i < stub_nallocs; i++) {
+        stub_alloc *a = &stub_allocs[i];
+        if (a->addr == addr && a->live) {
+            a->live = 0;
+            stub_dev[a->device].held -= a->size;
+            return 0;
+        }
+    }
+    stub_bad_handles++;
+    return 1;
+}
+
+/* Whether [addr, addr + n) lies in a live allocation. */
+static int stub_in_allocation(uint64_t addr, uint64_t n) {
+    for (size_t i = 0; i < stub_nallocs; i++) {
+        stub_alloc *a = &stub_allocs[i];
+        if (a->live && addr >= a->addr && addr - a->addr + n <= a->size) return 1;
+    }
+    return 0;
+}
+
+static void *stub_stream_create_locked(int device) {
+    STUB_GROW(stub_streams, stub_nstreams, stub_cap_streams);
+    stub_streams[stub_nstreams] = (stub_stream){device, 1, 0};
+    return stub_handle(STUB_STREAM_BASE, stub_nstreams++);
+}
+
+static void *stub_event_create_locked(int device) {
+    STUB_GROW(stub_events, stub_nevents, stub_cap_events);
+    stub_events[stub_nevents] = (stub_event){1, 0, 0, device, 0, 0, 0};
+    return stub_handle(STUB_EVENT_BASE, stub_nevents++);
+}
+
+static void stub_event_record_locked(long e, long s, int device) {
+    stub_event *ev = &stub_events[e];
+    ev->recorded = 1;
+    ev->done = 0;
+    ev->device = device;
+    ev->stream = s;
+    ev->stream_epoch = stub_stream_epoch(s);
+    ev->device_epoch = stub_dev[device].device_epoch;
+}
+
+static void stub_stream_sync_locked(long s) {
+    if (s >= 0)
+        stub_streams[s].epoch++;
+    else
+        stub_dev[-1 - s].default_epoch++;
+}
+
+/* ------------------------------------------------------- entry points */
+
+/* What an entry point found; each stub maps it to its driver's code. */
+typedef enum {
+    ST_OK,
+    ST_INJECTED, /* a planted failure: the code is in stub_injected_code */
+    ST_INVALID_VALUE,
+    ST_OUT_OF_MEMORY,
+    ST_NOT_INITIALIZED,
+    ST_NO_DEVICE,
+    ST_INVALID_DEVICE,
+    ST_INVALID_CONTEXT,
+    ST_BAD_HANDLE,
+    ST_NOT_READY,
+} stub_status;
+
+static __thread int stub_injected_code;
+
+/* Take the lock and count the call; ST_INJECTED (lock released) if a
+ * planted failure fires. */
+static stub_status stub_begin(const char *name) {
+    pthread_mutex_lock(&stub_lock);
+    int code = stub_enter_locked(name);
+    if (code) {
+        stub_injected_code = code;
+        pthread_mutex_unlock(&stub_lock);
+        return ST_INJECTED;
+    }
+    return ST_OK;
+}
+
+static stub_status stub_end(stub_status s) {
+    pthread_mutex_unlock(&stub_lock);
+    return s;
+}
+
+#define STUB_BEGIN(name)                                                       \
+    do {                                                                       \
+        if (stub_begin(name) == ST_INJECTED) return ST_INJECTED;               \
+    } while (0)
+
+/* Whether the driver takes calls at all (CUDA: after cuInit). */
+static stub_status stub_ready_locked(void) {
+#if STUB_IMPLICIT_DEVICE
+    return ST_OK;
+#else
+    return stub_initialized ? ST_OK : ST_NOT_INITIALIZED;
+#endif
+}
+
+/* The calling thread's device. HIP: device 0 until the thread sets one.
+ * CUDA: the current context's device; none is an error. */
+static stub_status stub_device_locked(int *dev) {
+#if STUB_IMPLICIT_DEVICE
+    if (stub_devices == 0) return ST_NO_DEVICE;
+    *dev = stub_current < 0 ? 0 : stub_current;
+    return ST_OK;
+#else
+    if (!stub_initialized) return ST_NOT_INITIALIZED;
+    if (stub_current < 0 || stub_dev[stub_current].ctx_refs == 0) return ST_INVALID_CONTEXT;
+    *dev = stub_current;
+    return ST_OK;
+#endif
+}
+
+#define STUB_DEVICE(dev)                                                       \
+    int dev = 0;                                                               \
+    do {                                                                       \
+        stub_status s_ = stub_device_locked(&dev);                             \
+        if (s_ != ST_OK) return stub_end(s_);                                  \
+    } while (0)
+
+/* Allocate `size` bytes; a zero size is an error unless `zero_is_null`. */
+static stub_status stub_op_malloc(const char *name, uint64_t *out, uint64_t size, int zero_is_null) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!out) return stub_end(ST_INVALID_VALUE);
+    if (size == 0 && zero_is_null) {
+        *out = 0;
+        return stub_end(ST_OK);
+    }
+    switch (stub_alloc_locked(dev, size, out)) {
+    case 0: return stub_end(ST_OK);
+    case 1: return stub_end(ST_OUT_OF_MEMORY);
+    default: return stub_end(ST_INVALID_VALUE);
+    }
+}
+
+/* Free the allocation at `addr`; null is fine when `null_ok`. */
+static stub_status stub_op_free(const char *name, uint64_t addr, int null_ok) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    (void)dev;
+    if (addr == 0 && null_ok) return stub_end(ST_OK);
+    return stub_end(stub_free_locked(addr) ? ST_INVALID_VALUE : ST_OK);
+}
+
+static stub_status stub_op_mem_info(const char *name, size_t *free_bytes, size_t *total) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!free_bytes || !total) return stub_end(ST_INVALID_VALUE);
+    *total = stub_dev[dev].capacity;
+    *free_bytes = stub_dev[dev].capacity - stub_dev[dev].held;
+    return stub_end(ST_OK);
+}
+
+static stub_status stub_op_memset(const char *name, uint64_t addr, uint64_t n, void *stream) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!stub_in_allocation(addr, n)) return stub_end(ST_INVALID_VALUE);
+    if (stub_stream_of(stream, dev) == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    return stub_end(ST_OK);
+}
+
+static stub_status stub_op_stream_create(const char *name, void **stream) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!stream) return stub_end(ST_INVALID_VALUE);
+    *stream = stub_stream_create_locked(dev);
+    return stub_end(ST_OK);
+}
+
+static stub_status stub_op_stream_destroy(const char *name, void *stream) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    long s = stream ? stub_stream_of(stream, 0) : STUB_BAD_STREAM;
+    if (s < 0) return stub_end(ST_BAD_HANDLE);
+    stub_streams[s].live = 0;
+    return stub_end(ST_OK);
+}
+
+static stub_status stub_op_stream_sync(const char *name, void *stream) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    long s = stub_stream_of(stream, dev);
+    if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    stub_stream_sync_locked(s);
+    return stub_end(ST_OK);
+}
+
+static stub_status stub_op_device_sync(const char *name) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    stub_dev[dev].device_epoch++;
+    return stub_end(ST_OK);
+}
+
+static stub_status stub_op_event_create(const char *name, void **event) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!event) return stub_end(ST_INVALID_VALUE);
+    *event = stub_event_create_locked(dev);
+    return stub_end(ST_OK);
+}
+
+/* Record `event` on `stream` (both of one device). */
+static stub_status stub_op_event_record(const char *name, void *event, void *stream) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    long e = stub_event_of(event);
+    long s = stub_stream_of(stream, dev);
+    if (e < 0 || s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    int sdev = s >= 0 ? stub_streams[s].device : dev;
+    if (stub_events[e].device != sdev) return stub_end(ST_BAD_HANDLE);
+    stub_event_record_locked(e, s, sdev);
+    return stub_end(ST_OK);
+}
+
+/* What an event-only entry point does with a live event. */
+typedef enum { STUB_EVENT_QUERY, STUB_EVENT_SYNCHRONIZE, STUB_EVENT_DESTROY } stub_event_op;
+
+static stub_status stub_op_event(const char *name, void *event, stub_event_op op) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    long e = stub_event_of(event);
+    if (e < 0) return stub_end(ST_BAD_HANDLE);
+    switch (op) {
+    case STUB_EVENT_QUERY:
+        return stub_end(stub_event_ready(&stub_events[e]) ? ST_OK : ST_NOT_READY);
+    case STUB_EVENT_SYNCHRONIZE: stub_events[e].done = 1; break;
+    case STUB_EVENT_DESTROY: stub_events[e].live = 0; break;
+    }
+    return stub_end(ST_OK);
+}
+
+/* ------------------------------------------------------------ control API */
+
+STUB_EXPORT void cachealloc_stub_reset(int devices, uint64_t capacity) {
+    pthread_mutex_lock(&stub_lock);
+    stub_init_once_locked();
+    stub_reset_locked(devices, capacity);
+    pthread_mutex_unlock(&stub_lock);
+}
+
+STUB_EXPORT void cachealloc_stub_set_capacity(uint64_t capacity) {
+    pthread_mutex_lock(&stub_lock);
+    stub_init_once_locked();
+    for (int d = 0; d < STUB_MAX_DEVICES; d++) stub_dev[d].capacity = capacity;
+    pthread_mutex_unlock(&stub_lock);
+}
+
+/* Make the `nth` call from now of `name` (NULL or "": of any entry point)
+ * return `code`. */
+STUB_EXPORT void cachealloc_stub_fail(const char *name, uint64_t nth, int code) {
+    pthread_mutex_lock(&stub_lock);
+    stub_init_once_locked();
+    if (stub_nfaults < 64) {
+        stub_fault *f = &stub_faults[stub_nfaults++];
+        memset(f, 0, sizeof(*f));
+        if (name && name[0]) {
+            strncpy(f->name, name, sizeof(f->name) - 1);
+            uint64_t base = 0;
+            for (size_t i = 0; i < stub_ncall_counts; i++)
+                if (strcmp(stub_call_counts[i].name, name) == 0) base = stub_call_counts[i].count;
+            f->nth = base + nth;
+        } else {
+            f->nth = stub_calls + nth;
+        }
+        f->code = code;
+    }
+    pthread_mutex_unlock(&stub_lock);
+}
+
+STUB_EXPORT void cachealloc_stub_clear_faults(void) {
+    pthread_mutex_lock(&stub_lock);
+    stub_nfaults = 0;
+    pthread_mutex_unlock(&stub_lock);
+}
+
+STUB_EXPORT void cachealloc_stub_counters(stub_counters *out) {
+    pthread_mutex_lock(&stub_lock);
+    stub_init_once_locked();
+    memset(out, 0, sizeof(*out));
+    for (size_t i = 0; i < stub_nallocs; i++)
+        if (stub_allocs[i].live) {
+            out->live_allocations++;
+            out->live_bytes += stub_allocs[i].size;
+        }
+    for (size_t i = 0; i < stub_nevents; i++) out->live_events += stub_events[i].live != 0;
+    for (size_t i = 0; i < stub_nstreams; i++) out->live_streams += stub_streams[i].live != 0;
+    for (int d = 0; d < STUB_MAX_DEVICES; d++) out->retained_contexts += stub_dev[d].ctx_refs;
+    out->bad_handles = stub_bad_handles;
+    out->calls = stub_calls;
+    out->injected = stub_injected;
+    pthread_mutex_unlock(&stub_lock);
+}
+
+/* The calling thread's current device (-1: none). */
+STUB_EXPORT int cachealloc_stub_current_device(void) {
+    return stub_current;
+}
+
+#endif
