@@ -297,10 +297,7 @@ fn two_devices_route_frees_across_threads() {
             ))
         };
         let m: Arc<MultiDeviceAllocator<MockDevice, Vec<BlockSlot>, 4, 2>> =
-            Arc::new(MultiDeviceAllocator::with_events([
-                dev(1 << 40),
-                dev(2 << 40),
-            ]));
+            Arc::new(MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]));
         let a = m.malloc(0, 4096, 0).unwrap();
         let b = m.malloc(1, 4096, 0).unwrap();
         let t1 = {
