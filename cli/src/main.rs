@@ -29,6 +29,8 @@ enum Command {
     Plot(cmd::plot::PlotArgs),
     /// Validate traces and print their statistics.
     Check(cmd::check::CheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(cmd::completions::CompletionsArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => a.run(),
         Command::Plot(a) => a.run(),
         Command::Check(a) => a.run(),
+        Command::Completions(a) => a.run::<Cli>(),
     };
     ExitCode::from(status)
 }

@@ -364,3 +364,28 @@ fn plot_writes_a_well_formed_svg_with_both_series() {
     let rects = doc.descendants().filter(|n| n.has_tag_name("rect")).count();
     assert!(rects > 100, "segment map blocks: {rects}");
 }
+
+/// `--version` names the version; `completions` prints a script per shell.
+#[test]
+fn version_and_completions() {
+    let out = run(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("cachealloc {}", env!("CARGO_PKG_VERSION"))
+    );
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef"),
+        ("fish", "complete -c"),
+    ] {
+        let out = run(&["completions", shell]);
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(marker) && text.contains("replay"),
+            "{shell}: {text}"
+        );
+    }
+    assert_eq!(run(&["completions", "cmd.exe"]).status.code(), Some(2));
+}

@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod compare;
+pub mod completions;
 pub mod plot;
 pub mod replay;
 
