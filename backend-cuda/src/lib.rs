@@ -304,5 +304,12 @@ impl DeviceBackend for CudaBackend {
         self.ordinal
     }
 
+    /// Microseconds since the Unix epoch (what PyTorch's history records).
+    fn time_us(&mut self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    }
+
     const PLATFORM: &'static str = "CUDA";
 }

@@ -174,6 +174,8 @@ pub struct MockDevice {
     per_kind: HashMap<CallKind, u64>,
     faults: Vec<(FaultAt, bool)>,
     ordinal: u32,
+    /// The memory history's clock: one tick per reading.
+    clock: u64,
 }
 
 impl Default for MockDevice {
@@ -201,6 +203,7 @@ impl MockDevice {
             per_kind: HashMap::new(),
             faults: Vec::new(),
             ordinal: 0,
+            clock: 0,
         }
     }
 
@@ -469,6 +472,12 @@ impl DeviceBackend for MockDevice {
         self.free_events.push(event.0);
         self.live_events -= 1;
         Ok(())
+    }
+
+    /// A logical clock: 1, 2, 3, ... (deterministic histories).
+    fn time_us(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
     }
 
     fn mem_info(&mut self) -> Result<MemInfo, MockError> {

@@ -184,6 +184,13 @@ pub trait DeviceBackend {
         0
     }
 
+    /// A monotonic clock for the memory history's `time_us` (PyTorch's is
+    /// microseconds since the Unix epoch). The provided one is always 0; a
+    /// simulated device can count.
+    fn time_us(&mut self) -> u64 {
+        0
+    }
+
     /// The platform's name in messages, as PyTorch prints it: "CUDA out of
     /// memory", "PYTORCH_CUDA_ALLOC_CONF" (PyTorch on ROCm says "HIP").
     const PLATFORM: &'static str = "CUDA";

@@ -7,6 +7,7 @@ use crate::allocator::DeviceAllocator;
 use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
+use crate::history::{HistoryStorage, NoHistory};
 use crate::invariants::InvariantViolation;
 use crate::snapshot::CacheInfo;
 use crate::stats::DeviceStats;
@@ -28,18 +29,19 @@ type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 /// assert_eq!(a.stats().allocation.all().current, 0);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
-pub struct CachingAllocator<B: DeviceBackend, S, const E: usize = 64> {
-    inner: Mutex<DeviceAllocator<B, S, E>>,
+pub struct CachingAllocator<B: DeviceBackend, S, const E: usize = 64, H = NoHistory> {
+    inner: Mutex<DeviceAllocator<B, S, E, H>>,
 }
 
-impl<B, S, const E: usize> CachingAllocator<B, S, E>
+impl<B, S, const E: usize, H> CachingAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     /// Wrap an allocator (`const`, for statics; not under loom).
     #[cfg(not(loom))]
-    pub const fn new(allocator: DeviceAllocator<B, S, E>) -> Self {
+    pub const fn new(allocator: DeviceAllocator<B, S, E, H>) -> Self {
         CachingAllocator {
             inner: Mutex::new(allocator),
         }
@@ -47,7 +49,7 @@ where
 
     /// Wrap an allocator.
     #[cfg(loom)]
-    pub fn new(allocator: DeviceAllocator<B, S, E>) -> Self {
+    pub fn new(allocator: DeviceAllocator<B, S, E, H>) -> Self {
         CachingAllocator {
             inner: Mutex::new(allocator),
         }
@@ -114,12 +116,12 @@ where
     }
 
     /// Run `f` with the allocator locked (several operations as one).
-    pub fn with<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E>) -> R) -> R {
+    pub fn with<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H>) -> R) -> R {
         f(&mut self.inner.lock())
     }
 
     /// The allocator, unlocked.
-    pub fn into_inner(self) -> DeviceAllocator<B, S, E> {
+    pub fn into_inner(self) -> DeviceAllocator<B, S, E, H> {
         self.inner.into_inner()
     }
 }
@@ -148,26 +150,28 @@ pub struct DeviceAllocation {
 /// assert_eq!(m.device(1).unwrap().stats().allocation.all().allocated, 1);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
-pub struct MultiDeviceAllocator<B: DeviceBackend, S, const E: usize, const D: usize> {
-    devices: [CachingAllocator<B, S, E>; D],
+pub struct MultiDeviceAllocator<B: DeviceBackend, S, const E: usize, const D: usize, H = NoHistory>
+{
+    devices: [CachingAllocator<B, S, E, H>; D],
 }
 
-impl<B, S, const E: usize, const D: usize> MultiDeviceAllocator<B, S, E, D>
+impl<B, S, const E: usize, const D: usize, H> MultiDeviceAllocator<B, S, E, D, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     /// The devices, index = device number. Their address ranges must not overlap.
-    pub const fn new(devices: [CachingAllocator<B, S, E>; D]) -> Self {
+    pub const fn new(devices: [CachingAllocator<B, S, E, H>; D]) -> Self {
         MultiDeviceAllocator { devices }
     }
 
     /// One device.
-    pub fn device(&self, device: usize) -> Option<&CachingAllocator<B, S, E>> {
+    pub fn device(&self, device: usize) -> Option<&CachingAllocator<B, S, E, H>> {
         self.devices.get(device)
     }
 
-    fn get(&self, device: usize) -> Res<&CachingAllocator<B, S, E>, B> {
+    fn get(&self, device: usize) -> Res<&CachingAllocator<B, S, E, H>, B> {
         self.devices.get(device).ok_or(Error::NoSuchDevice {
             device: device as u32,
         })
@@ -221,7 +225,7 @@ where
     }
 
     /// The devices, unwrapped.
-    pub fn into_devices(self) -> [CachingAllocator<B, S, E>; D] {
+    pub fn into_devices(self) -> [CachingAllocator<B, S, E, H>; D] {
         self.devices
     }
 

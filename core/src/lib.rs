@@ -71,6 +71,7 @@ pub mod caching;
 pub mod config;
 mod error;
 mod events;
+pub mod history;
 mod index;
 mod invariants;
 mod live;
@@ -89,7 +90,13 @@ pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError};
 pub use error::{Error, OomReport};
+pub use history::{
+    History, HistoryEntries, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceAction,
+    TraceActions, TraceEntry, TraceTracker,
+};
 pub use invariants::InvariantViolation;
 pub use pool::Pool;
-pub use snapshot::{BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments};
+pub use snapshot::{
+    AllocatorSettings, BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments, Snapshot,
+};
 pub use stats::{DeviceStats, Stat, StatArray};

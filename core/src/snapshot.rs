@@ -5,6 +5,8 @@
 
 use crate::arena::{BlockSlot, Flags};
 use crate::backend::DevicePtr;
+use crate::config::Config;
+use crate::history::HistoryEntries;
 use crate::pool::Pool;
 use crate::segment_index::SegmentIndex;
 
@@ -179,5 +181,60 @@ impl<'a, St: From<u64>> Iterator for Segments<'a, St> {
             }
         }
         Some(info)
+    }
+}
+
+/// PyTorch's `snapshot()`: one device's segments with their blocks, its
+/// memory history (oldest first) and its allocator settings. Made by
+/// `DeviceAllocator::snapshot`; nothing in it allocates.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Snapshot<'a, St> {
+    /// The device's ordinal.
+    pub device: u32,
+    /// The segments, in address order.
+    pub segments: Segments<'a, St>,
+    /// The trace entries kept.
+    pub history: HistoryEntries<'a>,
+    /// Entries the ring buffer had to drop.
+    pub dropped: u64,
+    /// The settings.
+    pub settings: AllocatorSettings,
+}
+
+/// The allocator settings of a snapshot (PyTorch's `AllocatorConfigInfo`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct AllocatorSettings {
+    /// The policy: `max_split_size`, `garbage_collection_threshold`,
+    /// `roundup_power2_divisions`; its `Display` is the settings string.
+    pub config: Config,
+    /// Expandable segments (not supported: false).
+    pub expandable_segments: bool,
+    /// PyTorch's pinned-memory setting (host memory is not ours: 1).
+    pub pinned_num_register_threads: u32,
+    /// PyTorch's `release_lock_on_cudamalloc` (as configured; it changes
+    /// nothing here).
+    pub release_lock_on_cudamalloc: bool,
+    /// PyTorch's pinned-memory setting (false).
+    pub pinned_use_cuda_host_register: bool,
+    /// PyTorch's `graph_capture_record_stream_reuse` (false).
+    pub graph_capture_record_stream_reuse: bool,
+}
+
+impl AllocatorSettings {
+    /// The settings of an allocator with the default policy.
+    pub const DEFAULT: AllocatorSettings = AllocatorSettings::of(Config::DEFAULT);
+
+    /// The settings of an allocator with this policy.
+    pub(crate) const fn of(config: Config) -> AllocatorSettings {
+        AllocatorSettings {
+            config,
+            expandable_segments: false,
+            pinned_num_register_threads: 1,
+            release_lock_on_cudamalloc: config.release_lock_on_malloc,
+            pinned_use_cuda_host_register: false,
+            graph_capture_record_stream_reuse: false,
+        }
     }
 }

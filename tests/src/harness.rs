@@ -137,5 +137,8 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     fn ordinal(&self) -> u32 {
         self.inner.ordinal()
     }
+    fn time_us(&mut self) -> u64 {
+        self.inner.time_us()
+    }
     const PLATFORM: &'static str = B::PLATFORM;
 }

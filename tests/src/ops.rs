@@ -258,6 +258,12 @@ pub fn replay(case: &Case) -> Result<Replayed, String> {
 
 /// [`replay()`], checking the invariants after every `check_every`-th event and at the end.
 pub fn replay_checked(case: &Case, check_every: u64) -> Result<Replayed, String> {
+    replay_with(case, check_every, 0)
+}
+
+/// [`replay_checked`] with a memory history of `history` entries per device
+/// and, when it is not 0, a snapshot at the end (in the report).
+pub fn replay_with(case: &Case, check_every: u64, history: usize) -> Result<Replayed, String> {
     let config = Config::parse(&case.conf).map_err(|e| e.to_string())?;
     let opts = Options {
         config,
@@ -265,6 +271,8 @@ pub fn replay_checked(case: &Case, check_every: u64) -> Result<Replayed, String>
         capacity: case.capacity,
         memory_fraction: case.memory_fraction,
         slots: 2048,
+        history,
+        snapshot: history > 0,
     };
     let reader = TraceReader::from_bytes(
         &format!("case-{}", case.seed),

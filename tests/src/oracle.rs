@@ -22,16 +22,7 @@ pub struct Job {
 /// The model's `memory_stats` (device 0) for each job, in order, run in one
 /// Python process through `tests/oracle_batch.py`.
 pub fn run_batch(data: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<ModelStats>, String> {
-    let list = scratch.join("jobs.jsonl");
-    let mut text = String::new();
-    for j in jobs {
-        text.push_str(
-            &serde_json::json!({"path": j.path, "conf": j.conf, "capacity": j.capacity, "memory_fraction": j.memory_fraction})
-                .to_string(),
-        );
-        text.push('\n');
-    }
-    std::fs::write(&list, text).map_err(|e| format!("{}: {e}", list.display()))?;
+    let list = write_jobs(jobs, scratch)?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oracle_batch.py");
     let out = Command::new("python3")
         .arg(&script)
@@ -69,6 +60,64 @@ pub fn run_batch(data: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<ModelS
         ));
     }
     Ok(results)
+}
+
+/// The model's snapshot (segments, one trace list per device, settings)
+/// after each job, with its memory history on, run in one Python process
+/// through `tests/oracle_history.py`.
+pub fn run_history_batch(
+    data: &Path,
+    jobs: &[Job],
+    scratch: &Path,
+) -> Result<Vec<Result<Value, String>>, String> {
+    let list = write_jobs(jobs, scratch)?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oracle_history.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(data.join("oracle"))
+        .arg(&list)
+        .arg(scratch)
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "oracle history batch failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let results: Vec<_> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).map_err(|e| format!("oracle output: {e}"))?;
+            match v.get("ok") {
+                Some(snap) => Ok(snap.clone()),
+                None => Err(v["error"].as_str().unwrap_or("?").to_string()),
+            }
+        })
+        .collect();
+    if results.len() != jobs.len() {
+        return Err(format!(
+            "oracle answered {} of {} jobs",
+            results.len(),
+            jobs.len()
+        ));
+    }
+    Ok(results)
+}
+
+/// Write the jobs as JSON lines in `scratch`; the file's path.
+fn write_jobs(jobs: &[Job], scratch: &Path) -> Result<PathBuf, String> {
+    let list = scratch.join("jobs.jsonl");
+    let mut text = String::new();
+    for j in jobs {
+        text.push_str(
+            &serde_json::json!({"path": j.path, "conf": j.conf, "capacity": j.capacity, "memory_fraction": j.memory_fraction})
+                .to_string(),
+        );
+        text.push('\n');
+    }
+    std::fs::write(&list, text).map_err(|e| format!("{}: {e}", list.display()))?;
+    Ok(list)
 }
 
 /// The model's command line on one trace: `python3 pytorch_sim.py TRACE`,

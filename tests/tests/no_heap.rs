@@ -85,6 +85,48 @@ fn steady_state_operations_do_not_touch_the_heap() {
     a.check_invariants().unwrap();
 }
 
+/// The same with the memory history on (a ring of 256 entries, so it wraps
+/// thousands of times) and a trace tracker attached.
+#[test]
+fn history_and_trackers_do_not_touch_the_heap() {
+    use cachealloc_core::{TraceActions, TraceEntry};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+    fn tracker(_: &TraceEntry) {
+        SEEN.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut a: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64, Box<[TraceEntry]>> =
+        DeviceAllocator::with_history(
+            MockDevice::unlimited(),
+            vec![BlockSlot::VACANT; 4096].into_boxed_slice(),
+            vec![TraceEntry::EMPTY; 256].into_boxed_slice(),
+            Config::DEFAULT,
+        );
+    a.record_history(true, usize::MAX, false, TraceActions::NONE);
+    assert!(a.attach_trace_tracker(&tracker).is_ok());
+    let round = |a: &mut DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64, Box<[TraceEntry]>>| {
+        let x = a.malloc(4096, 0).unwrap().id.unwrap();
+        let y = a.malloc(3 << 20, 1).unwrap().id.unwrap();
+        a.record_stream(x, 2).unwrap();
+        a.free(x).unwrap();
+        a.free(y).unwrap();
+        a.backend_mut().sync(None);
+    };
+    for _ in 0..100 {
+        round(&mut a);
+    }
+    let n = count(|| {
+        for _ in 0..10_000 {
+            round(&mut a);
+        }
+        let _ = a.snapshot().history.count();
+    });
+    println!("heap allocations in 10,000 rounds with history on: {n}");
+    assert_eq!(n, 0);
+    assert!(a.history().dropped() > 50_000 && SEEN.load(Ordering::Relaxed) > 60_000);
+    a.check_invariants().unwrap();
+}
+
 /// The counter does count (a test that cannot fail proves nothing).
 #[test]
 fn the_counter_counts() {

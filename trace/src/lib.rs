@@ -38,6 +38,7 @@ mod reader;
 mod replay;
 mod report;
 mod run;
+mod snapshot;
 
 pub use check::{check, check_reader, TraceStats};
 pub use device::ReplayDevice;
@@ -50,3 +51,7 @@ pub use reader::TraceReader;
 pub use replay::{Alloc, Device, Replay};
 pub use report::Report;
 pub use run::{run, run_on, run_reader, run_reader_on, Observer, Options, Quiet};
+pub use snapshot::{
+    write_snapshot, AnnotationDict, BlockDict, Dropped, Frame, SegmentDict, SettingsDict,
+    SnapshotDict, TraceDict,
+};

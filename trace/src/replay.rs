@@ -12,12 +12,15 @@ use crate::error::Reason;
 use crate::event::Event;
 use crate::liveness::Liveness;
 use crate::run::Options;
-use cachealloc_core::{BlockId, BlockSlot, DeviceAllocator, DeviceBackend};
+use cachealloc_core::{
+    BlockId, BlockSlot, DeviceAllocator, DeviceBackend, TraceActions, TraceEntry,
+};
 use cachealloc_mock::MockDevice;
 
-/// The allocator a replay drives (on the simulated device unless said).
+/// The allocator a replay drives (on the simulated device unless said),
+/// with room for `Options::history` trace entries.
 pub type Alloc<D = MockDevice> =
-    DeviceAllocator<<D as ReplayDevice>::Backend, Box<[BlockSlot]>, 1024>;
+    DeviceAllocator<<D as ReplayDevice>::Backend, Box<[BlockSlot]>, 1024, Box<[TraceEntry]>>;
 
 /// The stream type of a device kind.
 type Stream<D> = <<D as ReplayDevice>::Backend as DeviceBackend>::Stream;
@@ -76,6 +79,8 @@ pub struct Replay<D: ReplayDevice = MockDevice> {
     pub live_bytes: u64,
     /// Its peak.
     pub peak_live: u64,
+    /// The trace line being applied (the history's context).
+    line: u64,
 }
 
 fn allocator_error(e: impl std::fmt::Display) -> Reason {
@@ -99,6 +104,7 @@ impl<D: ReplayDevice> Replay<D> {
             ooms: 0,
             live_bytes: 0,
             peak_live: 0,
+            line: 0,
         }
     }
 
@@ -117,7 +123,13 @@ impl<D: ReplayDevice> Replay<D> {
             .take()
             .unwrap_or_else(|| vec![BlockSlot::VACANT; self.opts.slots].into_boxed_slice());
         let backend = D::open(index, self.capacity).map_err(Reason::Device)?;
-        let mut alloc = DeviceAllocator::with_events(backend, storage, self.opts.config);
+        let history = vec![TraceEntry::EMPTY; self.opts.history].into_boxed_slice();
+        let mut alloc =
+            DeviceAllocator::with_events_and_history(backend, storage, history, self.opts.config);
+        if self.opts.history > 0 {
+            alloc.record_history(true, usize::MAX, false, TraceActions::NONE);
+            alloc.set_trace_context(self.line);
+        }
         if let (false, Some(cap)) = (D::SIMULATED, self.capacity) {
             alloc.set_memory_limit(cap);
         }
@@ -135,6 +147,18 @@ impl<D: ReplayDevice> Replay<D> {
             streams: Vec::new(),
         });
         Ok(self.devices.len() - 1)
+    }
+
+    /// The trace line of the next event (with history on, the entries it
+    /// makes carry it as their context).
+    #[inline]
+    pub fn set_line(&mut self, line: u64) {
+        self.line = line;
+        if self.opts.history > 0 {
+            for d in &mut self.devices {
+                d.alloc.set_trace_context(line);
+            }
+        }
     }
 
     /// Reserved bytes over all devices now.

@@ -1,6 +1,7 @@
 //! [`Report`]: what a replay measured, and its JSON (the replay contract of
 //! the design).
 
+use crate::snapshot::{Dropped, SnapshotDict};
 use cachealloc_core::DeviceStats;
 
 /// The result of a replay.
@@ -26,6 +27,9 @@ pub struct Report {
     pub peak_reserved_bytes: u64,
     /// Per device: its index and statistics.
     pub devices: Vec<(u64, DeviceStats)>,
+    /// The snapshot, when asked for, and the trace entries each device's
+    /// history dropped.
+    pub snapshot: Option<(SnapshotDict, Dropped)>,
     /// Wall time of the whole run: reading, decompressing, parsing, replaying.
     pub total_seconds: f64,
     /// Of which reading, decompressing and parsing.

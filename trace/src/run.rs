@@ -26,6 +26,11 @@ pub struct Options {
     pub memory_fraction: Option<f64>,
     /// Block slots per device.
     pub slots: usize,
+    /// Trace entries of memory history kept per device (0: no history).
+    pub history: usize,
+    /// Whether the report carries a snapshot (taken at the end, or where
+    /// the observer stopped the replay).
+    pub snapshot: bool,
 }
 
 impl Default for Options {
@@ -36,6 +41,8 @@ impl Default for Options {
             capacity: None,
             memory_fraction: None,
             slots: 1 << 17,
+            history: 0,
+            snapshot: false,
         }
     }
 }
@@ -165,6 +172,9 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .iter()
             .map(|d| (d.index, *d.alloc.stats()))
             .collect(),
+        snapshot: opts
+            .snapshot
+            .then(|| r.snapshot_dict(reader.path(), &opts.conf)),
         total_seconds: t0.elapsed().as_secs_f64(),
         parse_seconds: parse,
         replay_seconds: alloc,
@@ -182,5 +192,6 @@ fn apply<D: ReplayDevice>(
     line: u64,
     ev: Event,
 ) -> Result<(), TraceError> {
+    r.set_line(line);
     r.apply(ev).map_err(|e| reader.error(line, e))
 }

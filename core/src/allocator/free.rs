@@ -10,12 +10,15 @@ use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::DeviceBackend;
 use crate::error::Error;
 use crate::events::Sweep;
+use crate::history::HistoryStorage;
+use crate::history::TraceAction;
 use crate::pool::Pool;
 
-impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     /// `recordStream` on the live block in slot `i`.
     pub(super) fn record_stream_slot(&mut self, i: u32, stream: B::Stream) -> Res<(), B> {
@@ -49,11 +52,13 @@ where
         s.generation = s.generation.wrapping_add(1).max(1);
         s.events = events;
         let (pool, size) = (Pool::of(s.flags), s.size);
+        let (addr, requested, stream) = (s.addr, s.requested, s.stream);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
+        self.record(TraceAction::FreeRequested, addr, requested, stream);
         if events == 0 {
             self.free_block(i);
         }
@@ -61,9 +66,16 @@ where
     }
 
     /// `free_block`: merge block `i` with its cached neighbours and cache
-    /// the result. The lower block survives a merge, so a segment's head slot
-    /// never changes.
+    /// the result. The lower block's slot survives a merge, so a segment's
+    /// head slot never changes; the merged block carries the freed block's
+    /// last request (in PyTorch the freed block object survives, and a
+    /// snapshot shows its `requested_size`).
     pub(super) fn free_block(&mut self, i: u32) {
+        let (addr, requested, stream) = {
+            let s = self.slot(i);
+            (s.addr, s.requested, s.stream)
+        };
+        self.record(TraceAction::FreeCompleted, addr, requested, stream);
         if self.try_merge_in_place(i) {
             return;
         }
@@ -79,6 +91,7 @@ where
             net_bytes -= self.slot(p).size as i64;
             self.cache_remove(p);
             self.absorb_next(p);
+            self.slot_mut(p).requested = requested;
             b = p;
             net_blocks -= 1;
         }
@@ -149,6 +162,7 @@ where
         ts.addr = grown.2;
         ts.size = grown.1;
         ts.prev = p;
+        ts.requested = requested;
         ts.aux = clock; // re-cached now
         self.slot_mut(p).next = n;
         self.arena.release(i);

@@ -6,6 +6,7 @@
 use super::DeviceAllocator;
 use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::DeviceBackend;
+use crate::history::HistoryStorage;
 use crate::invariants::{ensure, expect, fail, InvariantViolation};
 use crate::pool::Pool;
 use crate::stats::DeviceStats;
@@ -29,10 +30,11 @@ struct Cursor {
     prev_cached: bool,
 }
 
-impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     /// Check every structural and accounting invariant: the free-slot list,
     /// the three indexes and the event queue check themselves; segments tile

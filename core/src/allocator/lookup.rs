@@ -6,11 +6,13 @@ use crate::allocation::AllocationInfo;
 use crate::arena::{BlockId, BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
+use crate::history::HistoryStorage;
 
-impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     /// The slot of a live allocation's handle.
     pub(super) fn validate(&self, id: BlockId) -> Res<u32, B> {

@@ -10,13 +10,16 @@ use crate::allocation::{Allocation, MallocFlags};
 use crate::arena::{BlockSlot, NIL};
 use crate::backend::{DeviceBackend, DevicePtr, MallocError};
 use crate::error::{Error, OomReport};
+use crate::history::HistoryStorage;
+use crate::history::TraceAction;
 use crate::policy;
 use crate::pool::Pool;
 
-impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     pub(super) fn malloc_impl(
         &mut self,
@@ -64,7 +67,7 @@ where
                 }
             }
             if found == NIL {
-                return Err(self.out_of_memory(orig, size, alloc_size));
+                return Err(self.out_of_memory(orig, size, alloc_size, skey));
             }
         }
         Ok(self.alloc_found_block(found, orig, size, pool))
@@ -161,6 +164,7 @@ where
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
+        self.record(TraceAction::SegmentAlloc, ptr.0, alloc_size, skey);
         Ok(i)
     }
 
@@ -203,9 +207,17 @@ where
 
     /// The out-of-memory error (counted in `num_ooms`), with the numbers of
     /// PyTorch's message.
-    fn out_of_memory(&mut self, orig: u64, size: u64, alloc_size: u64) -> Error<B::Error> {
+    fn out_of_memory(
+        &mut self,
+        orig: u64,
+        size: u64,
+        alloc_size: u64,
+        stream: u64,
+    ) -> Error<B::Error> {
         let info = self.backend.mem_info().unwrap_or_default();
+        self.record(TraceAction::Oom, info.free, size, stream);
         self.stats.num_ooms += 1;
+        self.notify_out_of_memory(alloc_size, self.limit.unwrap_or(info.total), info.free);
         Error::OutOfMemory(OomReport {
             platform: B::PLATFORM,
             device: self.backend.ordinal(),

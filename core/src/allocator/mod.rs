@@ -8,7 +8,9 @@
 //! collection), `lookup.rs` (handles and pointers to slots) and
 //! `invariants.rs` (the checker).
 
+mod construct;
 mod free;
+mod history;
 mod invariants;
 mod lookup;
 mod malloc;
@@ -23,6 +25,7 @@ use crate::backend::{DeviceBackend, DevicePtr};
 use crate::config::Config;
 use crate::error::Error;
 use crate::events::EventQueue;
+use crate::history::{History, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceTracker};
 use crate::live::LiveIndex;
 use crate::pool::{Pool, Pools};
 use crate::segment_index::SegmentIndex;
@@ -62,10 +65,11 @@ pub trait FreeAccess {
     fn free(&mut self, id: BlockId) -> bool;
 }
 
-impl<B, S, const E: usize> FreeAccess for DeviceAllocator<B, S, E>
+impl<B, S, const E: usize, H> FreeAccess for DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     fn free_ptr(&mut self, ptr: DevicePtr) -> bool {
         DeviceAllocator::free_ptr(self, ptr).is_ok()
@@ -80,7 +84,9 @@ where
 /// `B` is the device, `S` the block-slot storage (any
 /// `AsRef<[BlockSlot]> + AsMut<[BlockSlot]>`), `E` the event capacity
 /// ([`new`](Self::new) uses [`DEFAULT_EVENTS`];
-/// [`with_events`](Self::with_events) any other, at most 65535).
+/// [`with_events`](Self::with_events) any other, at most 65535), `H` the
+/// storage of the memory history ([`NoHistory`] unless made with
+/// [`with_history`](Self::with_history); see `record_history`).
 ///
 /// # Capacities, and what happens when they run out
 ///
@@ -111,7 +117,7 @@ where
 /// assert_eq!(a.stats().reserved_bytes.all().current, 0);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
-pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64> {
+pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64, H = NoHistory> {
     backend: B,
     /// Block metadata.
     arena: Arena<S>,
@@ -133,53 +139,22 @@ pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64> {
     total_allocated_memory: u64,
     next_allocation_id: u64,
     callbacks: heapless::Vec<&'static dyn FreeMemoryCallback, 4>,
+    /// The memory history.
+    history: History<H>,
+    trackers: heapless::Vec<&'static dyn TraceTracker, 4>,
+    oom_observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
+    /// The caller's context id, carried by the entries recorded now.
+    trace_context: u64,
 }
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 
-impl<B, S> DeviceAllocator<B, S, DEFAULT_EVENTS>
+impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
-    /// A new allocator over `backend`, keeping block metadata in `storage`,
-    /// with [`DEFAULT_EVENTS`] events. `const`, so a `no_std` program can
-    /// build it in a `static`.
-    pub const fn new(backend: B, storage: S, config: Config) -> Self {
-        Self::with_events(backend, storage, config)
-    }
-}
-
-impl<B, S, const E: usize> DeviceAllocator<B, S, E>
-where
-    B: DeviceBackend,
-    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
-{
-    /// [`new`](DeviceAllocator::new) with an event capacity of `E`:
-    /// `DeviceAllocator::<_, _, 256>::with_events(backend, storage, config)`.
-    pub const fn with_events(backend: B, storage: S, config: Config) -> Self {
-        const { assert!(E <= u16::MAX as usize, "E must fit a u16") };
-        DeviceAllocator {
-            backend,
-            arena: Arena::new(storage),
-            pools: Pools::EMPTY,
-            segments: SegmentIndex::EMPTY,
-            live: LiveIndex::EMPTY,
-            events: EventQueue::new(),
-            config,
-            initial_config: config,
-            stats: DeviceStats::new(if config.max_split_size == u64::MAX {
-                None
-            } else {
-                Some(config.max_split_size)
-            }),
-            limit: None,
-            total_allocated_memory: 0,
-            next_allocation_id: 1,
-            callbacks: heapless::Vec::new(),
-        }
-    }
-
     /// Allocate `size` bytes for use on `stream`. Zero bytes give
     /// [`Allocation::NULL`] without touching the allocator.
     #[inline]

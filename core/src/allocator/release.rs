@@ -1,29 +1,35 @@
 //! Returning cached segments to the device: `release_block` (one whole
 //! segment), the two release rungs of the malloc ladder
 //! (`release_available_cached_blocks`, `release_cached_blocks`, which is also
-//! `empty_cache`) and `garbage_collect_cached_blocks`.
+//! `empty_cache`) and `garbage_collect_cached_blocks`. Whole segments are
+//! released in the order PyTorch walks a pool's free set: by (stream, size,
+//! address).
 
 use super::{DeviceAllocator, Res};
-use crate::arena::{BlockSlot, Flags, NIL};
+use crate::arena::{BlockSlot, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
-use crate::pool::Pool;
+use crate::history::HistoryStorage;
+use crate::pool::{FreeIndexKey, Pool};
 
-impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     /// `release_block`: give a whole cached segment back to the device. On a
     /// backend failure nothing changes.
     fn release_block(&mut self, i: u32) -> Res<(), B> {
-        let (addr, size, pool) = {
+        let (addr, size, pool, stream) = {
             let s = self.slot(i);
-            (s.addr, s.size, Pool::of(s.flags))
+            (s.addr, s.size, Pool::of(s.flags), s.stream)
         };
+        let entry = self.record_segment_free(addr, size, stream);
         self.backend
             .free(DevicePtr(addr), size)
             .map_err(Error::Backend)?;
+        self.keep(entry);
         self.cache_remove(i);
         self.segments.remove(self.arena.slots_mut(), i);
         self.total_allocated_memory -= size;
@@ -37,17 +43,21 @@ where
         Ok(())
     }
 
-    /// Whether a head slot is a cached whole segment.
-    #[inline]
-    fn is_whole_free(&self, h: u32) -> bool {
-        let s = self.slot(h);
-        s.has(Flags::CACHED) && s.next == NIL
+    /// The cached block after key `key` in `pool`'s free index (from the
+    /// start with `None`), or `NIL`: the order PyTorch walks a pool's free
+    /// set in, `(stream, size, address)`.
+    fn next_cached(&self, pool: Pool, key: Option<FreeIndexKey>) -> u32 {
+        let slots = self.arena.slots();
+        match key {
+            None => self.pools.get(pool).lower_bound(slots, (0, 0, 0)),
+            Some(k) => self.pools.get(pool).successor(slots, k),
+        }
     }
 
-    /// Whether head `h` is a whole cached segment of the large pool (what
-    /// garbage collection may release).
-    fn is_collectable(&self, h: u32) -> bool {
-        Pool::of(self.slot(h).flags) == Pool::Large && self.is_whole_free(h)
+    /// The free-index key of block `i`.
+    fn key_of(&self, i: u32) -> FreeIndexKey {
+        let s = self.slot(i);
+        (s.stream, s.size, s.addr)
     }
 
     /// `release_available_cached_blocks`: free cached oversize segments of
@@ -106,17 +116,16 @@ where
         self.release_whole_segments(Pool::Small)
     }
 
-    /// Release every whole cached segment of `pool`, in address order.
+    /// Release every whole cached segment of `pool`, in the order of its
+    /// free index (PyTorch's `release_blocks`).
     fn release_whole_segments(&mut self, pool: Pool) -> Res<(), B> {
-        let mut cur = self.segments.first(self.arena.slots());
+        let mut cur = self.next_cached(pool, None);
         while cur != NIL {
-            let next = self
-                .segments
-                .successor(self.arena.slots(), self.slot(cur).addr);
-            if Pool::of(self.slot(cur).flags) == pool && self.is_whole_free(cur) {
+            let key = self.key_of(cur);
+            if !self.slot(cur).is_split() {
                 self.release_block(cur)?;
             }
-            cur = next;
+            cur = self.next_cached(pool, Some(key));
         }
         Ok(())
     }
@@ -134,35 +143,30 @@ where
         let clock = self.pools.get(Pool::Large).gc_clock();
         let age = |s: &BlockSlot| clock.wrapping_sub(s.aux);
         let (mut total_age, mut count) = (0u64, 0u64);
-        let mut cur = self.segments.first(self.arena.slots());
+        let mut cur = self.next_cached(Pool::Large, None);
         while cur != NIL {
-            if self.is_collectable(cur) {
+            if !self.slot(cur).is_split() {
                 total_age += age(self.slot(cur));
                 count += 1;
             }
-            cur = self
-                .segments
-                .successor(self.arena.slots(), self.slot(cur).addr);
+            cur = self.next_cached(Pool::Large, Some(self.key_of(cur)));
         }
         let mut reclaimed = 0u64;
         let mut freed = true;
         while reclaimed < target && freed && count > 0 {
             let threshold = total_age as f64 / count as f64;
             freed = false;
-            let mut cur = self.segments.first(self.arena.slots());
+            let mut cur = self.next_cached(Pool::Large, None);
             while cur != NIL {
-                let (a, size) = (age(self.slot(cur)), self.slot(cur).size);
-                let next = self
-                    .segments
-                    .successor(self.arena.slots(), self.slot(cur).addr);
-                if self.is_collectable(cur) && a as f64 >= threshold {
+                let (a, size, key) = (age(self.slot(cur)), self.slot(cur).size, self.key_of(cur));
+                if !self.slot(cur).is_split() && a as f64 >= threshold {
                     self.release_block(cur)?;
                     freed = true;
                     reclaimed += size;
                     total_age -= a;
                     count -= 1;
                 }
-                cur = next;
+                cur = self.next_cached(Pool::Large, Some(key));
             }
         }
         Ok(())

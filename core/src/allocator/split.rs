@@ -6,13 +6,16 @@ use super::DeviceAllocator;
 use crate::allocation::Allocation;
 use crate::arena::{BlockId, BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
+use crate::history::HistoryStorage;
+use crate::history::TraceAction;
 use crate::policy;
 use crate::pool::Pool;
 
-impl<B, S, const E: usize> DeviceAllocator<B, S, E>
+impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
 {
     /// Serve a request of `orig` bytes (rounded: `size`) from block `found`.
     pub(super) fn alloc_found_block(
@@ -89,13 +92,16 @@ where
     }
 
     /// The general split: block `i` keeps the low `size` bytes, the new slot
-    /// `r` the rest (not yet cached).
+    /// `r` the rest (not yet cached). The rest keeps the block's last
+    /// request: in PyTorch the remainder is the old block object, which a
+    /// snapshot shows.
     fn split_off_remainder(&mut self, i: u32, r: u32, size: u64, pool: Pool) {
-        let (addr, stream, next, bsize) = {
+        let (addr, stream, next, bsize, requested) = {
             let s = self.slot(i);
-            (s.addr, s.stream, s.next, s.size)
+            (s.addr, s.stream, s.next, s.size, s.requested)
         };
         let rs = self.slot_mut(r);
+        rs.requested = requested;
         rs.addr = addr + size;
         rs.size = bsize - size;
         rs.stream = stream;
@@ -119,8 +125,9 @@ where
         s.flags.insert(Flags::ALLOCATED);
         s.requested = orig;
         s.aux = allocation_id;
-        let (addr, bs, generation) = (s.addr, s.size, s.generation);
+        let (addr, bs, generation, stream) = (s.addr, s.size, s.generation, s.stream);
         self.live.insert(self.arena.slots_mut(), i);
+        self.record(TraceAction::Alloc, addr, orig, stream);
         let st = &mut self.stats;
         st.allocation.increase(pool, 1);
         st.allocated_bytes.increase(pool, bs);

@@ -13,4 +13,5 @@ mod errors;
 mod fault_injection;
 mod fuzz_logic;
 mod fuzz_trace;
+mod history;
 mod real_traces;

@@ -1,0 +1,296 @@
+//! PyTorch's memory snapshot (the dict `torch.cuda.memory._snapshot()`
+//! returns and pytorch.org/memory_viz reads) from a replay's allocators:
+//! segments with their blocks, one trace list per device, the allocator
+//! settings, and annotations. Written as a pickle (protocol 3, which
+//! memory_viz's own unpickler reads) or as JSON.
+//!
+//! Frames: a block and a trace entry carry one frame naming the trace line
+//! that made them (`{"name": "<action>", "filename": TRACE, "line": N}`), so
+//! memory_viz shows where in the trace a block came from.
+
+use crate::device::ReplayDevice;
+use crate::replay::Replay;
+use cachealloc_core::{AllocatorSettings, BlockState, Snapshot, TraceAction};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// One frame of a stack.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Frame {
+    /// What happened there.
+    pub name: String,
+    /// The trace file.
+    pub filename: String,
+    /// Its line.
+    pub line: u64,
+}
+
+/// A block of a segment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BlockDict {
+    /// Its address.
+    pub address: u64,
+    /// Its size.
+    pub size: u64,
+    /// The request of its last allocation.
+    pub requested_size: u64,
+    /// `active_allocated`, `active_pending_free` or `inactive`.
+    pub state: &'static str,
+    /// Where it was allocated.
+    pub frames: Vec<Frame>,
+}
+
+/// A segment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SegmentDict {
+    /// The device.
+    pub device: u32,
+    /// Its base.
+    pub address: u64,
+    /// Its size.
+    pub total_size: u64,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of allocated or pending blocks.
+    pub active_size: u64,
+    /// Requests of active blocks.
+    pub requested_size: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// `small` or `large`.
+    pub segment_type: &'static str,
+    /// Its pool (`(0, 0)`: the default pools).
+    pub segment_pool_id: (u64, u64),
+    /// Whether expandable.
+    pub is_expandable: bool,
+    /// Where it was allocated (not recorded: empty).
+    pub frames: Vec<Frame>,
+    /// Its blocks, in address order.
+    pub blocks: Vec<BlockDict>,
+}
+
+/// A trace entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TraceDict {
+    /// The action (`alloc`, `free_requested`, ...).
+    pub action: &'static str,
+    /// The address (every action but `oom`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<u64>,
+    /// The device's free bytes (`oom` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
+    /// Bytes.
+    pub size: u64,
+    /// The stream.
+    pub stream: u64,
+    /// When.
+    pub time_us: u64,
+    /// Where (present when the entry has a context).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<Frame>,
+}
+
+/// An annotation (PyTorch's `external_annotations` entry).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AnnotationDict {
+    /// Its name.
+    pub name: String,
+    /// `START` (ours are points).
+    pub stage: &'static str,
+    /// The device.
+    pub device: u32,
+    /// When.
+    pub time_us: u64,
+}
+
+/// The allocator settings (PyTorch's `AllocatorConfigInfo`, its key names).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SettingsDict {
+    /// The settings string as given.
+    #[serde(rename = "PYTORCH_CUDA_ALLOC_CONF")]
+    pub conf: String,
+    /// `max_split_size` (-1: unlimited).
+    pub max_split_size: i64,
+    /// `garbage_collection_threshold`.
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// PyTorch's pinned-memory thread count.
+    pub pinned_num_register_threads: u32,
+    /// `release_lock_on_cudamalloc`.
+    pub release_lock_on_cudamalloc: bool,
+    /// PyTorch's pinned-memory setting.
+    pub pinned_use_cuda_host_register: bool,
+    /// `graph_capture_record_stream_reuse`.
+    pub graph_capture_record_stream_reuse: bool,
+    /// Divisions per size bucket, keyed "1", "2", "4", ... (MiB).
+    pub roundup_power2_divisions: BTreeMap<String, u32>,
+}
+
+/// The snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotDict {
+    /// Every device's segments, by device then address.
+    pub segments: Vec<SegmentDict>,
+    /// One trace list per device index.
+    pub device_traces: Vec<Vec<TraceDict>>,
+    /// The settings (of the first device).
+    pub allocator_settings: SettingsDict,
+    /// Annotations.
+    pub external_annotations: Vec<AnnotationDict>,
+}
+
+/// Trace entries the ring buffers dropped, per device (not in the dict:
+/// the tool reports it).
+pub type Dropped = Vec<(u32, u64)>;
+
+impl<D: ReplayDevice> Replay<D> {
+    /// Take a snapshot of every device (each records its `snapshot` entry),
+    /// naming `trace` in the frames; `conf` is the settings string as given.
+    pub fn snapshot_dict(&mut self, trace: &str, conf: &str) -> (SnapshotDict, Dropped) {
+        let mut dict = SnapshotDict {
+            segments: Vec::new(),
+            device_traces: Vec::new(),
+            allocator_settings: settings(AllocatorSettings::DEFAULT, conf),
+            external_annotations: Vec::new(),
+        };
+        let mut dropped = Vec::new();
+        for (k, d) in self.devices.iter_mut().enumerate() {
+            let snap = d.alloc.snapshot();
+            if k == 0 {
+                dict.allocator_settings = settings(snap.settings, conf);
+            }
+            dropped.push((snap.device, snap.dropped));
+            add_device(&mut dict, snap, trace);
+        }
+        (dict, dropped)
+    }
+}
+
+/// The settings dict.
+fn settings(s: AllocatorSettings, conf: &str) -> SettingsDict {
+    let c = s.config;
+    SettingsDict {
+        conf: conf.to_string(),
+        max_split_size: if c.max_split_size == u64::MAX {
+            -1
+        } else {
+            c.max_split_size as i64
+        },
+        garbage_collection_threshold: c.garbage_collection_threshold,
+        expandable_segments: s.expandable_segments,
+        pinned_num_register_threads: s.pinned_num_register_threads,
+        release_lock_on_cudamalloc: s.release_lock_on_cudamalloc,
+        pinned_use_cuda_host_register: s.pinned_use_cuda_host_register,
+        graph_capture_record_stream_reuse: s.graph_capture_record_stream_reuse,
+        roundup_power2_divisions: c
+            .roundup_power2_divisions
+            .iter()
+            .enumerate()
+            .map(|(i, d)| ((1u64 << i).to_string(), *d))
+            .collect(),
+    }
+}
+
+fn frame(name: &str, trace: &str, line: u64) -> Vec<Frame> {
+    if line == 0 {
+        return Vec::new();
+    }
+    vec![Frame {
+        name: name.to_string(),
+        filename: trace.to_string(),
+        line,
+    }]
+}
+
+/// Add one device's segments and history.
+fn add_device<St: Into<u64> + From<u64> + Copy>(
+    dict: &mut SnapshotDict,
+    snap: Snapshot<'_, St>,
+    trace: &str,
+) {
+    let device = snap.device;
+    let idx = device as usize;
+    if dict.device_traces.len() <= idx {
+        dict.device_traces.resize_with(idx + 1, Vec::new);
+    }
+    // The line of the last allocation at each address: the blocks' frames.
+    let mut allocated_at: HashMap<u64, u64> = HashMap::new();
+    for e in snap.history {
+        match e.action {
+            TraceAction::Alloc => {
+                allocated_at.insert(e.addr, e.context);
+            }
+            TraceAction::UserDefined => dict.external_annotations.push(AnnotationDict {
+                name: format!("annotation {}", e.context),
+                stage: "START",
+                device,
+                time_us: e.time_us,
+            }),
+            _ => {}
+        }
+        if e.action == TraceAction::UserDefined {
+            continue;
+        }
+        let oom = e.action == TraceAction::Oom;
+        dict.device_traces[idx].push(TraceDict {
+            action: e.action.as_str(),
+            addr: (!oom).then_some(e.addr),
+            device_free: oom.then_some(e.addr),
+            size: e.size,
+            stream: e.stream,
+            time_us: e.time_us,
+            frames: frame(e.action.as_str(), trace, e.context),
+        });
+    }
+    for seg in snap.segments {
+        let blocks = seg
+            .blocks()
+            .map(|b| BlockDict {
+                address: b.address.0,
+                size: b.size,
+                requested_size: b.requested_size,
+                state: b.state.as_str(),
+                frames: if b.state == BlockState::Inactive {
+                    Vec::new()
+                } else {
+                    allocated_at
+                        .get(&b.address.0)
+                        .map_or(Vec::new(), |&l| frame("alloc", trace, l))
+                },
+            })
+            .collect();
+        dict.segments.push(SegmentDict {
+            device,
+            address: seg.address.0,
+            total_size: seg.total_size,
+            allocated_size: seg.allocated_size,
+            active_size: seg.active_size,
+            requested_size: seg.requested_size,
+            stream: seg.stream.into(),
+            segment_type: match seg.pool {
+                cachealloc_core::Pool::Small => "small",
+                _ => "large",
+            },
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: Vec::new(),
+            blocks,
+        });
+    }
+}
+
+/// Write `dict` to `path`: JSON if it ends in `.json`, else a pickle
+/// (protocol 3).
+pub fn write_snapshot(path: &str, dict: &SnapshotDict) -> Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut w = std::io::BufWriter::new(file);
+    if path.ends_with(".json") {
+        serde_json::to_writer(&mut w, dict).map_err(|e| format!("{path}: {e}"))?;
+    } else {
+        serde_pickle::to_writer(&mut w, dict, serde_pickle::SerOptions::new())
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    std::io::Write::flush(&mut w).map_err(|e| format!("{path}: {e}"))
+}
