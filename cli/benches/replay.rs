@@ -40,7 +40,12 @@ fn replay(c: &mut Criterion) {
         g.bench_function("parse", |b| b.iter(|| parse_all(&t).len()));
         g.bench_function("bookkeeping", |b| {
             b.iter_batched(
-                || Replay::<cachealloc_mock::MockDevice>::new(Options::default(), None),
+                || {
+                    Replay::<cachealloc_mock::MockDevice>::new(
+                        Options::default(),
+                        &Default::default(),
+                    )
+                },
                 |mut r| {
                     for e in &events {
                         if r.apply(*e).is_err() {

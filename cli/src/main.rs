@@ -1,4 +1,4 @@
-//! `cachealloc`: replay, compare, plot and check allocation traces.
+//! `cachealloc`: replay, compare, plot, check and import allocation traces.
 
 mod backend;
 mod cmd;
@@ -29,6 +29,8 @@ enum Command {
     Plot(cmd::plot::PlotArgs),
     /// Validate traces and print their statistics.
     Check(cmd::check::CheckArgs),
+    /// Turn a PyTorch memory snapshot with its history into a trace.
+    Import(cmd::import::ImportArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(cmd::completions::CompletionsArgs),
 }
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => a.run(),
         Command::Plot(a) => a.run(),
         Command::Check(a) => a.run(),
+        Command::Import(a) => a.run(),
         Command::Completions(a) => a.run::<Cli>(),
     };
     ExitCode::from(status)

@@ -13,6 +13,8 @@ pub struct Progress {
     start: Instant,
     label: String,
     bar: Option<ProgressBar>,
+    /// Stop the replay after the event with this index.
+    stop: Option<u64>,
 }
 
 impl Progress {
@@ -23,7 +25,14 @@ impl Progress {
             start: Instant::now(),
             label: label.to_string(),
             bar: None,
+            stop: None,
         }
+    }
+
+    /// Also stop the replay after event `index` (from 0), if given.
+    pub fn stopping_at(mut self, index: Option<u64>) -> Progress {
+        self.stop = index;
+        self
     }
 
     /// `read` of `total` bytes of the file are done.
@@ -60,5 +69,8 @@ impl Drop for Progress {
 impl<D: ReplayDevice> Observer<D> for Progress {
     fn progress(&mut self, read: u64, total: u64) {
         self.update(read, total);
+    }
+    fn stop_after(&self, index: u64) -> bool {
+        self.stop.is_some_and(|s| index >= s)
     }
 }

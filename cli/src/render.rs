@@ -141,3 +141,63 @@ pub fn check_summary(t: &str, s: &TraceStats) {
     );
     println!("  streams {:?}, devices {:?}", s.streams, s.devices);
 }
+
+/// `check --against`: recorded and replayed, device by device.
+pub fn against(
+    trace: &str,
+    snapshot: &str,
+    conf: &str,
+    devices: &[cachealloc_trace::DeviceAgainst],
+) {
+    println!("{trace} against {snapshot}");
+    println!(
+        "  config          {}",
+        if conf.is_empty() { "(default)" } else { conf }
+    );
+    let same = |ok: bool| if ok { "same" } else { "DIFFERENT" };
+    for d in devices {
+        let (a, b) = (&d.recorded, &d.replayed);
+        println!(
+            "  device {}                  recorded        replayed",
+            d.device
+        );
+        println!(
+            "    device mallocs      {:>12}    {:>12}    {}",
+            a.mallocs.len(),
+            b.mallocs.len(),
+            same(a.mallocs == b.mallocs).replace("same", "same sizes, same order")
+        );
+        println!(
+            "    device frees        {:>12}    {:>12}    {}",
+            a.frees.len(),
+            b.frees.len(),
+            same(a.frees == b.frees).replace("same", "same sizes, same order")
+        );
+        println!(
+            "    peak reserved       {:>12}    {:>12}    {}",
+            human::bytes(a.peak_reserved),
+            human::bytes(b.peak_reserved),
+            same(a.peak_reserved == b.peak_reserved)
+        );
+        println!(
+            "    segments at the end {:>12}    {:>12}    {}",
+            a.segments,
+            b.segments,
+            same(a.segments == b.segments)
+        );
+        println!(
+            "    peak allocated                      {:>12}",
+            human::bytes(d.replayed_peak_allocated)
+        );
+        match &d.state_difference {
+            None => println!("    final segments and blocks: equal, block for block"),
+            Some(why) => println!("    final segments and blocks: {why}"),
+        }
+        if let Some(u) = d.real_addresses {
+            println!(
+                "    recorded addresses: {} mallocs placed, {} elsewhere, {} unused",
+                u.placed, u.missed, u.unused
+            );
+        }
+    }
+}

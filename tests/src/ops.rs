@@ -273,6 +273,7 @@ pub fn replay_with(case: &Case, check_every: u64, history: usize) -> Result<Repl
         slots: 2048,
         history,
         snapshot: history > 0,
+        ..Options::default()
     };
     let reader = TraceReader::from_bytes(
         &format!("case-{}", case.seed),

@@ -4,7 +4,7 @@
 //! implements it here; the CLI implements it for CUDA and HIP.
 
 use cachealloc_core::DeviceBackend;
-use cachealloc_mock::MockDevice;
+use cachealloc_mock::{MockDevice, RealAddressUse};
 
 /// A kind of device a trace can be replayed on.
 pub trait ReplayDevice {
@@ -33,6 +33,22 @@ pub trait ReplayDevice {
     ) -> Result<(), String> {
         Ok(())
     }
+    /// Give the device's mallocs the addresses of a recorded run, (address,
+    /// size) in malloc order (the trace header's `malloc_addresses`). Only
+    /// a simulated device can.
+    fn use_real_addresses(
+        _backend: &mut Self::Backend,
+        _mallocs: &[(u64, u64)],
+    ) -> Result<(), String> {
+        Err(
+            "only the simulated device (--backend mock) can hand out recorded addresses"
+                .to_string(),
+        )
+    }
+    /// How the recorded addresses were used (`None`: not a simulated device).
+    fn real_address_use(_backend: &Self::Backend) -> Option<RealAddressUse> {
+        None
+    }
 }
 
 impl ReplayDevice for MockDevice {
@@ -47,5 +63,12 @@ impl ReplayDevice for MockDevice {
     fn sync(backend: &mut MockDevice, stream: Option<u64>) -> Result<(), String> {
         backend.sync(stream);
         Ok(())
+    }
+    fn use_real_addresses(backend: &mut MockDevice, mallocs: &[(u64, u64)]) -> Result<(), String> {
+        backend.use_real_addresses(mallocs);
+        Ok(())
+    }
+    fn real_address_use(backend: &MockDevice) -> Option<RealAddressUse> {
+        Some(backend.real_address_use())
     }
 }

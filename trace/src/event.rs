@@ -1,6 +1,10 @@
 //! The contents of a trace: its [`Header`] and its [`Event`]s
 //! (`docs/trace-format.md`, version 1).
 
+/// The device mallocs of a recorded run, per device (in increasing device
+/// order): (device, [(address, size), ...] in malloc order).
+pub type MallocAddresses = Vec<(u64, Vec<(u64, u64)>)>;
+
 /// The header line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Header {
@@ -8,6 +12,22 @@ pub struct Header {
     pub source: String,
     /// Device memory the workload ran with, if known.
     pub device_capacity: Option<u64>,
+    /// How many events at the start rebuild the state the recording began
+    /// from (`prefix_events`; 0 for a trace recorded from a cold start).
+    pub prefix_events: u64,
+    /// The device mallocs of the recorded run, per device, in order:
+    /// (address, size) (`malloc_addresses`; empty when not recorded).
+    pub malloc_addresses: MallocAddresses,
+}
+
+impl Header {
+    /// The recorded mallocs of device `device` (empty if none).
+    pub fn mallocs_of(&self, device: u64) -> &[(u64, u64)] {
+        self.malloc_addresses
+            .iter()
+            .find(|(d, _)| *d == device)
+            .map_or(&[], |(_, m)| m.as_slice())
+    }
 }
 
 /// One event.

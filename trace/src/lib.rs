@@ -13,6 +13,8 @@
 //!   on the simulated device or any [`ReplayDevice`], into a [`Report`].
 //! - [`min_capacity`]: the smallest device the trace fits without an
 //!   out-of-memory error, by bisection.
+//! - [`import`]: a PyTorch memory snapshot with its history as a trace;
+//!   [`TraceWriter`] writes traces.
 //!
 //! ```
 //! use cachealloc_trace::{run_reader, Options, Quiet, TraceReader};
@@ -26,27 +28,33 @@
 //! # Ok::<(), cachealloc_trace::TraceError>(())
 //! ```
 
+mod against;
 mod check;
 mod device;
 mod error;
 mod event;
 pub mod fuzzing;
+pub mod import;
 mod liveness;
 mod min_capacity;
 mod parse;
+mod peak;
 mod reader;
 mod replay;
 mod report;
 mod run;
 mod snapshot;
+mod writer;
 
+pub use against::{against, DeviceAgainst, Side};
 pub use check::{check, check_reader, TraceStats};
 pub use device::ReplayDevice;
 pub use error::{LivenessError, Op, Reason, TraceError};
-pub use event::{Event, Header};
+pub use event::{Event, Header, MallocAddresses};
 pub use liveness::Liveness;
 pub use min_capacity::min_capacity;
 pub use parse::{parse_event, parse_header};
+pub use peak::{peak_event, StopAt};
 pub use reader::TraceReader;
 pub use replay::{Alloc, Device, Replay};
 pub use report::Report;
@@ -55,3 +63,4 @@ pub use snapshot::{
     write_snapshot, AnnotationDict, BlockDict, Dropped, Frame, SegmentDict, SettingsDict,
     SnapshotDict, TraceDict,
 };
+pub use writer::{event_json, TraceWriter};

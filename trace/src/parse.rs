@@ -2,7 +2,7 @@
 //! which field is wrong and why.
 
 use crate::error::Reason;
-use crate::event::{Event, Header};
+use crate::event::{Event, Header, MallocAddresses};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -154,15 +154,70 @@ fn parse_header_fields(line: &[u8]) -> Result<Header, String> {
         .and_then(|s| s.as_str())
         .unwrap_or("")
         .to_string();
+    let prefix_events = match obj.get("prefix_events") {
+        None | Some(serde_json::Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or("`prefix_events` must be a non-negative integer")?,
+    };
+    let malloc_addresses = match obj.get("malloc_addresses") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(v) => malloc_addresses(v)?,
+    };
     Ok(Header {
         source,
         device_capacity,
+        prefix_events,
+        malloc_addresses,
     })
+}
+
+/// `{"DEVICE": [[ADDRESS, SIZE], ...], ...}`, devices in increasing order.
+fn malloc_addresses(v: &serde_json::Value) -> Result<MallocAddresses, String> {
+    const SHAPE: &str =
+        "`malloc_addresses` must map device numbers to lists of [address, size] pairs";
+    let obj = v.as_object().ok_or(SHAPE)?;
+    let mut out = Vec::with_capacity(obj.len());
+    for (dev, list) in obj {
+        let dev: u64 = dev.parse().map_err(|_| SHAPE)?;
+        let pairs = list
+            .as_array()
+            .ok_or(SHAPE)?
+            .iter()
+            .map(|p| match p.as_array().map(Vec::as_slice) {
+                Some([a, s]) => Some((a.as_u64()?, s.as_u64()?)),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or(SHAPE)?;
+        out.push((dev, pairs));
+    }
+    out.sort_by_key(|(d, _)| *d);
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_extensions_parse_and_bad_ones_are_named() {
+        let h = parse_header(
+            br#"{"format":"cachealloc-trace","version":1,"prefix_events":3,"malloc_addresses":{"1":[[4096,2097152]],"0":[]}}"#,
+        )
+        .unwrap();
+        assert_eq!(h.prefix_events, 3);
+        assert_eq!(h.mallocs_of(1), &[(4096, 2 << 20)]);
+        assert_eq!(h.mallocs_of(7), &[]);
+        for bad in [
+            &br#"{"format":"cachealloc-trace","version":1,"prefix_events":-1}"#[..],
+            br#"{"format":"cachealloc-trace","version":1,"malloc_addresses":[1]}"#,
+            br#"{"format":"cachealloc-trace","version":1,"malloc_addresses":{"x":[]}}"#,
+            br#"{"format":"cachealloc-trace","version":1,"malloc_addresses":{"0":[[1]]}}"#,
+        ] {
+            assert!(parse_header(bad).is_err());
+        }
+    }
 
     #[test]
     fn events_parse_and_bad_fields_are_named() {

@@ -162,6 +162,18 @@ impl TraceReader {
         }
     }
 
+    /// Count the events left without parsing them (lines that are not
+    /// blank): sizes a history before a replay.
+    pub fn count_rest(mut self) -> Result<u64, TraceError> {
+        let mut n = 0;
+        while let Some(l) = self.next_line()? {
+            if !l.iter().all(u8::is_ascii_whitespace) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// An error at `line` of this trace.
     pub fn error(&self, line: u64, reason: Reason) -> TraceError {
         TraceError {

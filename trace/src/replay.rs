@@ -9,7 +9,7 @@
 
 use crate::device::ReplayDevice;
 use crate::error::Reason;
-use crate::event::Event;
+use crate::event::{Event, Header, MallocAddresses};
 use crate::liveness::Liveness;
 use crate::run::Options;
 use cachealloc_core::{
@@ -63,6 +63,8 @@ impl<D: ReplayDevice> Device<D> {
 pub struct Replay<D: ReplayDevice = MockDevice> {
     opts: Options,
     capacity: Option<u64>,
+    /// The recorded mallocs per device, when the replay hands them out.
+    real_mallocs: MallocAddresses,
     /// Device allocators, in order of first use.
     pub devices: Vec<Device<D>>,
     live: Liveness<Live>,
@@ -88,13 +90,20 @@ fn allocator_error(e: impl std::fmt::Display) -> Reason {
 }
 
 impl<D: ReplayDevice> Replay<D> {
-    /// A replay with `opts`; `header_capacity` is the trace's `device_capacity`.
-    pub fn new(opts: Options, header_capacity: Option<u64>) -> Self {
-        let capacity = opts.capacity.or(header_capacity);
+    /// A replay with `opts` of a trace with `header` (its `device_capacity`,
+    /// and its `malloc_addresses` if `opts.real_addresses`).
+    pub fn new(opts: Options, header: &Header) -> Self {
+        let capacity = opts.capacity.or(header.device_capacity);
         let slots = opts.slots;
+        let real_mallocs = if opts.real_addresses {
+            header.malloc_addresses.clone()
+        } else {
+            Vec::new()
+        };
         Replay {
             opts,
             capacity,
+            real_mallocs,
             devices: Vec::new(),
             spare: Some(vec![BlockSlot::VACANT; slots].into_boxed_slice()),
             live: Liveness::new(),
@@ -122,11 +131,19 @@ impl<D: ReplayDevice> Replay<D> {
             .spare
             .take()
             .unwrap_or_else(|| vec![BlockSlot::VACANT; self.opts.slots].into_boxed_slice());
-        let backend = D::open(index, self.capacity).map_err(Reason::Device)?;
+        let mut backend = D::open(index, self.capacity).map_err(Reason::Device)?;
+        if self.opts.real_addresses {
+            let mallocs = self
+                .real_mallocs
+                .iter()
+                .find(|(d, _)| *d == index)
+                .map_or(&[][..], |(_, m)| m.as_slice());
+            D::use_real_addresses(&mut backend, mallocs).map_err(Reason::Option)?;
+        }
         let history = vec![TraceEntry::EMPTY; self.opts.history].into_boxed_slice();
         let mut alloc =
             DeviceAllocator::with_events_and_history(backend, storage, history, self.opts.config);
-        if self.opts.history > 0 {
+        if self.opts.history > 0 && self.recording() {
             alloc.record_history(true, usize::MAX, false, TraceActions::NONE);
             alloc.set_trace_context(self.line);
         }
@@ -161,6 +178,28 @@ impl<D: ReplayDevice> Replay<D> {
         }
     }
 
+    /// Whether the events applied so far are past the rebuilt starting state
+    /// of an imported trace (always, for other traces).
+    #[inline]
+    fn recording(&self) -> bool {
+        self.opts.recorded_from.is_none_or(|n| self.events > n)
+    }
+
+    /// The recorded part of an imported trace begins: history starts and
+    /// the peaks restart from the state the warm-up rebuilt.
+    #[cold]
+    fn begin_recorded_part(&mut self) {
+        for d in &mut self.devices {
+            d.alloc.reset_peak_stats();
+            if self.opts.history > 0 {
+                d.alloc
+                    .record_history(true, usize::MAX, false, TraceActions::NONE);
+                d.alloc.set_trace_context(self.line);
+            }
+        }
+        self.peak_live = self.live_bytes;
+    }
+
     /// Reserved bytes over all devices now.
     pub fn reserved(&self) -> u64 {
         self.devices
@@ -172,6 +211,9 @@ impl<D: ReplayDevice> Replay<D> {
     /// Apply one event.
     #[inline]
     pub fn apply(&mut self, ev: Event) -> Result<(), Reason> {
+        if self.opts.recorded_from == Some(self.events) {
+            self.begin_recorded_part();
+        }
         self.events += 1;
         match ev {
             Event::Alloc {

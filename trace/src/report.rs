@@ -3,6 +3,7 @@
 
 use crate::snapshot::{Dropped, SnapshotDict};
 use cachealloc_core::DeviceStats;
+use cachealloc_mock::RealAddressUse;
 
 /// The result of a replay.
 #[non_exhaustive]
@@ -27,6 +28,9 @@ pub struct Report {
     pub peak_reserved_bytes: u64,
     /// Per device: its index and statistics.
     pub devices: Vec<(u64, DeviceStats)>,
+    /// Per device, how the recorded malloc addresses were used (with
+    /// `Options::real_addresses`; empty otherwise).
+    pub real_addresses: Vec<(u64, RealAddressUse)>,
     /// The snapshot, when asked for, and the trace entries each device's
     /// history dropped.
     pub snapshot: Option<(SnapshotDict, Dropped)>,
@@ -98,6 +102,19 @@ impl Report {
             "events_per_second": self.events_per_second(),
             "end_to_end_events_per_second": self.end_to_end_events_per_second(),
         });
+        if !self.real_addresses.is_empty() {
+            let m: serde_json::Map<_, _> = self
+                .real_addresses
+                .iter()
+                .map(|(i, u)| {
+                    (
+                        i.to_string(),
+                        serde_json::json!({"placed": u.placed, "missed": u.missed, "unused": u.unused}),
+                    )
+                })
+                .collect();
+            v["real_addresses"] = serde_json::Value::Object(m);
+        }
         if self.devices.len() > 1 {
             let devs: serde_json::Map<_, _> = self
                 .devices

@@ -31,6 +31,14 @@ pub struct Options {
     /// Whether the report carries a snapshot (taken at the end, or where
     /// the observer stopped the replay).
     pub snapshot: bool,
+    /// Give the simulated device's mallocs the addresses the recorded run
+    /// got (the header's `malloc_addresses`, which `import` writes).
+    pub real_addresses: bool,
+    /// Where the recorded part of an imported trace begins (its header's
+    /// `prefix_events`; the events before it rebuild the starting state):
+    /// with `Some(n)`, history records from event `n` on and the peaks
+    /// are reset there, so both describe the recorded part only.
+    pub recorded_from: Option<u64>,
 }
 
 impl Default for Options {
@@ -43,6 +51,8 @@ impl Default for Options {
             slots: 1 << 17,
             history: 0,
             snapshot: false,
+            real_addresses: false,
+            recorded_from: None,
         }
     }
 }
@@ -103,7 +113,16 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
     obs: &mut O,
 ) -> Result<(Report, Replay<D>), TraceError> {
     let path = reader.path().to_string();
-    let mut r = Replay::<D>::new(opts.clone(), reader.header.device_capacity);
+    if opts.real_addresses && reader.header.malloc_addresses.is_empty() {
+        return Err(reader.error(
+            0,
+            Reason::Option(
+                "--real-addresses: the trace records no malloc addresses (`cachealloc import` writes them)"
+                    .to_string(),
+            ),
+        ));
+    }
+    let mut r = Replay::<D>::new(opts.clone(), &reader.header);
     if opts.memory_fraction.is_some() && r.capacity().is_none() {
         return Err(reader.error(
             0,
@@ -171,6 +190,12 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .devices
             .iter()
             .map(|d| (d.index, *d.alloc.stats()))
+            .collect(),
+        real_addresses: r
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.index, D::real_address_use(d.alloc.backend())?)))
+            .filter(|_| opts.real_addresses)
             .collect(),
         snapshot: opts
             .snapshot

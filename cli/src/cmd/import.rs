@@ -1,0 +1,121 @@
+//! `cachealloc import`: a PyTorch memory snapshot (recorded with
+//! `torch.cuda.memory._record_memory_history`) as a trace.
+
+use cachealloc_cli::human;
+use cachealloc_trace::import::{import, Imported};
+use cachealloc_trace::TraceWriter;
+use clap::Args;
+
+/// Turn a PyTorch memory snapshot with its history into a trace.
+#[derive(Args)]
+pub struct ImportArgs {
+    /// The snapshot (`torch.cuda.memory._dump_snapshot`: a pickle, or the same dict as JSON).
+    snapshot: String,
+    /// The trace to write (gzip when it ends in .gz).
+    #[arg(short, long)]
+    output: String,
+    /// Allocator settings the recording ran with (default: the snapshot's own, else PyTorch's defaults).
+    #[arg(long)]
+    conf: Option<String>,
+}
+
+impl ImportArgs {
+    /// Run; the exit status.
+    pub fn run(self) -> u8 {
+        let bytes = match std::fs::read(&self.snapshot) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("{}: cannot read: {e}", self.snapshot);
+                return 2;
+            }
+        };
+        let name = std::path::Path::new(&self.snapshot)
+            .file_name()
+            .map_or(self.snapshot.clone(), |n| n.to_string_lossy().into_owned());
+        let imported = match import(&bytes, &name, self.conf.as_deref()) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("{}: {e}", self.snapshot);
+                return 2;
+            }
+        };
+        if let Err(e) = write(&self.output, &imported) {
+            eprintln!("{}: {e}", self.output);
+            return 1;
+        }
+        summary(&self.output, &imported);
+        0
+    }
+}
+
+fn write(path: &str, imported: &Imported) -> std::io::Result<()> {
+    let mut w = TraceWriter::create(path, &imported.header)?;
+    for (e, warmup, t) in &imported.events {
+        w.event(e, *warmup, *t)?;
+    }
+    w.finish()
+}
+
+/// What the import found, device by device: how much of the history is
+/// usable, and what had to be rebuilt.
+fn summary(path: &str, i: &Imported) {
+    println!("{path}: {} events", human::count(i.events.len() as u64));
+    println!(
+        "  config          {}",
+        if i.conf.is_empty() {
+            "(default)"
+        } else {
+            &i.conf
+        }
+    );
+    for d in &i.devices {
+        let f = &d.facts;
+        println!(
+            "  device {}: {} trace entries, {} device mallocs, {} segment frees",
+            d.device,
+            human::count(d.entries as u64),
+            f.mallocs.len() - d.initial.segments.len(),
+            f.segment_frees.len()
+        );
+        if let Some(why) = &d.cut_reason {
+            println!(
+                "    the first {} entries contradict the final state and are left out ({why}); the trace starts after them",
+                d.first_usable
+            );
+        }
+        if d.warm_start() {
+            println!(
+                "    warm start: the history begins after the allocator held {} in {} segments with {} live blocks (recording began late, or the ring buffer dropped the oldest entries); {} warm-up events rebuild that state",
+                human::bytes(d.initial.reserved()),
+                d.initial.segments.len(),
+                d.initial.live_blocks(),
+                d.warmup_events
+            );
+            if f.frees_of_earlier_blocks > 0 {
+                println!(
+                    "    {} frees of blocks allocated before the history began (sizes: {} from the request, {} from the next block)",
+                    f.frees_of_earlier_blocks, d.initial.inferred_sizes, d.initial.inferred_from_neighbour
+                );
+            }
+        } else {
+            println!("    cold start: the history covers the allocator's whole life");
+        }
+        if f.oom_retries + f.ooms + f.empty_caches + f.deferred_frees > 0 {
+            println!(
+                "    {} out-of-memory retries, {} failed allocations, {} empty_cache, {} frees that waited for other streams",
+                f.oom_retries, f.ooms, f.empty_caches, f.deferred_frees
+            );
+        }
+    }
+    if let Some((least, below)) = i.capacity {
+        println!(
+            "  device capacity {} (a device malloc failed: the capacity is at least {} and below {})",
+            least,
+            human::bytes(least),
+            human::bytes(below + 1)
+        );
+        if least > below {
+            println!("  warning: no capacity explains every failed device malloc");
+        }
+    }
+}
