@@ -289,7 +289,7 @@ pub fn write_snapshot(path: &str, dict: &SnapshotDict) -> Result<(), String> {
     if path.ends_with(".json") {
         serde_json::to_writer(&mut w, dict).map_err(|e| format!("{path}: {e}"))?;
     } else {
-        serde_pickle::to_writer(&mut w, dict, serde_pickle::SerOptions::new())
+        pickled::to_writer(&mut w, dict, pickled::SerOptions::new())
             .map_err(|e| format!("{path}: {e}"))?;
     }
     std::io::Write::flush(&mut w).map_err(|e| format!("{path}: {e}"))
