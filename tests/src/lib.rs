@@ -83,6 +83,34 @@ pub fn testdata_part(part: &str) -> Option<PathBuf> {
     None
 }
 
+/// A folder of the third-party recordings beside the checkout
+/// (`../shared/real-traces`, `../shared/real-snapshots`; never part of the
+/// repository), or `$CACHEALLOC_SHARED/<part>`; `None` (the test says it
+/// skips) when absent.
+pub fn shared_part(part: &str) -> Option<PathBuf> {
+    let base = match std::env::var_os("CACHEALLOC_SHARED") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+    };
+    let p = base.join(part);
+    if p.is_dir() {
+        Some(p)
+    } else {
+        println!(
+            "skipped: no {} (the third-party recordings are not in the repository)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// A scratch folder for one test, removed by the caller.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cachealloc-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("a scratch folder");
+    d
+}
+
 /// Every flat stat key and value, as the oracle prints them.
 pub fn stats_map(stats: &DeviceStats) -> serde_json::Map<String, serde_json::Value> {
     let mut m = serde_json::Map::new();

@@ -3,7 +3,6 @@
 
 use cachealloc_cli::human;
 use cachealloc_trace::import::{import, Imported};
-use cachealloc_trace::TraceWriter;
 use clap::Args;
 
 /// Turn a PyTorch memory snapshot with its history into a trace.
@@ -39,21 +38,13 @@ impl ImportArgs {
                 return 2;
             }
         };
-        if let Err(e) = write(&self.output, &imported) {
+        if let Err(e) = imported.write(&self.output) {
             eprintln!("{}: {e}", self.output);
             return 1;
         }
         summary(&self.output, &imported);
         0
     }
-}
-
-fn write(path: &str, imported: &Imported) -> std::io::Result<()> {
-    let mut w = TraceWriter::create(path, &imported.header)?;
-    for (e, warmup, t) in &imported.events {
-        w.event(e, *warmup, *t)?;
-    }
-    w.finish()
 }
 
 /// What the import found, device by device: how much of the history is

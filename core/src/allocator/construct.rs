@@ -88,6 +88,7 @@ where
             trackers: heapless::Vec::new(),
             oom_observers: heapless::Vec::new(),
             trace_context: 0,
+            tracing: false,
         }
     }
 }

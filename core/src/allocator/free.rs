@@ -52,13 +52,12 @@ where
         s.generation = s.generation.wrapping_add(1).max(1);
         s.events = events;
         let (pool, size) = (Pool::of(s.flags), s.size);
-        let (addr, requested, stream) = (s.addr, s.requested, s.stream);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        self.record(TraceAction::FreeRequested, addr, requested, stream);
+        self.record_block(TraceAction::FreeRequested, i);
         if events == 0 {
             self.free_block(i);
         }
@@ -71,11 +70,7 @@ where
     /// last request (in PyTorch the freed block object survives, and a
     /// snapshot shows its `requested_size`).
     pub(super) fn free_block(&mut self, i: u32) {
-        let (addr, requested, stream) = {
-            let s = self.slot(i);
-            (s.addr, s.requested, s.stream)
-        };
-        self.record(TraceAction::FreeCompleted, addr, requested, stream);
+        self.record_block(TraceAction::FreeCompleted, i);
         if self.try_merge_in_place(i) {
             return;
         }

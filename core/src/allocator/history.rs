@@ -31,6 +31,13 @@ where
         skip: TraceActions,
     ) {
         self.history.configure(enabled, max_entries, clear, skip);
+        self.update_tracing();
+    }
+
+    /// Whether anything sees trace entries (history on, or a tracker): the
+    /// one flag the hot path tests.
+    fn update_tracing(&mut self) {
+        self.tracing = self.history.is_enabled() || !self.trackers.is_empty();
     }
 
     /// Whether history is being recorded.
@@ -63,7 +70,9 @@ where
         &mut self,
         tracker: &'static dyn TraceTracker,
     ) -> Result<(), &'static dyn TraceTracker> {
-        self.trackers.push(tracker)
+        self.trackers.push(tracker)?;
+        self.update_tracing();
+        Ok(())
     }
 
     /// Attach an out-of-memory observer (at most 4); gives it back if full.
@@ -95,12 +104,28 @@ where
     }
 
     /// Record an entry: trackers first (all of them see it), then the
-    /// history (if on and the action is not skipped).
-    #[inline]
+    /// history (if on and the action is not skipped). With nothing
+    /// listening, one test of a flag.
+    #[inline(always)]
     pub(super) fn record(&mut self, action: TraceAction, addr: u64, size: u64, stream: u64) {
-        if !self.history.is_enabled() && self.trackers.is_empty() {
-            return;
+        if self.tracing {
+            self.record_now(action, addr, size, stream);
         }
+    }
+
+    /// Record an entry about block `i` (its address, last request, stream).
+    #[inline(always)]
+    pub(super) fn record_block(&mut self, action: TraceAction, i: u32) {
+        if self.tracing {
+            let s = self.slot(i);
+            let (addr, requested, stream) = (s.addr, s.requested, s.stream);
+            self.record_now(action, addr, requested, stream);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_now(&mut self, action: TraceAction, addr: u64, size: u64, stream: u64) {
         let e = self.entry(action, addr, size, stream);
         for t in self.trackers.iter() {
             t.trace(&e);
@@ -131,7 +156,7 @@ where
         size: u64,
         stream: u64,
     ) -> Option<TraceEntry> {
-        if !self.history.is_enabled() && self.trackers.is_empty() {
+        if !self.tracing {
             return None;
         }
         let e = self.entry(TraceAction::SegmentFree, addr, size, stream);

@@ -145,6 +145,8 @@ pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64, H = NoHisto
     oom_observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
     /// The caller's context id, carried by the entries recorded now.
     trace_context: u64,
+    /// Whether anything sees trace entries: history on, or a tracker.
+    tracing: bool,
 }
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;

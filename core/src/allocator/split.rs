@@ -125,9 +125,9 @@ where
         s.flags.insert(Flags::ALLOCATED);
         s.requested = orig;
         s.aux = allocation_id;
-        let (addr, bs, generation, stream) = (s.addr, s.size, s.generation, s.stream);
+        let (addr, bs, generation) = (s.addr, s.size, s.generation);
         self.live.insert(self.arena.slots_mut(), i);
-        self.record(TraceAction::Alloc, addr, orig, stream);
+        self.record_block(TraceAction::Alloc, i);
         let st = &mut self.stats;
         st.allocation.increase(pool, 1);
         st.allocated_bytes.increase(pool, bs);

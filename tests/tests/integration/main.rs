@@ -15,3 +15,4 @@ mod fuzz_logic;
 mod fuzz_trace;
 mod history;
 mod real_traces;
+mod snapshots;

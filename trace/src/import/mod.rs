@@ -114,6 +114,17 @@ pub struct Imported {
     pub final_segments: Vec<PtSegment>,
 }
 
+impl Imported {
+    /// Write the trace to `path` (gzip when it ends in `.gz`).
+    pub fn write(&self, path: &str) -> std::io::Result<()> {
+        let mut w = crate::writer::TraceWriter::create(path, &self.header)?;
+        for (e, warmup, t) in &self.events {
+            w.event(e, *warmup, *t)?;
+        }
+        w.finish()
+    }
+}
+
 /// Import the snapshot `bytes` (named `name` in the header). The allocator
 /// settings are the snapshot's (`conf` overrides them; older PyTorch
 /// recorded none, and then the default is used).

@@ -1,0 +1,249 @@
+//! Snapshots and imports: `replay --snapshot` writes what PyTorch's readers
+//! accept (tests/snapshot_check.py, shown failing on three corruptions); a
+//! snapshot we write, imported back, replays to the same device mallocs and
+//! the same final segments (whole history, and a ring buffer too small for
+//! it: a warm start); the recordings of others (`../shared`, when present)
+//! reproduce their truth files.
+
+use cachealloc_core::Config;
+use cachealloc_tests::{scratch, shared_part, testdata_part};
+use cachealloc_trace::import::import;
+use cachealloc_trace::{against, run, write_snapshot, Options, Quiet, SnapshotDict, TraceReader};
+use std::path::Path;
+use std::process::Command;
+
+/// Run the Python checks on snapshot files; their output, or why they failed.
+fn python_check(files: &[&Path]) -> Result<String, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("snapshot_check.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg("--settings")
+        .args(files)
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// A replay of `trace` with its whole history (or `history` entries) and
+/// its snapshot at the end, on a device of `capacity` bytes.
+fn snapshot_of(trace: &str, history: Option<usize>, capacity: Option<u64>) -> SnapshotDict {
+    let events = TraceReader::open(trace).unwrap().count_rest().unwrap() as usize;
+    let opts = Options {
+        history: history.unwrap_or(3 * events + 16),
+        snapshot: true,
+        capacity,
+        ..Options::default()
+    };
+    let (report, _) = run(trace, &opts, &mut Quiet).unwrap();
+    report.snapshot.unwrap().0
+}
+
+fn bundled_traces() -> Vec<String> {
+    let Some(dir) = testdata_part("traces") else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path().to_string_lossy().into_owned()))
+        .filter(|p| p.ends_with(".jsonl.gz"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn replay_snapshots_pass_pytorchs_structural_checks() {
+    let dir = scratch("snapshots");
+    for t in bundled_traces() {
+        let dict = snapshot_of(&t, None, None);
+        let name = Path::new(&t)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let (p, j) = (
+            dir.join(format!("{name}.pickle")),
+            dir.join(format!("{name}.json")),
+        );
+        write_snapshot(p.to_str().unwrap(), &dict).unwrap();
+        write_snapshot(j.to_str().unwrap(), &dict).unwrap();
+        match python_check(&[&p, &j]) {
+            Ok(out) => print!("{out}"),
+            Err(out) => panic!("{t}: {out}"),
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The checker is trusted only once it fails: blocks that do not tile, a
+/// history the final state contradicts, a JSON twin that differs.
+#[test]
+fn the_snapshot_checker_fails_on_corruption() {
+    let dir = scratch("snapshot-corrupt");
+    let trace = bundled_traces()
+        .into_iter()
+        .next()
+        .expect("a bundled trace");
+    let good = snapshot_of(&trace, None, None);
+    let p = dir.join("x.pickle");
+    let j = dir.join("x.json");
+    let write = |d: &SnapshotDict, path: &Path| write_snapshot(path.to_str().unwrap(), d).unwrap();
+
+    let mut bad = good.clone();
+    bad.segments[0].blocks[0].size += 512;
+    write(&bad, &p);
+    let e = python_check(&[&p]).unwrap_err();
+    assert!(e.contains("tile") || e.contains("blocks sum"), "{e}");
+
+    let mut bad = good.clone();
+    let k = bad.device_traces[0]
+        .iter()
+        .rposition(|e| e.action == "alloc")
+        .unwrap();
+    bad.device_traces[0].remove(k);
+    write(&bad, &p);
+    let e = python_check(&[&p]).unwrap_err();
+    assert!(e.contains("walking back"), "{e}");
+
+    write(&good, &p);
+    let mut other = good.clone();
+    other.segments[0].stream += 1;
+    write(&other, &j);
+    let e = python_check(&[&p, &j]).unwrap_err();
+    assert!(e.contains("differs"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Import `snapshot` (pickle bytes), write the trace, and set its replay
+/// (with the recorded addresses) against the snapshot.
+fn round_trip(
+    snapshot: &[u8],
+    name: &str,
+    dir: &Path,
+    conf: &str,
+) -> Vec<cachealloc_trace::DeviceAgainst> {
+    let imported = import(snapshot, name, Some(conf)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let trace = dir.join(format!("{name}.jsonl.gz"));
+    imported.write(trace.to_str().unwrap()).unwrap();
+    let opts = Options {
+        config: Config::parse(conf).unwrap(),
+        conf: conf.to_string(),
+        real_addresses: true,
+        ..Options::default()
+    };
+    against(trace.to_str().unwrap(), snapshot, name, &opts)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .0
+}
+
+#[test]
+fn our_snapshots_import_and_replay_to_the_same_state() {
+    let dir = scratch("round-trip");
+    for t in bundled_traces() {
+        let name = Path::new(&t)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        // The whole history (a cold start); a ring buffer with room for
+        // about two thirds of it (the oldest entries dropped: a warm
+        // start); a device 3% above the peak of live bytes (device mallocs
+        // fail and are retried after the cache is released, some
+        // allocations fail for good: the import reads the capacity off
+        // them).
+        let events = TraceReader::open(&t).unwrap().count_rest().unwrap() as usize;
+        let (report, _) = run(&t, &Options::default(), &mut Quiet).unwrap();
+        let tight = report.peak_live_bytes / 100 * 103;
+        for (label, history, capacity) in [
+            ("whole", None, None),
+            ("ring", Some(events), None),
+            ("tight", None, Some(tight)),
+        ] {
+            let dict = snapshot_of(&t, history, capacity);
+            let p = dir.join(format!("{name}.{label}.pickle"));
+            write_snapshot(p.to_str().unwrap(), &dict).unwrap();
+            let bytes = std::fs::read(&p).unwrap();
+            for d in round_trip(&bytes, &format!("{name}.{label}"), &dir, "") {
+                println!(
+                    "{name} ({label}): {} device mallocs, {} frees, final state {}",
+                    d.replayed.mallocs.len(),
+                    d.replayed.frees.len(),
+                    d.state_difference.as_deref().unwrap_or("equal")
+                );
+                assert!(d.matches(), "{name} ({label}): {d:#?}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The recordings of other people's GPUs: every non-expandable one replays
+/// to its truth file (device mallocs in order, device frees, peaks) and,
+/// with the real addresses, to its final segments block for block.
+#[test]
+fn real_snapshots_reproduce_what_pytorch_did() {
+    let (Some(snaps), Some(truths)) = (shared_part("real-snapshots"), shared_part("real-traces"))
+    else {
+        return;
+    };
+    let dir = scratch("real-snapshots");
+    let mut names: Vec<String> = std::fs::read_dir(&snaps)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".pickle"))
+        .map(|n| n.trim_end_matches(".pickle").to_string())
+        .collect();
+    names.sort();
+    println!("| recording | device mallocs (truth) | device frees (truth) | peak reserved (truth) | peak allocated (truth) | final blocks |");
+    for name in names {
+        let bytes = std::fs::read(snaps.join(format!("{name}.pickle"))).unwrap();
+        let truth: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(truths.join(format!("{name}.truth.json"))).unwrap(),
+        )
+        .unwrap();
+        let conf = truth["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]
+            .as_str()
+            .unwrap_or("");
+        if conf.contains("expandable_segments:True") {
+            println!("| {name} | skipped: expandable segments |");
+            continue;
+        }
+        for d in round_trip(&bytes, &name, &dir, conf) {
+            let t = &truth["devices"][d.device.to_string()];
+            let sizes: Vec<u64> = serde_json::from_value(t["segment_alloc_sizes"].clone()).unwrap();
+            let frees = t["num_segment_free"].as_u64().unwrap() as usize;
+            let peak_reserved = t["peak_reserved_bytes"].as_u64().unwrap();
+            let peak_allocated = t["peak_allocated_bytes"].as_u64().unwrap();
+            println!(
+                "| {name} | {} ({}) | {} ({}) | {} ({}) | {} ({}) | {} |",
+                d.replayed.mallocs.len(),
+                sizes.len(),
+                d.replayed.frees.len(),
+                frees,
+                d.replayed.peak_reserved,
+                peak_reserved,
+                d.replayed_peak_allocated,
+                peak_allocated,
+                d.state_difference.as_deref().unwrap_or("equal")
+            );
+            assert_eq!(d.replayed.mallocs, sizes, "{name}: device malloc sizes");
+            assert_eq!(d.replayed.frees.len(), frees, "{name}: device frees");
+            assert_eq!(
+                d.replayed.peak_reserved, peak_reserved,
+                "{name}: peak reserved"
+            );
+            assert_eq!(
+                d.replayed_peak_allocated, peak_allocated,
+                "{name}: peak allocated"
+            );
+            assert!(d.matches(), "{name}: {d:#?}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
