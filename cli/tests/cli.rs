@@ -389,3 +389,62 @@ fn version_and_completions() {
     }
     assert_eq!(run(&["completions", "cmd.exe"]).status.code(), Some(2));
 }
+
+/// `replay --snapshot`, `import` and `check --against` end to end: the
+/// snapshot of a replay imports back to a trace that replays to the same
+/// device mallocs and final blocks; `--snapshot-at peak` stops at the peak.
+#[test]
+fn snapshot_import_and_check_against() {
+    let dir = scratch("snapshot");
+    let trace = bundled_testdata().join("traces/gpt2-train.jsonl.gz");
+    let (trace, snap, at_peak, imported) = (
+        trace.to_str().unwrap(),
+        dir.join("s.pickle"),
+        dir.join("peak.json"),
+        dir.join("imported.jsonl.gz"),
+    );
+    let (snap, at_peak, imported) = (
+        snap.to_str().unwrap(),
+        at_peak.to_str().unwrap(),
+        imported.to_str().unwrap(),
+    );
+    let out = run(&["replay", "-q", "--snapshot", snap, trace]);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&[
+        "replay",
+        "-q",
+        "--json",
+        "--snapshot",
+        at_peak,
+        "--snapshot-at",
+        "peak",
+        trace,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let report = &json_lines(&out)[0];
+    let peak: serde_json::Value = serde_json::from_slice(&std::fs::read(at_peak).unwrap()).unwrap();
+    let reserved: u64 = peak["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["total_size"].as_u64().unwrap())
+        .sum();
+    assert_eq!(reserved, report["peak_reserved_bytes"].as_u64().unwrap());
+
+    let out = run(&["import", snap, "-o", imported]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cold start"));
+    let out = run(&["check", "--against", snap, "--real-addresses", imported]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("equal, block for block"), "{text}");
+
+    // Bad input: not a snapshot; a trace without recorded addresses.
+    let out = run(&["import", trace, "-o", imported]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a PyTorch memory snapshot"));
+    let out = run(&["replay", "--real-addresses", trace]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("records no malloc addresses"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

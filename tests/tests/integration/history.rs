@@ -235,6 +235,32 @@ fn empty_cache_completes_then_frees_segments() {
     );
 }
 
+/// Garbage collection (a memory limit and a threshold): the aged cached
+/// segment goes back (`segment_free`) before the device malloc it makes
+/// room for (`segment_alloc`), within the same `malloc`.
+#[test]
+fn garbage_collection_frees_segments_before_the_malloc() {
+    use TraceAction::*;
+    let mut a = with_history(None, 64);
+    a.set_config(Config::parse("garbage_collection_threshold:0.5").unwrap());
+    a.set_memory_limit(100 << 20);
+    let x = a.malloc(30 << 20, 0).unwrap();
+    let _y = a.malloc(30 << 20, 0).unwrap();
+    a.free(x.id.unwrap()).unwrap();
+    let before = a.history().len();
+    let _z = a.malloc(40 << 20, 0).unwrap();
+    let tail: Vec<_> = actions(&a).into_iter().skip(before).collect();
+    assert_eq!(
+        tail,
+        [
+            (SegmentFree, 30 << 20),
+            (SegmentAlloc, 40 << 20),
+            (Alloc, 40 << 20)
+        ]
+    );
+    assert_eq!(a.stats().num_device_free, 1);
+}
+
 /// OOM: the whole ladder's entries (here the cached segment is released
 /// first), then `oom` with the device's free bytes and the rounded size;
 /// the observers get PyTorch's arguments (the segment size it could not
