@@ -4,8 +4,8 @@
 usage: snapshot_check.py SNAPSHOT.pickle [SNAPSHOT.json] ...
 For each pickle (and, when given, the JSON written beside it):
 - it loads with an unpickler that refuses every global, its protocol is at
-  most 4 and every opcode is one that memory_viz's own JavaScript unpickler
-  knows;
+  most 4, every opcode is one that memory_viz's own JavaScript unpickler
+  knows, and no integer is longer than its older version reads (8 bytes);
 - the dict has the keys and types of torch.cuda.memory._snapshot() (segments,
   device_traces with one list per device index, allocator_settings);
 - the blocks of each segment tile it in address order, and the segment's
@@ -55,10 +55,13 @@ def need(cond, what):
 
 
 def check_opcodes(data):
-    for op, arg, _ in pickletools.genops(data):
+    for op, arg, pos in pickletools.genops(data):
         if op.name == "PROTO":
             need(2 <= arg <= 4, f"pickle protocol {arg}: memory_viz reads 2 to 4")
         need(op.name in VIZ_OPCODES, f"opcode {op.name} is unknown to memory_viz's unpickler")
+        if op.name == "LONG1":
+            # The older MemoryViz.js refuses integers longer than 8 bytes.
+            need(data[pos + 1] <= 8, f"a {data[pos + 1]}-byte integer at byte {pos}: memory_viz reads at most 8")
 
 
 def check_frames(frames, where):

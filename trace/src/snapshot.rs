@@ -14,6 +14,40 @@ use cachealloc_core::{AllocatorSettings, BlockState, Snapshot, TraceAction};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
+/// Python ints as PyTorch writes them (its `int64_t`s): memory_viz's older
+/// unpickler refuses integers longer than 8 bytes, and the pickle crate
+/// writes a `u64` of 2^31 or more in 9 (a sign byte after 8), so values are
+/// written as `i64`s (every address and size is below 2^63).
+mod py_int {
+    use serde::{Serialize, Serializer};
+
+    struct Int(u64);
+
+    impl Serialize for Int {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            one(&self.0, s)
+        }
+    }
+
+    pub fn one<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        match i64::try_from(*v) {
+            Ok(i) => s.serialize_i64(i),
+            Err(_) => s.serialize_u64(*v),
+        }
+    }
+
+    pub fn opt<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) => s.serialize_some(&Int(*x)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn pair<S: Serializer>(v: &(u64, u64), s: S) -> Result<S::Ok, S::Error> {
+        (Int(v.0), Int(v.1)).serialize(s)
+    }
+}
+
 /// One frame of a stack.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Frame {
@@ -22,6 +56,7 @@ pub struct Frame {
     /// The trace file.
     pub filename: String,
     /// Its line.
+    #[serde(serialize_with = "py_int::one")]
     pub line: u64,
 }
 
@@ -29,10 +64,13 @@ pub struct Frame {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BlockDict {
     /// Its address.
+    #[serde(serialize_with = "py_int::one")]
     pub address: u64,
     /// Its size.
+    #[serde(serialize_with = "py_int::one")]
     pub size: u64,
     /// The request of its last allocation.
+    #[serde(serialize_with = "py_int::one")]
     pub requested_size: u64,
     /// `active_allocated`, `active_pending_free` or `inactive`.
     pub state: &'static str,
@@ -46,20 +84,27 @@ pub struct SegmentDict {
     /// The device.
     pub device: u32,
     /// Its base.
+    #[serde(serialize_with = "py_int::one")]
     pub address: u64,
     /// Its size.
+    #[serde(serialize_with = "py_int::one")]
     pub total_size: u64,
     /// Bytes of allocated blocks.
+    #[serde(serialize_with = "py_int::one")]
     pub allocated_size: u64,
     /// Bytes of allocated or pending blocks.
+    #[serde(serialize_with = "py_int::one")]
     pub active_size: u64,
     /// Requests of active blocks.
+    #[serde(serialize_with = "py_int::one")]
     pub requested_size: u64,
     /// Its stream.
+    #[serde(serialize_with = "py_int::one")]
     pub stream: u64,
     /// `small` or `large`.
     pub segment_type: &'static str,
     /// Its pool (`(0, 0)`: the default pools).
+    #[serde(serialize_with = "py_int::pair")]
     pub segment_pool_id: (u64, u64),
     /// Whether expandable.
     pub is_expandable: bool,
@@ -76,15 +121,20 @@ pub struct TraceDict {
     pub action: &'static str,
     /// The address (every action but `oom`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "py_int::opt")]
     pub addr: Option<u64>,
     /// The device's free bytes (`oom` only).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "py_int::opt")]
     pub device_free: Option<u64>,
     /// Bytes.
+    #[serde(serialize_with = "py_int::one")]
     pub size: u64,
     /// The stream.
+    #[serde(serialize_with = "py_int::one")]
     pub stream: u64,
     /// When.
+    #[serde(serialize_with = "py_int::one")]
     pub time_us: u64,
     /// Where (present when the entry has a context).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -101,6 +151,7 @@ pub struct AnnotationDict {
     /// The device.
     pub device: u32,
     /// When.
+    #[serde(serialize_with = "py_int::one")]
     pub time_us: u64,
 }
 
