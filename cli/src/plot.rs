@@ -4,7 +4,7 @@
 
 use crate::human;
 use cachealloc_core::BlockState;
-use cachealloc_trace::{run, Observer, Options, Replay, Report, TraceError};
+use cachealloc_trace::{run, Observer, Options, Replay, Report, StopAt, TraceError};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
@@ -44,14 +44,6 @@ impl Observer for Series {
     fn after_event(&mut self, _index: u64, r: &Replay) {
         self.live.push(r.live_bytes);
         self.reserved.push(r.reserved());
-    }
-}
-
-struct StopAt(u64);
-
-impl Observer for StopAt {
-    fn stop_after(&self, index: u64) -> bool {
-        index >= self.0
     }
 }
 
