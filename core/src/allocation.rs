@@ -78,4 +78,7 @@ pub struct AllocationInfo<St> {
     pub stream: St,
     /// Its handle.
     pub id: BlockId,
+    /// The pool it came from ([`MempoolId::DEFAULT`](crate::MempoolId::DEFAULT)
+    /// unless a private pool).
+    pub pool: crate::MempoolId,
 }

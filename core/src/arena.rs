@@ -21,6 +21,9 @@ bitflags::bitflags! {
         const CACHED = 1 << 3;
         /// `record_stream` added streams that the block's free must wait for.
         const HAS_USES = 1 << 4;
+        /// Freed during a capture while other streams used it: its events
+        /// wait until no capture is under way (PyTorch's deferred blocks).
+        const DEFERRED = 1 << 5;
     }
 }
 
@@ -63,6 +66,9 @@ pub struct BlockSlot {
     /// Outstanding end-of-life events.
     pub(crate) events: u16,
     pub(crate) flags: Flags,
+    /// The pool the block belongs to: 0 the default pools, `k + 1` the
+    /// private pool in entry `k` of the pool table.
+    pub(crate) owner: u8,
 }
 
 impl BlockSlot {
@@ -85,6 +91,7 @@ impl BlockSlot {
         generation: 1,
         events: 0,
         flags: Flags::empty(),
+        owner: 0,
     };
 
     pub(crate) fn has(&self, f: Flags) -> bool {
@@ -212,6 +219,7 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
         s.aux = 0;
         s.seg_size = 0;
         s.flags = Flags::IN_USE;
+        s.owner = 0;
         Some(i)
     }
 
@@ -281,7 +289,7 @@ mod tests {
     #[test]
     fn slot_size() {
         std::println!("BlockSlot: {} bytes", core::mem::size_of::<BlockSlot>());
-        assert!(core::mem::size_of::<BlockSlot>() <= 96);
+        assert_eq!(core::mem::size_of::<BlockSlot>(), 88);
         assert_eq!(core::mem::size_of::<Option<BlockId>>(), 8);
     }
 }

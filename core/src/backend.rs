@@ -140,7 +140,7 @@ pub struct MemInfo {
 /// ```
 pub trait DeviceBackend {
     /// A stream (a queue of device work). `0` is conventionally the default stream.
-    type Stream: Copy + Eq + fmt::Debug + Into<u64> + From<u64>;
+    type Stream: Copy + Eq + fmt::Debug + Into<u64> + From<u64> + 'static;
     /// An event that can be recorded on a stream and queried.
     type Event;
     /// The backend's error.

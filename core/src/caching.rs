@@ -3,12 +3,13 @@
 //! `free` or `record_stream` by pointer to the device that owns it.
 
 use crate::allocation::{Allocation, MallocFlags};
-use crate::allocator::DeviceAllocator;
+use crate::allocator::{DeviceAllocator, DEFAULT_POOLS};
 use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::history::{HistoryStorage, NoHistory};
 use crate::invariants::InvariantViolation;
+use crate::private_pool::{MempoolId, PoolOptions, StreamFilter};
 use crate::snapshot::CacheInfo;
 use crate::stats::DeviceStats;
 use crate::sync::Mutex;
@@ -29,11 +30,17 @@ type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 /// assert_eq!(a.stats().allocation.all().current, 0);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
-pub struct CachingAllocator<B: DeviceBackend, S, const E: usize = 64, H = NoHistory> {
-    inner: Mutex<DeviceAllocator<B, S, E, H>>,
+pub struct CachingAllocator<
+    B: DeviceBackend,
+    S,
+    const E: usize = 64,
+    H = NoHistory,
+    const P: usize = DEFAULT_POOLS,
+> {
+    inner: Mutex<DeviceAllocator<B, S, E, H, P>>,
 }
 
-impl<B, S, const E: usize, H> CachingAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> CachingAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -41,7 +48,7 @@ where
 {
     /// Wrap an allocator (`const`, for statics; not under loom).
     #[cfg(not(loom))]
-    pub const fn new(allocator: DeviceAllocator<B, S, E, H>) -> Self {
+    pub const fn new(allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
         CachingAllocator {
             inner: Mutex::new(allocator),
         }
@@ -49,7 +56,7 @@ where
 
     /// Wrap an allocator.
     #[cfg(loom)]
-    pub fn new(allocator: DeviceAllocator<B, S, E, H>) -> Self {
+    pub fn new(allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
         CachingAllocator {
             inner: Mutex::new(allocator),
         }
@@ -116,13 +123,58 @@ where
     }
 
     /// Run `f` with the allocator locked (several operations as one).
-    pub fn with<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H>) -> R) -> R {
+    pub fn with<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> R) -> R {
         f(&mut self.inner.lock())
     }
 
     /// The allocator, unlocked.
-    pub fn into_inner(self) -> DeviceAllocator<B, S, E, H> {
+    pub fn into_inner(self) -> DeviceAllocator<B, S, E, H, P> {
         self.inner.into_inner()
+    }
+
+    /// [`DeviceAllocator::create_pool`].
+    pub fn create_pool(&self, id: MempoolId, options: PoolOptions) -> Res<(), B> {
+        self.inner.lock().create_pool(id, options)
+    }
+
+    /// [`DeviceAllocator::begin_allocate_to_pool`]: from now on, requests on
+    /// the streams `filter` accepts (from any thread) go to pool `id`.
+    pub fn begin_allocate_to_pool(
+        &self,
+        id: MempoolId,
+        filter: StreamFilter<B::Stream>,
+    ) -> Res<(), B> {
+        self.inner.lock().begin_allocate_to_pool(id, filter)
+    }
+
+    /// [`DeviceAllocator::end_allocate_to_pool`].
+    pub fn end_allocate_to_pool(&self, id: MempoolId) -> Res<(), B> {
+        self.inner.lock().end_allocate_to_pool(id)
+    }
+
+    /// [`DeviceAllocator::capture_begin`].
+    pub fn capture_begin(&self, id: MempoolId, filter: StreamFilter<B::Stream>) -> Res<(), B> {
+        self.inner.lock().capture_begin(id, filter)
+    }
+
+    /// [`DeviceAllocator::capture_end`].
+    pub fn capture_end(&self, id: MempoolId) -> Res<(), B> {
+        self.inner.lock().capture_end(id)
+    }
+
+    /// [`DeviceAllocator::release_pool`].
+    pub fn release_pool(&self, id: MempoolId) -> Res<(), B> {
+        self.inner.lock().release_pool(id)
+    }
+
+    /// [`DeviceAllocator::pool_use_count`].
+    pub fn pool_use_count(&self, id: MempoolId) -> u32 {
+        self.inner.lock().pool_use_count(id)
+    }
+
+    /// [`DeviceAllocator::empty_cache_pool`].
+    pub fn empty_cache_pool(&self, id: MempoolId) -> Res<(), B> {
+        self.inner.lock().empty_cache_pool(id)
     }
 }
 

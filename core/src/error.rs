@@ -2,6 +2,7 @@
 
 use crate::backend::DevicePtr;
 use crate::policy::FormatSize;
+use crate::private_pool::MempoolId;
 use core::fmt;
 
 /// The numbers of PyTorch's out-of-memory message. `Display` writes that
@@ -38,6 +39,9 @@ pub struct OomReport {
     pub allocated: u64,
     /// `reserved_bytes.all.current`.
     pub reserved: u64,
+    /// Bytes of the cached (free) blocks of private pools: PyTorch adds
+    /// them to what "is allocated by PyTorch" and names them.
+    pub private_pools: u64,
 }
 
 impl fmt::Display for OomReport {
@@ -54,14 +58,26 @@ impl fmt::Display for OomReport {
         if let Some(allowed) = self.allowed {
             write!(f, "{} allowed; ", FormatSize(allowed))?;
         }
+        let allocated = self.allocated.saturating_add(self.private_pools);
         write!(
             f,
-            "Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated. \
+            "Of the allocated memory {} is allocated by PyTorch, ",
+            FormatSize(allocated)
+        )?;
+        if self.private_pools > 0 {
+            write!(
+                f,
+                "with {} allocated in private pools (e.g., CUDA Graphs), ",
+                FormatSize(self.private_pools)
+            )?;
+        }
+        write!(
+            f,
+            "and {} is reserved by PyTorch but unallocated. \
              If reserved but unallocated memory is large try setting PYTORCH_{}_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation.  See documentation for Memory Management  \
              (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
-            FormatSize(self.allocated),
-            FormatSize(self.reserved.saturating_sub(self.allocated)),
+            FormatSize(self.reserved.saturating_sub(allocated)),
             self.platform
         )
     }
@@ -138,6 +154,35 @@ pub enum Error<E> {
         /// The device number.
         device: u32,
     },
+    /// Every entry of the private-pool table holds a pool.
+    PoolTableFull {
+        /// The table's capacity (`P`).
+        capacity: usize,
+    },
+    /// No private pool has this id (or it is `(0, 0)`, the default pools,
+    /// where a private pool is needed).
+    UnknownPool {
+        /// The id.
+        id: MempoolId,
+    },
+    /// `begin_allocate_to_pool` of a pool already routed to (PyTorch:
+    /// "beginAllocateToPool: already recording to mempool_id").
+    AlreadyRouting {
+        /// The id.
+        id: MempoolId,
+    },
+    /// `end_allocate_to_pool` (or `capture_end`) of a pool not routed to (or
+    /// not captured into).
+    NotRouting {
+        /// The id.
+        id: MempoolId,
+    },
+    /// A pool whose use count reached 0 (freeable) cannot be used again
+    /// until `empty_cache` deletes it.
+    PoolFreeable {
+        /// The id.
+        id: MempoolId,
+    },
     /// The backend broke its contract (a null or overlapping segment).
     BackendContract {
         /// What it did.
@@ -187,6 +232,26 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             }
             Error::InvalidFraction => write!(f, "invalid memory fraction: must be between 0 and 1"),
             Error::NoSuchDevice { device } => write!(f, "no device {device} in this allocator"),
+            Error::PoolTableFull { capacity } => write!(
+                f,
+                "private pool table full ({capacity} pools exist); release pools, or build the allocator with room for more"
+            ),
+            Error::UnknownPool { id } => write!(f, "no private pool ({}, {})", id.0, id.1),
+            Error::AlreadyRouting { id } => write!(
+                f,
+                "beginAllocateToPool: already recording to mempool_id ({}, {})",
+                id.0, id.1
+            ),
+            Error::NotRouting { id } => write!(
+                f,
+                "endAllocateToPool: not currently recording to mempool_id ({}, {})",
+                id.0, id.1
+            ),
+            Error::PoolFreeable { id } => write!(
+                f,
+                "private pool ({}, {}) was released (use count 0) and cannot be used until empty_cache deletes it",
+                id.0, id.1
+            ),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
             Error::Backend(e) => write!(f, "device backend error: {e}"),
         }

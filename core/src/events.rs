@@ -27,6 +27,10 @@ struct PendingEvent<Ev, St> {
 struct StreamUse<St> {
     slot: u32,
     stream: St,
+    /// Recorded (also) while a capture was under way (PyTorch's
+    /// `block_to_cudagraph_stream_uses`): forgotten when the block's
+    /// deferred free is settled after the capture.
+    in_capture: bool,
 }
 
 /// Where [`EventQueue::next_ready`] is in its sweep over the queues.
@@ -68,18 +72,31 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
     }
 
     /// Remember that the live block in `slot` is used on `stream` (a stream
-    /// already remembered is not added twice).
-    pub(crate) fn add_use(&mut self, slot: u32, stream: B::Stream) -> Res<(), B> {
-        if self
+    /// already remembered is not added twice), `in_capture`: while a capture
+    /// is under way.
+    pub(crate) fn add_use(&mut self, slot: u32, stream: B::Stream, in_capture: bool) -> Res<(), B> {
+        if let Some(u) = self
             .uses
-            .iter()
-            .any(|u| u.slot == slot && u.stream == stream)
+            .iter_mut()
+            .find(|u| u.slot == slot && u.stream == stream)
         {
+            u.in_capture |= in_capture;
             return Ok(());
         }
         self.uses
-            .push(StreamUse { slot, stream })
+            .push(StreamUse {
+                slot,
+                stream,
+                in_capture,
+            })
             .map_err(|_| Error::StreamUsesFull { capacity: E })
+    }
+
+    /// Forget the streams recorded on `slot` during a capture (their work
+    /// joined the capture's end); whether any use is left.
+    pub(crate) fn drop_capture_uses(&mut self, slot: u32) -> bool {
+        self.uses.retain(|u| !(u.slot == slot && u.in_capture));
+        self.uses.iter().any(|u| u.slot == slot)
     }
 
     /// Whether the queue has room for the events of freeing `slot` now.
@@ -195,17 +212,28 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
     }
 
     /// One step of `synchronize_and_free_events`: wait for the oldest event of
-    /// the oldest queue and dequeue it. Returns its slot, `None` when no event
-    /// is left.
-    pub(crate) fn next_synchronized(&mut self, backend: &mut B) -> Result<Option<u32>, B::Error> {
-        while let Some(&key) = self.order.first() {
-            if let Some(at) = self.next_of_stream(key, 0) {
+    /// the oldest queue whose block `wanted` accepts, and dequeue it. Returns
+    /// its slot, `None` when no such event is left.
+    pub(crate) fn next_synchronized(
+        &mut self,
+        backend: &mut B,
+        wanted: impl Fn(u32) -> bool,
+    ) -> Result<Option<u32>, B::Error> {
+        let mut q = 0;
+        while let Some(&key) = self.order.get(q) {
+            let at = (0..self.pending.len())
+                .find(|&k| self.pending[k].stream.into() == key && wanted(self.pending[k].slot));
+            if let Some(at) = at {
                 backend.event_synchronize(&self.pending[at].event)?;
                 let pe = self.pending.remove(at);
                 self.recycle(backend, pe.event);
                 return Ok(Some(pe.slot));
             }
-            self.order.remove(0);
+            if self.next_of_stream(key, 0).is_none() {
+                self.order.remove(q);
+            } else {
+                q += 1;
+            }
         }
         Ok(None)
     }
@@ -274,8 +302,9 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
         for u in self.uses.iter() {
             let s = slot(u.slot, "stream uses: use of a slot out of range")?;
             ensure(
-                s.flags.contains(Flags::HAS_USES | Flags::ALLOCATED),
-                "stream uses: use of a block that is not allocated",
+                s.flags.contains(Flags::HAS_USES)
+                    && s.flags.intersects(Flags::ALLOCATED | Flags::DEFERRED),
+                "stream uses: use of a block that is neither allocated nor deferred",
                 Some(u.slot),
             )?;
         }

@@ -77,6 +77,7 @@ mod invariants;
 mod live;
 pub mod policy;
 mod pool;
+mod private_pool;
 mod segment_index;
 mod snapshot;
 pub mod stats;
@@ -84,7 +85,9 @@ mod sync;
 pub mod testing;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
-pub use allocator::{DeviceAllocator, FreeAccess, FreeMemoryCallback, DEFAULT_EVENTS};
+pub use allocator::{
+    DeviceAllocator, FreeAccess, FreeMemoryCallback, DEFAULT_EVENTS, DEFAULT_POOLS,
+};
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
@@ -96,6 +99,7 @@ pub use history::{
 };
 pub use invariants::InvariantViolation;
 pub use pool::Pool;
+pub use private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
 pub use snapshot::{
     AllocatorSettings, BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments, Snapshot,
 };

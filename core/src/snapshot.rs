@@ -8,6 +8,7 @@ use crate::backend::DevicePtr;
 use crate::config::Config;
 use crate::history::HistoryEntries;
 use crate::pool::Pool;
+use crate::private_pool::{id_of, MempoolId, PrivatePool};
 use crate::segment_index::SegmentIndex;
 
 /// Cached (free) device memory.
@@ -85,6 +86,9 @@ pub struct SegmentInfo<'a, St> {
     pub stream: St,
     /// The pool.
     pub pool: Pool,
+    /// The private pool that owns it (PyTorch's `owner_private_pool_id`;
+    /// [`MempoolId::DEFAULT`] for the default pools).
+    pub pool_id: MempoolId,
     /// Number of blocks.
     pub block_count: u32,
 }
@@ -123,7 +127,7 @@ impl Iterator for Blocks<'_> {
 pub(crate) fn state_of(s: &BlockSlot) -> BlockState {
     if s.has(Flags::ALLOCATED) {
         BlockState::ActiveAllocated
-    } else if s.events > 0 {
+    } else if s.events > 0 || s.has(Flags::DEFERRED) {
         BlockState::ActivePendingFree
     } else {
         BlockState::Inactive
@@ -136,16 +140,23 @@ pub(crate) fn state_of(s: &BlockSlot) -> BlockState {
 pub struct Segments<'a, St> {
     slots: &'a [BlockSlot],
     index: SegmentIndex,
+    pools: &'a [Option<PrivatePool>],
     cur: u32,
     _stream: core::marker::PhantomData<St>,
 }
 
 impl<'a, St> Segments<'a, St> {
-    /// The segments of `index`, from the lowest base.
-    pub(crate) fn new(slots: &'a [BlockSlot], index: SegmentIndex) -> Self {
+    /// The segments of `index`, from the lowest base; `pools` names the
+    /// owners.
+    pub(crate) fn new(
+        slots: &'a [BlockSlot],
+        index: SegmentIndex,
+        pools: &'a [Option<PrivatePool>],
+    ) -> Self {
         Segments {
             slots,
             index,
+            pools,
             cur: index.first(slots),
             _stream: core::marker::PhantomData,
         }
@@ -168,6 +179,7 @@ impl<'a, St: From<u64>> Iterator for Segments<'a, St> {
             requested_size: 0,
             stream: St::from(h.stream),
             pool: Pool::of(h.flags),
+            pool_id: id_of(self.pools, h.owner),
             block_count: 0,
         };
         for b in info.blocks() {

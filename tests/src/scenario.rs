@@ -3,7 +3,10 @@
 //! more) and running them against the core on any harness.
 
 use crate::harness::{Harness, Logged};
-use cachealloc_core::{Allocation, BlockSlot, Config, DeviceAllocator, DevicePtr};
+use cachealloc_core::{
+    Allocation, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, MempoolId, PoolOptions,
+    StreamFilter,
+};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,27 +15,37 @@ use std::path::Path;
 /// `scenarios.json`, then the ```json blocks of `scenarios.md` whose names
 /// are not in it. Either file may be missing, not both.
 pub fn load_all(data: &Path) -> Result<Vec<Value>, String> {
+    load_suite(data, "scenarios")
+}
+
+/// The scenarios of one suite of `data/conformance/`: `{suite}.json`, then
+/// the ```json blocks of `{suite}.md` whose names are not in it (`scenarios`:
+/// PyTorch's policy; `pools`: private pools). Either file may be missing,
+/// not both.
+pub fn load_suite(data: &Path, suite: &str) -> Result<Vec<Value>, String> {
     let dir = data.join("conformance");
     let read = |name: &str| match std::fs::read_to_string(dir.join(name)) {
         Ok(t) => Ok(Some(t)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("{}: {e}", dir.join(name).display())),
     };
-    let (json, md) = (read("scenarios.json")?, read("scenarios.md")?);
+    let (json, md) = (
+        read(&format!("{suite}.json"))?,
+        read(&format!("{suite}.md"))?,
+    );
     if json.is_none() && md.is_none() {
         return Err(format!(
-            "{}: neither scenarios.json nor scenarios.md",
+            "{}: neither {suite}.json nor {suite}.md",
             dir.display()
         ));
     }
     let mut all: Vec<Value> = match json {
-        Some(text) => serde_json::from_str(&text).map_err(|e| format!("scenarios.json: {e}"))?,
+        Some(text) => serde_json::from_str(&text).map_err(|e| format!("{suite}.json: {e}"))?,
         None => Vec::new(),
     };
     for block in md.as_deref().unwrap_or("").split("```json\n").skip(1) {
         let body = block.split("```").next().unwrap_or("");
-        let v: Value =
-            serde_json::from_str(body).map_err(|e| format!("scenarios.md block: {e}"))?;
+        let v: Value = serde_json::from_str(body).map_err(|e| format!("{suite}.md block: {e}"))?;
         let name = v.get("scenario").cloned();
         if name.is_some() && !all.iter().any(|s| s.get("scenario") == name.as_ref()) {
             all.push(v);
@@ -44,8 +57,13 @@ pub fn load_all(data: &Path) -> Result<Vec<Value>, String> {
 /// The distinct scenario names in the files of `data/conformance/`, found by
 /// a plain text scan (not by the loader): what the loader must find.
 pub fn names_in_files(data: &Path) -> std::collections::BTreeSet<String> {
+    names_in_suite(data, "scenarios")
+}
+
+/// [`names_in_files`] for one suite.
+pub fn names_in_suite(data: &Path, suite: &str) -> std::collections::BTreeSet<String> {
     let mut names = std::collections::BTreeSet::new();
-    for f in ["scenarios.json", "scenarios.md"] {
+    for f in [format!("{suite}.json"), format!("{suite}.md")] {
         let text = std::fs::read_to_string(data.join("conformance").join(f)).unwrap_or_default();
         for part in text.split("\"scenario\"").skip(1) {
             let rest = part.trim_start().trim_start_matches(':').trim_start();
@@ -81,8 +99,39 @@ pub enum Step {
     Config(String),
     /// `reset_peak`.
     ResetPeak,
+    /// `pool_create P {use_on_oom, no_split}`.
+    PoolCreate { pool: String, options: PoolOptions },
+    /// `pool_begin P S` (`capture`: `capture_begin P S`).
+    PoolBegin {
+        pool: String,
+        streams: Streams,
+        capture: bool,
+    },
+    /// `pool_end P` (`capture`: `capture_end P`).
+    PoolEnd { pool: String, capture: bool },
+    /// `pool_release P`.
+    PoolRelease { pool: String },
+    /// `pool_empty_cache P`.
+    PoolEmptyCache { pool: String },
     /// `expect`.
     Expect(serde_json::Map<String, Value>),
+}
+
+/// A routing's stream filter in the scenarios: every stream, or a list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Streams {
+    /// `"all"`.
+    All,
+    /// One stream, or a capture's streams.
+    These(Vec<u64>),
+}
+
+fn streams(v: &Value) -> Result<Streams, String> {
+    match v {
+        Value::String(s) if s == "all" => Ok(Streams::All),
+        Value::Array(a) => Ok(Streams::These(a.iter().map(u).collect::<Result<_, _>>()?)),
+        v => Ok(Streams::These(vec![u(v)?])),
+    }
 }
 
 /// Setup and steps of one scenario.
@@ -143,6 +192,33 @@ pub fn parse(v: &Value) -> Result<Scenario, String> {
             "set_memory_fraction" => Step::SetMemoryFraction(a[1].as_f64().ok_or("fraction")?),
             "config" => Step::Config(s(&a[1])?),
             "reset_peak" => Step::ResetPeak,
+            "pool_create" => {
+                let o = a.get(2);
+                let flag =
+                    |k: &str| o.and_then(|o| o.get(k)).and_then(Value::as_bool) == Some(true);
+                let mut options = PoolOptions::NONE;
+                if flag("use_on_oom") {
+                    options = options.use_on_oom();
+                }
+                if flag("no_split") {
+                    options = options.no_split();
+                }
+                Step::PoolCreate {
+                    pool: s(&a[1])?,
+                    options,
+                }
+            }
+            "pool_begin" | "capture_begin" => Step::PoolBegin {
+                pool: s(&a[1])?,
+                streams: streams(&a[2])?,
+                capture: kind == "capture_begin",
+            },
+            "pool_end" | "capture_end" => Step::PoolEnd {
+                pool: s(&a[1])?,
+                capture: kind == "capture_end",
+            },
+            "pool_release" => Step::PoolRelease { pool: s(&a[1])? },
+            "pool_empty_cache" => Step::PoolEmptyCache { pool: s(&a[1])? },
             "expect" => Step::Expect(a[1].as_object().ok_or("expect object")?.clone()),
             other => return Err(format!("unknown op {other}")),
         });
@@ -190,6 +266,8 @@ pub struct Run<'h, H: Harness> {
     /// Allocations whose name was reused while they were live (only after a
     /// failed op, under fault injection); kept so teardown frees them.
     pub orphans: Vec<Allocation>,
+    /// Pool ids by name: `(0, k)` for the k-th name seen.
+    pub pools: Vec<String>,
 }
 
 impl<'h, H: Harness> Run<'h, H> {
@@ -207,7 +285,31 @@ impl<'h, H: Harness> Run<'h, H> {
             names: HashMap::new(),
             last_oom: None,
             orphans: Vec::new(),
+            pools: Vec::new(),
         })
+    }
+
+    /// The id of pool `name` (`(0, k)`, given at first sight).
+    pub fn pool_id(&mut self, name: &str) -> MempoolId {
+        let k = match self.pools.iter().position(|p| p == name) {
+            Some(k) => k,
+            None => {
+                self.pools.push(name.to_string());
+                self.pools.len() - 1
+            }
+        };
+        MempoolId(0, k as u64 + 1)
+    }
+
+    /// The name of pool `id` (`"default"` for the default pools).
+    fn pool_name(&self, id: MempoolId) -> String {
+        if id.is_default() {
+            return "default".to_string();
+        }
+        self.pools
+            .get(id.1 as usize - 1)
+            .cloned()
+            .unwrap_or_else(|| format!("{id:?}"))
     }
 
     /// Execute one non-`expect` step. `Err` carries the allocator's error text.
@@ -257,9 +359,91 @@ impl<'h, H: Harness> Run<'h, H> {
             Step::SetMemoryFraction(f) => a.set_memory_fraction(*f).map_err(|e| e.to_string())?,
             Step::Config(c) => a.set_config(Config::parse(c).map_err(|e| e.to_string())?),
             Step::ResetPeak => a.reset_peak_stats(),
+            Step::PoolCreate { pool, options } => {
+                let id = self.pool_id(pool);
+                self.alloc
+                    .create_pool(id, *options)
+                    .map_err(|e| e.to_string())?;
+            }
+            Step::PoolBegin {
+                pool,
+                streams,
+                capture,
+            } => {
+                let id = self.pool_id(pool);
+                let filter = match streams {
+                    Streams::All => StreamFilter::All,
+                    Streams::These(list) => {
+                        let list: Vec<_> = list.iter().map(|&s| h.stream(s)).collect();
+                        StreamFilter::streams(&list).ok_or("1 to 4 streams")?
+                    }
+                };
+                let a = &mut self.alloc;
+                if *capture {
+                    a.capture_begin(id, filter)
+                } else {
+                    a.begin_allocate_to_pool(id, filter)
+                }
+                .map_err(|e| e.to_string())?;
+            }
+            Step::PoolEnd { pool, capture } => {
+                let id = self.pool_id(pool);
+                let a = &mut self.alloc;
+                if *capture {
+                    a.capture_end(id)
+                } else {
+                    a.end_allocate_to_pool(id)
+                }
+                .map_err(|e| e.to_string())?;
+            }
+            Step::PoolRelease { pool } => {
+                let id = self.pool_id(pool);
+                self.alloc.release_pool(id).map_err(|e| e.to_string())?;
+            }
+            Step::PoolEmptyCache { pool } => {
+                let id = self.pool_id(pool);
+                self.alloc.empty_cache_pool(id).map_err(|e| e.to_string())?;
+            }
             Step::Expect(_) => {}
         }
         Ok(())
+    }
+
+    /// The value of a pool key (`pool:P.x`, `live_in_pool:P`, `pool_of:NAME`),
+    /// `None` for other keys.
+    fn pool_key(&mut self, k: &str) -> Option<Value> {
+        if let Some(rest) = k.strip_prefix("pool:") {
+            let (name, field) = rest.rsplit_once('.')?;
+            let id = self.pool_id(name);
+            let info = self.alloc.pool_info(id);
+            return Some(match field {
+                "use_count" => self.alloc.pool_use_count(id).into(),
+                "exists" => info.is_some().into(),
+                "segments" => info.map_or(0, |p| p.segments).into(),
+                "reserved_bytes" => info.map_or(0, |p| p.reserved_bytes.all().current).into(),
+                _ => Value::Null,
+            });
+        }
+        if let Some(name) = k.strip_prefix("live_in_pool:") {
+            let id = self.pool_id(name);
+            let n: usize = self
+                .alloc
+                .segments()
+                .filter(|s| s.pool_id == id)
+                .map(|s| {
+                    s.blocks()
+                        .filter(|b| b.state == BlockState::ActiveAllocated)
+                        .count()
+                })
+                .sum();
+            return Some(n.into());
+        }
+        if let Some(name) = k.strip_prefix("pool_of:") {
+            let x = self.names.get(name)?;
+            let id = self.alloc.allocation_info_ptr(x.ptr).ok()?.pool;
+            return Some(self.pool_name(id).into());
+        }
+        None
     }
 
     /// Every allocation the run still holds.
@@ -273,13 +457,19 @@ impl<'h, H: Harness> Run<'h, H> {
 
     /// Check an `expect` map; one line per mismatch.
     pub fn check(
-        &self,
+        &mut self,
         expect: &serde_json::Map<String, Value>,
         where_: &str,
         out: &mut Vec<String>,
     ) {
-        let a = &self.alloc;
         for (k, want) in expect {
+            if let Some(got) = self.pool_key(k) {
+                if &got != want {
+                    out.push(format!("{where_}: {k} expected {want} got {got}"));
+                }
+                continue;
+            }
+            let a = &self.alloc;
             if let Some(name) = k.strip_prefix("at:") {
                 let got = self.names.get(name).and_then(|x| {
                     let (seg, off) = a.backend().locate(x.ptr)?;
@@ -312,6 +502,14 @@ impl<'h, H: Harness> Run<'h, H> {
     /// Free what is live, wait for all streams, empty the cache and drop the
     /// idle events: afterwards the device must hold nothing.
     pub fn release_all(&mut self) -> Result<(), String> {
+        // Pools still routed to or in use keep their memory: end them first.
+        for k in 0..self.pools.len() {
+            let id = MempoolId(0, k as u64 + 1);
+            let _ = self.alloc.end_allocate_to_pool(id);
+            while self.alloc.pool_use_count(id) > 0 {
+                self.alloc.release_pool(id).map_err(|e| e.to_string())?;
+            }
+        }
         let live = self.live();
         self.names.clear();
         self.orphans.clear();

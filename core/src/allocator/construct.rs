@@ -2,7 +2,7 @@
 //! `with_history`, `with_events`, and the general
 //! `with_events_and_history`. All `const`, for `static`s.
 
-use super::{DeviceAllocator, DEFAULT_EVENTS};
+use super::{Deferred, DeviceAllocator, DEFAULT_EVENTS};
 use crate::arena::{Arena, BlockSlot};
 use crate::backend::DeviceBackend;
 use crate::config::Config;
@@ -10,6 +10,7 @@ use crate::events::EventQueue;
 use crate::history::{History, HistoryStorage};
 use crate::live::LiveIndex;
 use crate::pool::Pools;
+use crate::private_pool::PoolTable;
 use crate::segment_index::SegmentIndex;
 use crate::stats::DeviceStats;
 
@@ -52,13 +53,15 @@ where
     }
 }
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
     H: HistoryStorage,
 {
-    /// The general constructor: event capacity `E` and history storage `H`.
+    /// The general constructor: event capacity `E`, history storage `H`, and
+    /// room for `P` private pools:
+    /// `DeviceAllocator::<_, _, 64, NoHistory, 64>::with_events_and_history(..)`.
     pub const fn with_events_and_history(
         backend: B,
         storage: S,
@@ -89,6 +92,10 @@ where
             oom_observers: heapless::Vec::new(),
             trace_context: 0,
             tracing: false,
+            private: PoolTable::new(),
+            routes: heapless::Vec::new(),
+            captures: 0,
+            deferred: Deferred::EMPTY,
         }
     }
 }

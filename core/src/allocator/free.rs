@@ -14,28 +14,31 @@ use crate::history::HistoryStorage;
 use crate::history::TraceAction;
 use crate::pool::Pool;
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
     H: HistoryStorage,
 {
-    /// `recordStream` on the live block in slot `i`.
+    /// `recordStream` on the live block in slot `i` (during a capture, the
+    /// use is also remembered as a capture-time one).
     pub(super) fn record_stream_slot(&mut self, i: u32, stream: B::Stream) -> Res<(), B> {
         if stream.into() == self.slot(i).stream {
             return Ok(());
         }
-        self.events.add_use(i, stream)?;
+        self.events.add_use(i, stream, self.capturing())?;
         self.slot_mut(i).flags.insert(Flags::HAS_USES);
         Ok(())
     }
 
     /// PyTorch's `free` of the live block in slot `i`. Its events are
     /// recorded before anything changes, so a failure leaves the allocation
-    /// live and untouched.
+    /// live and untouched. During a capture a block that other streams used
+    /// records no event: it is parked until the capture ends.
     pub(super) fn free_slot(&mut self, i: u32) -> Res<(), B> {
         let mut events = 0;
-        if self.slot(i).has(Flags::HAS_USES) {
+        let deferred = self.slot(i).has(Flags::HAS_USES) && self.capturing();
+        if self.slot(i).has(Flags::HAS_USES) && !deferred {
             if !self.events.has_room_for(i) {
                 // Make room from events that have completed (PyTorch's queues
                 // are unbounded; ours drain before they refuse).
@@ -48,7 +51,10 @@ where
         }
         self.live.remove(self.arena.slots_mut(), i);
         let s = self.slot_mut(i);
-        s.flags.remove(Flags::ALLOCATED | Flags::HAS_USES);
+        s.flags.remove(Flags::ALLOCATED);
+        if !deferred {
+            s.flags.remove(Flags::HAS_USES);
+        }
         s.generation = s.generation.wrapping_add(1).max(1);
         s.events = events;
         let (pool, size) = (Pool::of(s.flags), s.size);
@@ -58,7 +64,9 @@ where
             self.stats.oversize_allocations.decrease(1);
         }
         self.record_block(TraceAction::FreeRequested, i);
-        if events == 0 {
+        if deferred {
+            self.defer(i);
+        } else if events == 0 {
             self.free_block(i);
         }
         Ok(())
@@ -145,14 +153,14 @@ where
         let key = (t.stream, t.size, t.addr);
         let grown = (key.0, key.1 + orig_size, key.2 - orig_size);
         let slots = self.arena.slots();
-        let succ = self.pools.get(pool).successor(slots, key);
+        let succ = self.free_index_of(n).successor(slots, key);
         if succ != NIL && {
             let s = &slots[succ as usize];
             (s.stream, s.size, s.addr) <= grown
         } {
             return false;
         }
-        let clock = self.pools.get(pool).gc_clock();
+        let clock = self.free_index_of(n).gc_clock();
         let ts = self.slot_mut(n);
         ts.addr = grown.2;
         ts.size = grown.1;
@@ -180,8 +188,12 @@ where
         }
     }
 
-    /// `process_events`: complete the events that are done, without waiting.
+    /// `process_events`: settle the frees a finished capture deferred, then
+    /// complete the events that are done, without waiting.
     pub(super) fn process_events(&mut self) -> Res<(), B> {
+        if self.deferred.len > 0 {
+            self.settle_deferred()?;
+        }
         let mut sweep = Sweep::default();
         while let Some(slot) = self
             .events
@@ -193,17 +205,25 @@ where
         Ok(())
     }
 
-    /// `synchronize_and_free_events`: wait for every pending event, queue by
-    /// queue.
-    pub(super) fn synchronize_and_free_events(&mut self) -> Res<(), B> {
+    /// `synchronize_and_free_events`: settle the deferred frees, then wait
+    /// for every pending event, queue by queue (only those of blocks of pool
+    /// `owner` when given: PyTorch's `emptyCache(mempool_id)`).
+    pub(super) fn synchronize_and_free_events(&mut self, owner: Option<u8>) -> Res<(), B> {
         self.stats.num_sync_all_streams += 1;
-        while let Some(slot) = self
-            .events
-            .next_synchronized(&mut self.backend)
-            .map_err(Error::Backend)?
-        {
+        if self.deferred.len > 0 {
+            self.settle_deferred()?;
+        }
+        loop {
+            let slots = self.arena.slots();
+            let wanted = |i: u32| owner.is_none_or(|o| slots[i as usize].owner == o);
+            let Some(slot) = self
+                .events
+                .next_synchronized(&mut self.backend, wanted)
+                .map_err(Error::Backend)?
+            else {
+                return Ok(());
+            };
             self.event_done(slot);
         }
-        Ok(())
     }
 }

@@ -13,7 +13,7 @@ use crate::history::{
 };
 use crate::snapshot::{AllocatorSettings, BlockState, Snapshot};
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,

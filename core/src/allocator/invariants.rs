@@ -12,11 +12,17 @@ use crate::pool::Pool;
 use crate::stats::DeviceStats;
 
 /// What the walk over the segments counts.
-struct Tally {
+struct Tally<const P: usize> {
     /// Every `current` statistic, recounted.
     stats: DeviceStats,
-    /// Cached blocks per pool.
+    /// Cached blocks of the default pools, per pool.
     cached: [u32; 2],
+    /// Cached blocks of private pools.
+    cached_private: u32,
+    /// Segments and their bytes, per private pool (table entry).
+    pool_segments: [(u32, u64); P],
+    /// Blocks parked by a capture.
+    deferred: u32,
     /// Blocks in segments.
     blocks: u32,
 }
@@ -24,13 +30,14 @@ struct Tally {
 /// Where the walk is inside one segment.
 struct Cursor {
     pool: Pool,
+    owner: u8,
     split: bool,
     addr: u64,
     prev: u32,
     prev_cached: bool,
 }
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -51,9 +58,11 @@ where
         for pool in Pool::ALL {
             self.pools.get(pool).verify(slots, hw)?;
         }
+        self.private.verify(slots, hw)?;
         self.live.verify(slots, hw)?;
         self.events.verify(slots, hw)?;
         let t = self.walk_segments()?;
+        self.check_pools(&t)?;
         expect(
             "segment list: every slot in use belongs to a segment",
             None,
@@ -77,12 +86,97 @@ where
         self.compare_stats(&t.stats)
     }
 
+    /// The private pools agree with their blocks: each pool's free indexes
+    /// hold exactly its cached blocks, its segment count and bytes are its
+    /// segments', the routing list names existing pools (once each) and
+    /// counts its captures, and the deferred list holds exactly the parked
+    /// blocks.
+    fn check_pools(&self, t: &Tally<P>) -> Result<(), InvariantViolation> {
+        let indexed: u32 = self
+            .private
+            .iter()
+            .map(|(_, p)| {
+                Pool::ALL
+                    .iter()
+                    .map(|&k| p.blocks.get(k).len())
+                    .sum::<u32>()
+            })
+            .sum();
+        expect(
+            "private pools: free indexes hold exactly their cached blocks",
+            None,
+            t.cached_private as i64,
+            indexed as i64,
+        )?;
+        for (owner, p) in self.private.iter() {
+            let (n, bytes) = t.pool_segments[owner as usize - 1];
+            expect(
+                "private pool: segment count",
+                None,
+                n as i64,
+                p.segments as i64,
+            )?;
+            expect(
+                "private pool: reserved bytes",
+                None,
+                bytes as i64,
+                p.reserved.all().current,
+            )?;
+        }
+        let mut captures = 0u32;
+        for (k, r) in self.routes.iter().enumerate() {
+            ensure(
+                self.private.get(r.owner).is_some_and(|p| p.id == r.id),
+                "routing: names a pool that does not exist",
+                None,
+            )?;
+            ensure(
+                !self.routes[..k].iter().any(|q| q.id == r.id),
+                "routing: a pool routed to twice",
+                None,
+            )?;
+            captures += r.capture as u32;
+        }
+        expect(
+            "routing: captures under way",
+            None,
+            captures as i64,
+            self.captures as i64,
+        )?;
+        let (mut n, mut i) = (0u32, self.deferred.head);
+        while i != NIL && n <= t.deferred {
+            let s = self.arena.slots().get(i as usize).ok_or(fail(
+                "deferred list: link out of range",
+                Some(i),
+                0,
+                1,
+            ))?;
+            ensure(
+                s.has(Flags::DEFERRED),
+                "deferred list: holds a block that is not parked",
+                Some(i),
+            )?;
+            n += 1;
+            i = s.hash_next;
+        }
+        expect("deferred list: length", None, t.deferred as i64, n as i64)?;
+        expect(
+            "deferred list: count",
+            None,
+            t.deferred as i64,
+            self.deferred.len as i64,
+        )
+    }
+
     /// Walk the segments in address order, checking each and counting.
-    fn walk_segments(&self) -> Result<Tally, InvariantViolation> {
+    fn walk_segments(&self) -> Result<Tally<P>, InvariantViolation> {
         let slots = self.arena.slots();
         let mut t = Tally {
             stats: DeviceStats::new(None),
             cached: [0; 2],
+            cached_private: 0,
+            pool_segments: [(0, 0); P],
+            deferred: 0,
             blocks: 0,
         };
         let mut prev_end = 0u64;
@@ -111,9 +205,23 @@ where
     }
 
     /// One segment: its blocks tile it, and each is counted.
-    fn check_segment(&self, h: u32, t: &mut Tally) -> Result<(), InvariantViolation> {
+    fn check_segment(&self, h: u32, t: &mut Tally<P>) -> Result<(), InvariantViolation> {
         let head = self.slot(h);
         let pool = Pool::of(head.flags);
+        if head.owner != 0 {
+            let e = t
+                .pool_segments
+                .get_mut(head.owner as usize - 1)
+                .filter(|_| self.private.get(head.owner).is_some())
+                .ok_or(fail(
+                    "private pool: a segment of a pool that does not exist",
+                    Some(h),
+                    0,
+                    head.owner as i64,
+                ))?;
+            e.0 += 1;
+            e.1 += head.seg_size;
+        }
         t.stats.segment.increase(pool, 1);
         t.stats.reserved_bytes.increase(pool, head.seg_size);
         if head.seg_size >= self.config.max_split_size {
@@ -121,6 +229,7 @@ where
         }
         let mut c = Cursor {
             pool,
+            owner: head.owner,
             split: head.next != NIL,
             addr: head.addr,
             prev: NIL,
@@ -169,7 +278,7 @@ where
         i: u32,
         b: &BlockSlot,
         c: &mut Cursor,
-        t: &mut Tally,
+        t: &mut Tally<P>,
     ) -> Result<(), InvariantViolation> {
         ensure(
             b.has(Flags::IN_USE),
@@ -191,8 +300,24 @@ where
         if Pool::of(b.flags) != c.pool || b.size == 0 {
             return Err(fail("block state: pool or size", Some(i), 0, b.size as i64));
         }
-        let (cached, allocated, pending) =
-            (b.has(Flags::CACHED), b.has(Flags::ALLOCATED), b.events > 0);
+        expect(
+            "block state: owner pool != its segment's",
+            Some(i),
+            c.owner as i64,
+            b.owner as i64,
+        )?;
+        let deferred = b.has(Flags::DEFERRED);
+        ensure(
+            !deferred || (b.events == 0 && b.has(Flags::HAS_USES)),
+            "block state: a parked block with events or without stream uses",
+            Some(i),
+        )?;
+        t.deferred += deferred as u32;
+        let (cached, allocated, pending) = (
+            b.has(Flags::CACHED),
+            b.has(Flags::ALLOCATED),
+            b.events > 0 || deferred,
+        );
         if cached as u8 + allocated as u8 + pending as u8 != 1 {
             return Err(fail(
                 "block state: not exactly one of allocated / pending / cached",
@@ -202,8 +327,8 @@ where
             ));
         }
         ensure(
-            !b.has(Flags::HAS_USES) || allocated,
-            "block state: stream uses on a block that is not allocated",
+            !b.has(Flags::HAS_USES) || allocated || deferred,
+            "block state: stream uses on a block that is neither allocated nor parked",
             Some(i),
         )?;
         ensure(
@@ -232,9 +357,13 @@ where
             st.requested_bytes.increase(pool, b.requested);
         }
         if cached {
-            t.cached[pool.index()] += 1;
+            if c.owner == 0 {
+                t.cached[pool.index()] += 1;
+            } else {
+                t.cached_private += 1;
+            }
             ensure(
-                self.pools.get(pool).contains(self.arena.slots(), i),
+                self.free_index_of(i).contains(self.arena.slots(), i),
                 "free index: misses a cached block",
                 Some(i),
             )?;

@@ -8,7 +8,7 @@ use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::history::HistoryStorage;
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -47,6 +47,7 @@ where
             allocation_id: s.aux,
             stream: B::Stream::from(s.stream),
             id: BlockId::new(i, s.generation),
+            pool: self.pool_id_of(s.owner),
         }
     }
 

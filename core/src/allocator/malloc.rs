@@ -1,9 +1,12 @@
-//! `malloc`: PyTorch's ladder. Round the request and pick the pool, then in
+//! `malloc`: PyTorch's ladder. Round the request and pick the pool (a
+//! routing to a private pool, else the default small or large pool), then in
 //! order: the smallest cached block of the same stream that fits, the
 //! free-memory callbacks, garbage collection (with a memory limit and a GC
-//! threshold), a new segment from the device, releasing oversize cached
-//! blocks, releasing every cached segment and retrying (counted), and finally
-//! out of memory with the numbers of PyTorch's message.
+//! threshold), a new segment from the device, a free block of a `use_on_oom`
+//! pool (default-pool requests only), releasing oversize cached blocks,
+//! releasing every cached segment and retrying (counted; not inside a
+//! capture), and finally out of memory with the numbers of PyTorch's
+//! message.
 
 use super::{DeviceAllocator, Res};
 use crate::allocation::{Allocation, MallocFlags};
@@ -14,8 +17,9 @@ use crate::history::HistoryStorage;
 use crate::history::TraceAction;
 use crate::policy;
 use crate::pool::Pool;
+use crate::private_pool::{block_pool, block_pool_mut};
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -37,7 +41,8 @@ where
             });
         }
         self.reserve_slots()?;
-        if !self.events.is_empty() {
+        let capture = self.in_capture(stream);
+        if !capture && (!self.events.is_empty() || self.deferred.len > 0) {
             self.process_events()?;
         }
         let size = policy::round_size(orig, &self.config)
@@ -45,25 +50,29 @@ where
         let alloc_size =
             policy::allocation_size(size).ok_or(Error::SizeOverflow { requested: orig })?;
         let pool = policy::pool_for(size);
+        let owner = self.route(stream);
         let skey: u64 = stream.into();
 
-        let mut found = self.get_free_block(pool, skey, size);
+        let mut found = self.get_free_block(owner, pool, skey, size);
         if found == NIL && !self.callbacks.is_empty() && self.trigger_free_memory_callbacks() {
             self.reserve_slots()?;
-            found = self.get_free_block(pool, skey, size);
+            found = self.get_free_block(owner, pool, skey, size);
         }
         if found == NIL {
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks()?;
             }
-            found = self.alloc_block(pool, skey, alloc_size, false)?;
+            found = self.alloc_block(owner, pool, skey, alloc_size, false)?;
+            if found == NIL && owner == 0 {
+                found = self.use_on_oom_fallback(pool, skey, size);
+            }
             if found == NIL && !flags.contains(MallocFlags::NO_RETRY) {
-                if self.release_available_cached_blocks(pool, skey, size)? {
-                    found = self.alloc_block(pool, skey, alloc_size, false)?;
+                if self.release_available_cached_blocks(owner, pool, skey, size)? {
+                    found = self.alloc_block(owner, pool, skey, alloc_size, false)?;
                 }
-                if found == NIL {
-                    self.release_cached_blocks()?;
-                    found = self.alloc_block(pool, skey, alloc_size, true)?;
+                if found == NIL && !capture {
+                    self.release_cached_blocks(false)?;
+                    found = self.alloc_block(owner, pool, skey, alloc_size, true)?;
                 }
             }
             if found == NIL {
@@ -73,6 +82,26 @@ where
         Ok(self.alloc_found_block(found, orig, size, pool))
     }
 
+    /// PyTorch's `try_mempool_fallback`: a free block (never a new segment)
+    /// of a `use_on_oom` pool, in table order; `NIL` if none fits.
+    fn use_on_oom_fallback(&mut self, pool: Pool, skey: u64, size: u64) -> u32 {
+        let mut owner = 1u8;
+        while (owner as usize) <= self.private.capacity() {
+            if self
+                .private
+                .get(owner)
+                .is_some_and(|p| p.options.use_on_oom && p.use_count > 0)
+            {
+                let b = self.get_free_block(owner, pool, skey, size);
+                if b != NIL {
+                    return b;
+                }
+            }
+            owner += 1;
+        }
+        NIL
+    }
+
     /// Whether garbage collection runs: a memory limit and a GC threshold.
     #[inline]
     pub(super) fn gc_enabled(&self) -> bool {
@@ -80,16 +109,17 @@ where
     }
 
     /// `get_free_block`: the smallest cached block of this stream and pool
-    /// that fits, subject to the oversize rules, or `NIL`. It stays in the
-    /// free index: `alloc_found_block` takes it out, or re-keys it in place as
-    /// the remainder of a split.
+    /// (of owner `owner`) that fits, subject to the oversize rules, or `NIL`.
+    /// It stays in the free index: `alloc_found_block` takes it out, or
+    /// re-keys it in place as the remainder of a split.
     #[inline]
-    fn get_free_block(&mut self, pool: Pool, skey: u64, size: u64) -> u32 {
+    fn get_free_block(&mut self, owner: u8, pool: Pool, skey: u64, size: u64) -> u32 {
         if self.gc_enabled() {
-            self.pools.get_mut(pool).tick();
+            block_pool_mut(&mut self.pools, &mut self.private, owner, pool).tick();
         }
         let slots = self.arena.slots();
-        let b = self.pools.get(pool).lower_bound(slots, (skey, size, 0));
+        let b =
+            block_pool(&self.pools, &self.private, owner, pool).lower_bound(slots, (skey, size, 0));
         if b == NIL {
             return NIL;
         }
@@ -116,10 +146,11 @@ where
         freed
     }
 
-    /// `alloc_block`: a new segment from the device, or `NIL` when the device
-    /// or the memory limit refuses.
+    /// `alloc_block`: a new segment for owner `owner`'s pool from the
+    /// device, or `NIL` when the device or the memory limit refuses.
     fn alloc_block(
         &mut self,
+        owner: u8,
         pool: Pool,
         skey: u64,
         alloc_size: u64,
@@ -156,6 +187,11 @@ where
         s.seg_size = alloc_size;
         s.stream = skey;
         s.flags.insert(pool.flag());
+        s.owner = owner;
+        if let Some(p) = self.private.get_mut(owner) {
+            p.segments += 1;
+            p.reserved.increase(pool, alloc_size);
+        }
         self.segments.insert(self.arena.slots_mut(), i);
         self.total_allocated_memory += alloc_size;
         self.stats.segment.increase(pool, 1);
@@ -205,6 +241,17 @@ where
         Err(Error::BackendContract { what, ptr })
     }
 
+    /// Bytes of the cached blocks of every private pool (the OOM message's
+    /// "allocated in private pools").
+    fn cached_in_private_pools(&self) -> u64 {
+        self.segments()
+            .filter(|seg| !seg.pool_id.is_default())
+            .flat_map(|seg| seg.blocks())
+            .filter(|b| b.state == crate::snapshot::BlockState::Inactive)
+            .map(|b| b.size)
+            .sum()
+    }
+
     /// The out-of-memory error (counted in `num_ooms`), with the numbers of
     /// PyTorch's message.
     fn out_of_memory(
@@ -229,6 +276,7 @@ where
             allowed: self.memory_limit(),
             allocated: self.stats.allocated_bytes.all().current.max(0) as u64,
             reserved: self.stats.reserved_bytes.all().current.max(0) as u64,
+            private_pools: self.cached_in_private_pools(),
         })
     }
 }

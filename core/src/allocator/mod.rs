@@ -8,19 +8,21 @@
 //! collection), `lookup.rs` (handles and pointers to slots) and
 //! `invariants.rs` (the checker).
 
+mod capture;
 mod construct;
 mod free;
 mod history;
 mod invariants;
 mod lookup;
 mod malloc;
+mod pools;
 mod release;
 mod split;
 #[cfg(test)]
 mod tests;
 
 use crate::allocation::{Allocation, AllocationInfo, MallocFlags};
-use crate::arena::{Arena, BlockId, BlockSlot, Flags};
+use crate::arena::{Arena, BlockId, BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::config::Config;
 use crate::error::Error;
@@ -28,12 +30,16 @@ use crate::events::EventQueue;
 use crate::history::{History, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceTracker};
 use crate::live::LiveIndex;
 use crate::pool::{Pool, Pools};
+use crate::private_pool::{block_pool, block_pool_mut, PoolTable, Route};
 use crate::segment_index::SegmentIndex;
 use crate::snapshot::{BlockState, CacheInfo, Segments};
 use crate::stats::DeviceStats;
 
 /// The event capacity of an allocator made by [`DeviceAllocator::new`].
 pub const DEFAULT_EVENTS: usize = 64;
+
+/// The private-pool capacity of an allocator made by [`DeviceAllocator::new`].
+pub const DEFAULT_POOLS: usize = 16;
 
 /// Called when no cached block fits, before the allocator asks the device
 /// for memory (PyTorch's `FreeMemoryCallback`). It may free allocations
@@ -65,7 +71,7 @@ pub trait FreeAccess {
     fn free(&mut self, id: BlockId) -> bool;
 }
 
-impl<B, S, const E: usize, H> FreeAccess for DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> FreeAccess for DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -86,7 +92,8 @@ where
 /// ([`new`](Self::new) uses [`DEFAULT_EVENTS`];
 /// [`with_events`](Self::with_events) any other, at most 65535), `H` the
 /// storage of the memory history ([`NoHistory`] unless made with
-/// [`with_history`](Self::with_history); see `record_history`).
+/// [`with_history`](Self::with_history); see `record_history`), `P` the
+/// number of private pools that can exist at once ([`DEFAULT_POOLS`]).
 ///
 /// # Capacities, and what happens when they run out
 ///
@@ -106,6 +113,9 @@ where
 ///   allocation live; a `record_stream` beyond the table fails with
 ///   [`Error::StreamUsesFull`]. PyTorch's queues are unbounded: size `E` for
 ///   the streams a block is used on times the frees in flight.
+/// - **Private pools** (`P`): pools that exist at once (created and not yet
+///   deleted by an `empty_cache` after their last release). One more fails
+///   with [`Error::PoolTableFull`].
 ///
 /// ```
 /// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
@@ -117,7 +127,13 @@ where
 /// assert_eq!(a.stats().reserved_bytes.all().current, 0);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
-pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64, H = NoHistory> {
+pub struct DeviceAllocator<
+    B: DeviceBackend,
+    S,
+    const E: usize = 64,
+    H = NoHistory,
+    const P: usize = DEFAULT_POOLS,
+> {
     backend: B,
     /// Block metadata.
     arena: Arena<S>,
@@ -147,11 +163,36 @@ pub struct DeviceAllocator<B: DeviceBackend, S, const E: usize = 64, H = NoHisto
     trace_context: u64,
     /// Whether anything sees trace entries: history on, or a tracker.
     tracing: bool,
+    /// The private pools.
+    private: PoolTable<P>,
+    /// Where requests go: (pool, stream filter), the newest last.
+    routes: heapless::Vec<Route<B::Stream>, P>,
+    /// Real captures under way (routes with `capture`).
+    captures: u32,
+    /// Blocks freed during a capture, waiting for it to end (linked
+    /// through `hash_next`, oldest first).
+    deferred: Deferred,
+}
+
+/// The list of deferred blocks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Deferred {
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+    pub(crate) len: u32,
+}
+
+impl Deferred {
+    pub(crate) const EMPTY: Deferred = Deferred {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
 }
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -212,7 +253,7 @@ where
     /// Wait for every pending end-of-life event, then return every cached
     /// segment that is entirely free to the device. Peaks are kept.
     pub fn empty_cache(&mut self) -> Res<(), B> {
-        self.release_cached_blocks()
+        self.release_cached_blocks(self.capturing())
     }
 
     /// `set_per_process_memory_fraction`: from now on no new segment may take
@@ -301,7 +342,7 @@ where
     /// Segments in address order, each with its blocks: a snapshot that
     /// allocates nothing.
     pub fn segments(&self) -> Segments<'_, B::Stream> {
-        Segments::new(self.arena.slots(), self.segments)
+        Segments::new(self.arena.slots(), self.segments, self.private.entries())
     }
 
     /// Register a free-memory callback (at most 4); gives it back if full.
@@ -334,7 +375,7 @@ where
     /// to retry. (There is no `Drop` doing this: a drop cannot report a
     /// failure, and an allocator in a `static` is never dropped.)
     pub fn release_all(&mut self) -> Res<u32, B> {
-        self.release_cached_blocks()?;
+        self.release_cached_blocks(self.capturing())?;
         self.release_idle_events()?;
         Ok(self.live.len())
     }
@@ -388,11 +429,20 @@ where
         &mut self.arena.slots_mut()[i as usize]
     }
 
+    /// The free index of block `i`'s pool.
+    #[inline]
+    fn free_index_of(&self, i: u32) -> &crate::pool::BlockPool {
+        let s = self.slot(i);
+        block_pool(&self.pools, &self.private, s.owner, Pool::of(s.flags))
+    }
+
     /// Put block `i` in its pool's free index (it is cached from now, at the
     /// pool's current GC clock).
     #[inline]
     fn cache_insert(&mut self, i: u32) {
-        let pool = self.pools.get_mut(Pool::of(self.slot(i).flags));
+        let s = &self.arena.slots()[i as usize];
+        let (owner, kind) = (s.owner, Pool::of(s.flags));
+        let pool = block_pool_mut(&mut self.pools, &mut self.private, owner, kind);
         let s = &mut self.arena.slots_mut()[i as usize];
         s.aux = pool.gc_clock();
         s.flags.insert(Flags::CACHED);
@@ -402,7 +452,9 @@ where
     /// Take block `i` out of its pool's free index.
     #[inline]
     fn cache_remove(&mut self, i: u32) {
-        let pool = self.pools.get_mut(Pool::of(self.slot(i).flags));
+        let s = &self.arena.slots()[i as usize];
+        let (owner, kind) = (s.owner, Pool::of(s.flags));
+        let pool = block_pool_mut(&mut self.pools, &mut self.private, owner, kind);
         self.arena.slots_mut()[i as usize]
             .flags
             .remove(Flags::CACHED);

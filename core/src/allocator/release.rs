@@ -3,7 +3,9 @@
 //! (`release_available_cached_blocks`, `release_cached_blocks`, which is also
 //! `empty_cache`) and `garbage_collect_cached_blocks`. Whole segments are
 //! released in the order PyTorch walks a pool's free set: by (stream, size,
-//! address).
+//! address). Private pools lose memory only once freeable (use count 0):
+//! `release_cached_blocks` empties them and deletes those left without a
+//! segment.
 
 use super::{DeviceAllocator, Res};
 use crate::arena::{BlockSlot, NIL};
@@ -11,8 +13,9 @@ use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::history::HistoryStorage;
 use crate::pool::{FreeIndexKey, Pool};
+use crate::private_pool::block_pool;
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -21,9 +24,9 @@ where
     /// `release_block`: give a whole cached segment back to the device. On a
     /// backend failure nothing changes.
     fn release_block(&mut self, i: u32) -> Res<(), B> {
-        let (addr, size, pool, stream) = {
+        let (addr, size, pool, stream, owner) = {
             let s = self.slot(i);
-            (s.addr, s.size, Pool::of(s.flags), s.stream)
+            (s.addr, s.size, Pool::of(s.flags), s.stream, s.owner)
         };
         let entry = self.record_segment_free(addr, size, stream);
         self.backend
@@ -31,6 +34,10 @@ where
             .map_err(Error::Backend)?;
         self.keep(entry);
         self.cache_remove(i);
+        if let Some(p) = self.private.get_mut(owner) {
+            p.segments -= 1;
+            p.reserved.decrease(pool, size);
+        }
         self.segments.remove(self.arena.slots_mut(), i);
         self.total_allocated_memory -= size;
         self.stats.segment.decrease(pool, 1);
@@ -43,14 +50,15 @@ where
         Ok(())
     }
 
-    /// The cached block after key `key` in `pool`'s free index (from the
-    /// start with `None`), or `NIL`: the order PyTorch walks a pool's free
-    /// set in, `(stream, size, address)`.
-    fn next_cached(&self, pool: Pool, key: Option<FreeIndexKey>) -> u32 {
+    /// The cached block after key `key` in the free index of `pool` of owner
+    /// `owner` (from the start with `None`), or `NIL`: the order PyTorch
+    /// walks a pool's free set in, `(stream, size, address)`.
+    fn next_cached(&self, owner: u8, pool: Pool, key: Option<FreeIndexKey>) -> u32 {
         let slots = self.arena.slots();
+        let index = block_pool(&self.pools, &self.private, owner, pool);
         match key {
-            None => self.pools.get(pool).lower_bound(slots, (0, 0, 0)),
-            Some(k) => self.pools.get(pool).successor(slots, k),
+            None => index.lower_bound(slots, (0, 0, 0)),
+            Some(k) => index.successor(slots, k),
         }
     }
 
@@ -68,6 +76,7 @@ where
     /// change); such blocks are skipped.
     pub(super) fn release_available_cached_blocks(
         &mut self,
+        owner: u8,
         pool: Pool,
         skey: u64,
         size: u64,
@@ -77,9 +86,7 @@ where
             return Ok(false);
         }
         let key = size.max(mss);
-        let b = self
-            .pools
-            .get(pool)
+        let b = block_pool(&self.pools, &self.private, owner, pool)
             .lower_bound(self.arena.slots(), (skey, key, 0));
         if b != NIL && self.slot(b).stream == skey {
             if self.slot(b).is_split() {
@@ -89,9 +96,7 @@ where
             return Ok(true);
         }
         let mut released = 0u64;
-        let mut cur = self
-            .pools
-            .get(pool)
+        let mut cur = block_pool(&self.pools, &self.private, owner, pool)
             .predecessor(self.arena.slots(), (skey, key, 0));
         while released < key && cur != NIL {
             let s = self.slot(cur);
@@ -103,29 +108,55 @@ where
                 released += s.size;
                 self.release_block(cur)?;
             }
-            cur = self.pools.get(pool).predecessor(self.arena.slots(), k);
+            cur = block_pool(&self.pools, &self.private, owner, pool)
+                .predecessor(self.arena.slots(), k);
         }
         Ok(released >= key)
     }
 
-    /// `release_cached_blocks`: wait for all events, then release every
-    /// whole cached segment, large pool first.
-    pub(super) fn release_cached_blocks(&mut self) -> Res<(), B> {
-        self.synchronize_and_free_events()?;
-        self.release_whole_segments(Pool::Large)?;
-        self.release_whole_segments(Pool::Small)
+    /// `release_cached_blocks`: unless called inside a capture (`in_capture`),
+    /// wait for all events and release every whole cached segment of the
+    /// default pools, large pool first; then empty every freeable private
+    /// pool.
+    pub(super) fn release_cached_blocks(&mut self, in_capture: bool) -> Res<(), B> {
+        if !in_capture {
+            self.synchronize_and_free_events(None)?;
+            self.release_whole_segments(0, Pool::Large)?;
+            self.release_whole_segments(0, Pool::Small)?;
+        }
+        let mut owner = 1u8;
+        while (owner as usize) <= self.private.capacity() {
+            if self.private.get(owner).is_some_and(|p| p.use_count == 0) {
+                self.release_pool_segments(owner)?;
+            }
+            owner += 1;
+        }
+        Ok(())
     }
 
-    /// Release every whole cached segment of `pool`, in the order of its
-    /// free index (PyTorch's `release_blocks`).
-    fn release_whole_segments(&mut self, pool: Pool) -> Res<(), B> {
-        let mut cur = self.next_cached(pool, None);
+    /// Release the whole cached segments of private pool `owner` (small,
+    /// then large) and delete the pool if it has none left and nothing
+    /// routes to it.
+    pub(super) fn release_pool_segments(&mut self, owner: u8) -> Res<(), B> {
+        self.release_whole_segments(owner, Pool::Small)?;
+        self.release_whole_segments(owner, Pool::Large)?;
+        let empty = self.private.get(owner).is_some_and(|p| p.segments == 0);
+        if empty && !self.routes.iter().any(|r| r.owner == owner) {
+            self.private.delete(owner);
+        }
+        Ok(())
+    }
+
+    /// Release every whole cached segment of `pool` of owner `owner`, in the
+    /// order of its free index (PyTorch's `release_blocks`).
+    fn release_whole_segments(&mut self, owner: u8, pool: Pool) -> Res<(), B> {
+        let mut cur = self.next_cached(owner, pool, None);
         while cur != NIL {
             let key = self.key_of(cur);
             if !self.slot(cur).is_split() {
                 self.release_block(cur)?;
             }
-            cur = self.next_cached(pool, Some(key));
+            cur = self.next_cached(owner, pool, Some(key));
         }
         Ok(())
     }
@@ -143,20 +174,20 @@ where
         let clock = self.pools.get(Pool::Large).gc_clock();
         let age = |s: &BlockSlot| clock.wrapping_sub(s.aux);
         let (mut total_age, mut count) = (0u64, 0u64);
-        let mut cur = self.next_cached(Pool::Large, None);
+        let mut cur = self.next_cached(0, Pool::Large, None);
         while cur != NIL {
             if !self.slot(cur).is_split() {
                 total_age += age(self.slot(cur));
                 count += 1;
             }
-            cur = self.next_cached(Pool::Large, Some(self.key_of(cur)));
+            cur = self.next_cached(0, Pool::Large, Some(self.key_of(cur)));
         }
         let mut reclaimed = 0u64;
         let mut freed = true;
         while reclaimed < target && freed && count > 0 {
             let threshold = total_age as f64 / count as f64;
             freed = false;
-            let mut cur = self.next_cached(Pool::Large, None);
+            let mut cur = self.next_cached(0, Pool::Large, None);
             while cur != NIL {
                 let (a, size, key) = (age(self.slot(cur)), self.slot(cur).size, self.key_of(cur));
                 if !self.slot(cur).is_split() && a as f64 >= threshold {
@@ -166,7 +197,7 @@ where
                     total_age -= a;
                     count -= 1;
                 }
-                cur = self.next_cached(Pool::Large, Some(key));
+                cur = self.next_cached(0, Pool::Large, Some(key));
             }
         }
         Ok(())

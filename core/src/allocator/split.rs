@@ -11,7 +11,7 @@ use crate::history::TraceAction;
 use crate::policy;
 use crate::pool::Pool;
 
-impl<B, S, const E: usize, H> DeviceAllocator<B, S, E, H>
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -26,8 +26,9 @@ where
         pool: Pool,
     ) -> Allocation {
         let i = found;
-        let bsize = self.slot(i).size;
-        let split = policy::should_split(pool, bsize, size, &self.config);
+        let (bsize, owner) = (self.slot(i).size, self.slot(i).owner);
+        let split = policy::should_split(pool, bsize, size, &self.config)
+            && !(owner != 0 && self.private.get(owner).is_some_and(|p| p.options.no_split));
         if split && self.can_split_in_place(i, size) {
             if let Some(n) = self.arena.alloc() {
                 self.split_in_place(i, n, size, pool);
@@ -70,15 +71,16 @@ where
     /// The fast split: the allocation takes a new slot `n` at the low end of
     /// cached block `i`; `i` keeps the remainder and its place in the index.
     fn split_in_place(&mut self, i: u32, n: u32, size: u64, pool: Pool) {
-        let clock = self.pools.get(pool).gc_clock();
-        let (addr, stream, prev, bsize) = {
+        let clock = self.free_index_of(i).gc_clock();
+        let (addr, stream, prev, bsize, owner) = {
             let s = self.slot(i);
-            (s.addr, s.stream, s.prev, s.size)
+            (s.addr, s.stream, s.prev, s.size, s.owner)
         };
         let ns = self.slot_mut(n);
         ns.addr = addr;
         ns.size = size;
         ns.stream = stream;
+        ns.owner = owner;
         ns.flags.insert(pool.flag());
         ns.prev = prev;
         ns.next = i;
@@ -96,12 +98,13 @@ where
     /// request: in PyTorch the remainder is the old block object, which a
     /// snapshot shows.
     fn split_off_remainder(&mut self, i: u32, r: u32, size: u64, pool: Pool) {
-        let (addr, stream, next, bsize, requested) = {
+        let (addr, stream, next, bsize, requested, owner) = {
             let s = self.slot(i);
-            (s.addr, s.stream, s.next, s.size, s.requested)
+            (s.addr, s.stream, s.next, s.size, s.requested, s.owner)
         };
         let rs = self.slot_mut(r);
         rs.requested = requested;
+        rs.owner = owner;
         rs.addr = addr + size;
         rs.size = bsize - size;
         rs.stream = stream;

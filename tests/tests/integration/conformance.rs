@@ -79,3 +79,46 @@ fn a_folder_of_some_scenarios_loads_exactly_those() {
     assert!(scenario::load_all(&dir).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every private-pool scenario of the test data's `conformance/pools.json`
+/// and `pools.md` (CUDA-graph capture, `MemPool`, `use_on_oom`, `no_split`;
+/// the count comes from the files). A `CACHEALLOC_TESTDATA` folder without
+/// pool scenarios skips.
+#[test]
+fn all_pool_scenarios_pass() {
+    let data = testdata_dir();
+    let all = match scenario::load_suite(&data, "pools") {
+        Ok(all) => all,
+        Err(e) if cachealloc_tests::testdata_overridden() => {
+            println!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let names = scenario::names_in_suite(&data, "pools");
+    assert!(!all.is_empty(), "no pool scenarios in {}", data.display());
+    assert_eq!(all.len(), names.len(), "loader vs files: {names:?}");
+    let mut failures = Vec::new();
+    for v in &all {
+        let sc = scenario::parse(v).expect("parse scenario");
+        let fails = scenario::run(&MockHarness, &sc);
+        println!(
+            "{} {}",
+            if fails.is_empty() { "ok  " } else { "FAIL" },
+            sc.name
+        );
+        for f in &fails {
+            println!("      {f}");
+        }
+        if !fails.is_empty() {
+            failures.push(sc.name.clone());
+        }
+    }
+    println!(
+        "pools: {} scenarios from {}, {} failed",
+        all.len(),
+        data.join("conformance").display(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "failed pool scenarios: {failures:?}");
+}

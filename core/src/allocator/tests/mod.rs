@@ -4,6 +4,7 @@
 
 mod corruption;
 mod fast_paths;
+mod pool_corruption;
 
 use super::DeviceAllocator;
 use crate::arena::BlockSlot;

@@ -1,0 +1,111 @@
+//! Routing and captures: which pool a request goes to (the newest routing
+//! whose stream filter accepts its stream), whether it is made inside a CUDA
+//! graph capture, and the frees a capture defers. While a capture is under
+//! way, PyTorch may not query or record events: a `free` of a block that
+//! other streams used is parked (PyTorch's deferred blocks) and settled when
+//! no capture is left, at the next `malloc` that processes events, or at
+//! `empty_cache`: the streams recorded during the capture are forgotten
+//! (their work joined the capture's end), events are recorded on the others,
+//! and a block with none left returns to its pool at once.
+
+use super::{DeviceAllocator, Res};
+use crate::arena::{BlockSlot, Flags, NIL};
+use crate::backend::DeviceBackend;
+use crate::history::HistoryStorage;
+
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
+{
+    /// The owner number of the pool a request on `stream` goes to: the
+    /// newest routing that accepts the stream (PyTorch's `get_pool` walks
+    /// its list last-in first), else 0 (the default pools).
+    #[inline]
+    pub(super) fn route(&self, stream: B::Stream) -> u8 {
+        if self.routes.is_empty() {
+            return 0;
+        }
+        self.routes
+            .iter()
+            .rev()
+            .find(|r| r.filter.accepts(stream))
+            .map_or(0, |r| r.owner)
+    }
+
+    /// Whether a request on `stream` is made inside a capture (PyTorch's
+    /// `is_capture_context()`: a capture is under way and takes this stream).
+    #[inline]
+    pub(super) fn in_capture(&self, stream: B::Stream) -> bool {
+        self.captures > 0
+            && self
+                .routes
+                .iter()
+                .any(|r| r.capture && r.filter.accepts(stream))
+    }
+
+    /// Whether a capture is under way (frees, `record_stream` and
+    /// `empty_cache` come from the capturing thread while one is).
+    #[inline]
+    pub(super) fn capturing(&self) -> bool {
+        self.captures > 0
+    }
+
+    /// Park the freed block `i` (its stream uses kept) until no capture is
+    /// under way.
+    pub(super) fn defer(&mut self, i: u32) {
+        let tail = self.deferred.tail;
+        let s = self.slot_mut(i);
+        s.flags.insert(Flags::DEFERRED);
+        s.hash_next = NIL;
+        if tail == NIL {
+            self.deferred.head = i;
+        } else {
+            self.slot_mut(tail).hash_next = i;
+        }
+        self.deferred.tail = i;
+        self.deferred.len += 1;
+    }
+
+    /// PyTorch's `insert_events_deferred_until_no_capture`: for each parked
+    /// block, oldest first, forget the streams recorded during the capture,
+    /// record events on the others, or return it to its pool if none is
+    /// left. Only once no capture is under way. A backend failure leaves the
+    /// block that failed, and those after it, parked.
+    pub(super) fn settle_deferred(&mut self) -> Res<(), B> {
+        if self.captures > 0 {
+            return Ok(());
+        }
+        while self.deferred.head != NIL {
+            let i = self.deferred.head;
+            let events = if self.events.drop_capture_uses(i) {
+                if !self.events.has_room_for(i) {
+                    return Err(crate::error::Error::EventQueueFull { capacity: E });
+                }
+                self.events.record_free(&mut self.backend, i)?
+            } else {
+                0
+            };
+            let next = self.slot(i).hash_next;
+            self.deferred.head = next;
+            if next == NIL {
+                self.deferred.tail = NIL;
+            }
+            self.deferred.len -= 1;
+            let s = self.slot_mut(i);
+            s.flags.remove(Flags::DEFERRED | Flags::HAS_USES);
+            s.hash_next = NIL;
+            s.events = events;
+            if events == 0 {
+                self.free_block(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Parked blocks (freed during a capture, waiting for it to end).
+    pub fn deferred_frees(&self) -> u32 {
+        self.deferred.len
+    }
+}
