@@ -47,6 +47,17 @@ pub fn replay_summary(r: &Report) {
         "  retries         {}   OOMs {}",
         s.num_alloc_retries, r.ooms
     );
+    for (d, p) in &r.pools {
+        println!(
+            "  private pool    [{}, {}] on device {d}: {} segments, {} reserved (peak {}), use count {}",
+            p.id.0,
+            p.id.1,
+            p.segments,
+            human::bytes(p.reserved_bytes),
+            human::bytes(p.peak_reserved_bytes),
+            p.use_count
+        );
+    }
     println!(
         "  speed           {:.2} M events/s replayed ({:.1} ms); end to end {:.2} M events/s ({:.1} ms, of which reading and parsing {:.1} ms)",
         r.events_per_second() / 1e6,
@@ -121,6 +132,13 @@ pub fn check_summary(t: &str, s: &TraceStats) {
         s.sync,
         s.empty_cache
     );
+    if s.pool_ops > 0 {
+        println!(
+            "  private pools {} ({} pool ops)",
+            s.pools,
+            human::count(s.pool_ops)
+        );
+    }
     println!("  peak live     {}", human::bytes(s.peak_live_bytes));
     println!(
         "  total alloc'd {}",

@@ -150,7 +150,7 @@ fn bad_traces() -> Vec<Bad> {
         },
         Bad {
             name: "bad-version",
-            text: "{\"format\":\"cachealloc-trace\",\"version\":2}\n".into(),
+            text: "{\"format\":\"cachealloc-trace\",\"version\":3}\n".into(),
             line: 1,
             reason: "unsupported version",
         },
@@ -446,5 +446,84 @@ fn snapshot_import_and_check_against() {
     let out = run(&["replay", "--real-addresses", trace]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("records no malloc addresses"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A version 2 trace that captures a graph into a private pool: `replay
+/// --json` lists the pool and its segments, the snapshot marks its
+/// segments with the pool id; pool ops in a version 1 trace, and a broken
+/// pool rule, are bad input.
+#[test]
+fn a_captured_graph_shows_its_pool() {
+    let dir = scratch("pools");
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let graph = write(
+        "graph.jsonl",
+        r#"{"format":"cachealloc-trace","version":2,"source":"one graph"}
+{"op":"alloc","id":1,"size":4096,"stream":1}
+{"op":"capture_begin","pool":[1,0],"streams":[1]}
+{"op":"alloc","id":2,"size":1048577,"stream":1}
+{"op":"alloc","id":3,"size":4096,"stream":1}
+{"op":"capture_end","pool":[1,0]}
+{"op":"alloc","id":4,"size":4096,"stream":1}
+"#,
+    );
+    let out = run(&["replay", "--json", &graph]);
+    assert!(out.status.success(), "{out:?}");
+    let v = &json_lines(&out)[0];
+    let pools = v["pools"].as_array().expect("pools in the report");
+    assert_eq!(pools.len(), 1);
+    assert_eq!(pools[0]["pool"], serde_json::json!([1, 0]));
+    assert_eq!(pools[0]["segments"], 2);
+    assert_eq!(pools[0]["reserved_bytes"], (20 << 20) + (2 << 20));
+    let snap = dir.join("graph.json");
+    let out = run(&["replay", "-q", "--snapshot", snap.to_str().unwrap(), &graph]);
+    assert!(out.status.success(), "{out:?}");
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&snap).unwrap()).unwrap();
+    let owners: Vec<(serde_json::Value, u64)> = s["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["segment_pool_id"].clone(),
+                g["total_size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            (serde_json::json!([0, 0]), 2 << 20),
+            (serde_json::json!([1, 0]), 20 << 20),
+            (serde_json::json!([1, 0]), 2 << 20)
+        ]
+    );
+    let v1 = write(
+        "v1.jsonl",
+        "{\"format\":\"cachealloc-trace\",\"version\":1}\n{\"op\":\"pool_release\",\"pool\":[0,1]}\n",
+    );
+    let unbegun = write(
+        "unbegun.jsonl",
+        "{\"format\":\"cachealloc-trace\",\"version\":2}\n{\"op\":\"capture_end\",\"pool\":[1,0]}\n",
+    );
+    for (t, why) in [
+        (&v1, "need a version 2 trace"),
+        (&unbegun, "not captured into"),
+    ] {
+        for cmd in ["replay", "check"] {
+            let out = run(&[cmd, t]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd} {t}: {err}");
+            assert!(
+                err.contains(":2: ") && err.contains(why),
+                "{cmd} {t}: {err}"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

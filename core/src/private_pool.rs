@@ -9,7 +9,6 @@
 use crate::arena::BlockSlot;
 use crate::invariants::{expect, InvariantViolation};
 use crate::pool::{BlockPool, Pool, Pools};
-use crate::stats::StatArray;
 
 /// A pool's id: PyTorch's `MempoolId_t`, a pair. `(0, 0)` names the default
 /// pools; graphs make `(n, 0)`, `MemPool()` makes `(0, n)`; only identity
@@ -153,9 +152,11 @@ pub struct PoolInfo {
     pub use_count: u32,
     /// Its segments (PyTorch's `cudaMalloc_count`).
     pub segments: u32,
-    /// Bytes of its segments, per pool (PyTorch's
-    /// `reserved_bytes_by_private_pools`).
-    pub reserved_bytes: StatArray,
+    /// Bytes of its segments (PyTorch's
+    /// `reserved_bytes_by_private_pools.<id>.all.current`).
+    pub reserved_bytes: u64,
+    /// Their peak.
+    pub peak_reserved_bytes: u64,
     /// Its options.
     pub options: PoolOptions,
 }
@@ -166,7 +167,9 @@ pub(crate) struct PrivatePool {
     pub(crate) id: MempoolId,
     pub(crate) use_count: u32,
     pub(crate) segments: u32,
-    pub(crate) reserved: StatArray,
+    /// Bytes of its segments, and their peak.
+    pub(crate) reserved: u64,
+    pub(crate) peak: u64,
     pub(crate) options: PoolOptions,
     pub(crate) blocks: Pools,
 }
@@ -178,6 +181,7 @@ impl PrivatePool {
             use_count: self.use_count,
             segments: self.segments,
             reserved_bytes: self.reserved,
+            peak_reserved_bytes: self.peak,
             options: self.options,
         }
     }
@@ -223,7 +227,8 @@ impl<const P: usize> PoolTable<P> {
             id,
             use_count: 1,
             segments: 0,
-            reserved: StatArray::ZERO,
+            reserved: 0,
+            peak: 0,
             options,
             blocks: Pools::EMPTY,
         });
@@ -266,7 +271,7 @@ impl<const P: usize> PoolTable<P> {
                 None,
                 0,
                 if p.segments == 0 {
-                    p.reserved.all().current
+                    p.reserved as i64
                 } else {
                     0
                 },

@@ -5,9 +5,13 @@
 //!   backend failures, mirrored on a shadow model: the live device ranges,
 //!   and the ranges freed while other streams used them, pending until a
 //!   sync covers those streams. No allocation may overlap a live or a
-//!   pending range. `check_invariants()` after every op; at the end
-//!   everything is freed, the cache emptied, and the device must hold
-//!   nothing.
+//!   pending range. Private pools (create, routing, captures, release,
+//!   empty_cache of a pool): an allocation comes from the pool the newest
+//!   matching routing names (or a `use_on_oom` pool for a default request),
+//!   and a segment handed to one pool is never handed to another while the
+//!   first exists. `check_invariants()` after every op; at the end
+//!   everything is freed, the pools released, the cache emptied, and the
+//!   device must hold nothing.
 //! - [`no_false_oom`]: under a capacity, an allocation may fail only if the
 //!   ladder released every releasable cached segment and the device really
 //!   cannot supply the segment.
@@ -18,7 +22,7 @@ use crate::teardown;
 use arbitrary::{Arbitrary, Unstructured};
 use cachealloc_core::{
     Allocation, BlockId, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, Error,
-    MallocFlags,
+    MallocFlags, MempoolId, PoolOptions, StreamFilter,
 };
 use cachealloc_mock::{MockDevice, MockError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -126,6 +130,44 @@ pub enum FuzzOp {
     },
     /// reset_peak_stats.
     ResetPeak,
+    /// `create_pool` (pool mod 3).
+    PoolCreate {
+        /// Which pool.
+        pool: u8,
+        /// `use_on_oom`.
+        use_on_oom: bool,
+        /// `no_split`.
+        no_split: bool,
+    },
+    /// `begin_allocate_to_pool` / `capture_begin` (pool mod 3).
+    PoolBegin {
+        /// Which pool.
+        pool: u8,
+        /// Streams routed: a bit mask of streams 0..3 (0: all).
+        streams: u8,
+        /// A capture.
+        capture: bool,
+    },
+    /// `end_allocate_to_pool` (pool mod 3).
+    PoolEnd {
+        /// Which pool.
+        pool: u8,
+    },
+    /// `release_pool` (pool mod 3).
+    PoolRelease {
+        /// Which pool.
+        pool: u8,
+    },
+    /// `empty_cache_pool` (pool mod 3).
+    PoolEmptyCache {
+        /// Which pool.
+        pool: u8,
+    },
+}
+
+/// The pool of a fuzz op's pool number.
+fn pool_id(pool: u8) -> MempoolId {
+    MempoolId(0, pool as u64 % 3 + 1)
 }
 
 /// A whole fuzz input. Decoded densely: three setting bytes, then ops until
@@ -165,6 +207,8 @@ struct Live {
     stream: u64,
     /// Streams recorded on it besides its own.
     uses: BTreeSet<u64>,
+    /// Those recorded during a capture.
+    capture_uses: BTreeSet<u64>,
 }
 
 /// A range freed while other streams used it: pending until a sync covers
@@ -172,13 +216,20 @@ struct Live {
 struct Pending {
     size: u64,
     streams: BTreeSet<u64>,
+    /// Streams recorded during a capture: done when no capture is left.
+    capture_streams: BTreeSet<u64>,
 }
 
-/// The shadow model: live allocations and pending ranges, by address.
+/// The shadow model: live allocations and pending ranges, by address; the
+/// routing list and the pool of every segment seen.
 struct Shadow {
     live: BTreeMap<u64, Live>,
     pending: BTreeMap<u64, Pending>,
     freed: Vec<BlockId>,
+    /// (pool, streams mask, capture), newest last.
+    routes: Vec<(MempoolId, u8, bool)>,
+    /// Segment base -> the pool its blocks were handed to.
+    segment_pool: BTreeMap<u64, MempoolId>,
 }
 
 impl Shadow {
@@ -222,8 +273,34 @@ impl Shadow {
                 alloc: a,
                 stream,
                 uses: BTreeSet::new(),
+                capture_uses: BTreeSet::new(),
             },
         );
+    }
+
+    /// The pool a request on `stream` must come from: the newest routing
+    /// that takes it, else the default pools.
+    fn route(&self, stream: u64) -> MempoolId {
+        self.routes
+            .iter()
+            .rev()
+            .find(|r| r.1 == 0 || r.1 & (1 << stream) != 0)
+            .map_or(MempoolId::DEFAULT, |r| r.0)
+    }
+
+    fn capturing(&self) -> bool {
+        self.routes.iter().any(|r| r.2)
+    }
+
+    /// No capture is left: streams recorded during one are done.
+    fn captures_over(&mut self) {
+        self.pending.retain(|_, pe| {
+            for s in &pe.capture_streams {
+                pe.streams.remove(s);
+            }
+            pe.capture_streams.clear();
+            !pe.streams.is_empty()
+        });
     }
 
     /// The allocation at `p` was freed: pending if other streams used it.
@@ -236,6 +313,7 @@ impl Shadow {
                     Pending {
                         size: l.alloc.size,
                         streams: l.uses,
+                        capture_streams: l.capture_uses,
                     },
                 );
             }
@@ -287,6 +365,8 @@ pub struct Coverage {
     pub bad_frees: u64,
     /// Allocations made while some freed range was still pending.
     pub while_pending: u64,
+    /// Allocations made in a private pool.
+    pub pool_allocs: u64,
 }
 
 impl Coverage {
@@ -302,6 +382,7 @@ impl Coverage {
         self.full_queues += o.full_queues;
         self.bad_frees += o.bad_frees;
         self.while_pending += o.while_pending;
+        self.pool_allocs += o.pool_allocs;
     }
 }
 
@@ -316,10 +397,18 @@ fn injected(e: &Error<MockError>) -> bool {
     matches!(e, Error::Backend(MockError::Injected { .. }))
 }
 
-/// After an OOM from the full ladder: no cached whole segment is left, and
-/// the device (or the limit) really cannot supply the segment.
-fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, alloc_size: u64) {
-    for seg in a.segments() {
+/// After an OOM from the full ladder: no releasable cached whole segment is
+/// left (of the default pools, or of a pool nobody uses), and the device (or
+/// the limit) really cannot supply the segment. Inside a capture there is
+/// no flush rung: the oversize rung may release some blocks, too few to
+/// retry, and PyTorch then raises with room on the device; nothing is
+/// checked there.
+fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, alloc_size: u64, in_capture: bool) {
+    if in_capture {
+        return;
+    }
+    let releasable = |id: MempoolId| id.is_default() || a.pool_use_count(id) == 0;
+    for seg in a.segments().filter(|s| releasable(s.pool_id)) {
         assert!(
             seg.blocks().any(|b| b.state != BlockState::Inactive),
             "OOM while a whole cached segment of {} bytes could have been released",
@@ -363,6 +452,8 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
         live: BTreeMap::new(),
         pending: BTreeMap::new(),
         freed: Vec::new(),
+        routes: Vec::new(),
+        segment_pool: BTreeMap::new(),
     };
     for (n, op) in input.ops.iter().enumerate() {
         let calls_before = a.backend().counters().total;
@@ -380,6 +471,13 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
             shadow.live.len(),
             "after op {n} {op:?}: live allocations"
         );
+    }
+    for k in 0..3 {
+        let id = pool_id(k);
+        let _ = a.end_allocate_to_pool(id);
+        while a.pool_use_count(id) > 0 {
+            a.release_pool(id).expect("release of a pool in use");
+        }
     }
     let live: Vec<DevicePtr> = shadow.live.keys().map(|&p| DevicePtr(p)).collect();
     if let Err(e) = teardown(&mut a, live) {
@@ -421,6 +519,8 @@ fn step(
                         (info.requested_size, info.allocated_size, info.stream),
                         (bytes, x.size, stream)
                     );
+                    check_pool(a, sh, x.ptr, info.pool, stream);
+                    cov.pool_allocs += !info.pool.is_default() as u64;
                     cov.while_pending += !sh.pending.is_empty() as u64;
                     sh.insert(x, bytes, stream);
                     cov.allocs += 1;
@@ -430,7 +530,11 @@ fn step(
                     cov.ooms += 1;
                     assert!(bytes < 1 << 60);
                     if mode == Mode::NoFalseOom && !no_retry {
-                        assert_true_oom(a, capacity, r.alloc_size);
+                        let in_capture = sh
+                            .routes
+                            .iter()
+                            .any(|r| r.2 && (r.1 == 0 || r.1 & (1 << stream) != 0));
+                        assert_true_oom(a, capacity, r.alloc_size, in_capture);
                     }
                 }
                 Err(Error::MetadataExhausted { .. }) => cov.exhausted += 1,
@@ -495,9 +599,13 @@ fn step(
             let stream = stream as u64 % 3;
             match a.record_stream(id, stream) {
                 Ok(()) => {
+                    let capturing = sh.capturing();
                     let l = sh.live.get_mut(&p).expect("live");
                     if stream != l.stream {
                         l.uses.insert(stream);
+                        if capturing {
+                            l.capture_uses.insert(stream);
+                        }
                     }
                 }
                 Err(Error::StreamUsesFull { .. }) => cov.full_queues += 1,
@@ -524,7 +632,95 @@ fn step(
             }
         }
         FuzzOp::ResetPeak => a.reset_peak_stats(),
+        FuzzOp::PoolCreate {
+            pool,
+            use_on_oom,
+            no_split,
+        } => {
+            let mut o = PoolOptions::NONE;
+            if use_on_oom {
+                o = o.use_on_oom();
+            }
+            if no_split {
+                o = o.no_split();
+            }
+            pool_result(a.create_pool(pool_id(pool), o));
+        }
+        FuzzOp::PoolBegin {
+            pool,
+            streams,
+            capture,
+        } => {
+            let mask = streams & 7;
+            let list: Vec<u64> = (0..3).filter(|s| mask & (1 << s) != 0).collect();
+            let filter = if mask == 0 {
+                StreamFilter::All
+            } else {
+                StreamFilter::streams(&list).expect("1 to 3 streams")
+            };
+            let id = pool_id(pool);
+            let r = if capture {
+                a.capture_begin(id, filter)
+            } else {
+                a.begin_allocate_to_pool(id, filter)
+            };
+            if r.is_ok() {
+                sh.routes.push((id, mask, capture));
+            }
+            pool_result(r);
+        }
+        FuzzOp::PoolEnd { pool } => {
+            let id = pool_id(pool);
+            if a.end_allocate_to_pool(id).is_ok() {
+                sh.routes.retain(|r| r.0 != id);
+                if !sh.capturing() {
+                    sh.captures_over();
+                }
+            }
+        }
+        FuzzOp::PoolRelease { pool } => pool_result(a.release_pool(pool_id(pool))),
+        FuzzOp::PoolEmptyCache { pool } => match a.empty_cache_pool(pool_id(pool)) {
+            Ok(()) => {}
+            Err(e) if injected(&e) => cov.injected += 1,
+            Err(e) => panic!("empty_cache_pool: {e}"),
+        },
     }
+}
+
+/// A pool call fails only for a reason of the pool rules.
+fn pool_result(r: Result<(), Error<MockError>>) {
+    match r {
+        Ok(())
+        | Err(
+            Error::UnknownPool { .. }
+            | Error::AlreadyRouting { .. }
+            | Error::NotRouting { .. }
+            | Error::PoolFreeable { .. }
+            | Error::PoolTableFull { .. },
+        ) => {}
+        Err(e) => panic!("pool call: {e}"),
+    }
+}
+
+/// A fresh allocation at `ptr` in pool `pool`, on `stream`: it comes from
+/// the pool the newest matching routing names (or, for a default request,
+/// from a `use_on_oom` pool), and its segment was never handed to another
+/// pool.
+fn check_pool(a: &FuzzAllocator, sh: &mut Shadow, ptr: DevicePtr, pool: MempoolId, stream: u64) {
+    let want = sh.route(stream);
+    assert!(
+        pool == want
+            || (want.is_default() && a.pool_info(pool).is_some_and(|p| p.options.use_on_oom)),
+        "an allocation on stream {stream} came from pool {pool:?}, the routing names {want:?}"
+    );
+    let (base, _) = a.base_allocation(ptr).expect("a segment holds it");
+    if let Some(&before) = sh.segment_pool.get(&base.0) {
+        assert_eq!(
+            before, pool,
+            "segment {base} of pool {before:?} handed to pool {pool:?}"
+        );
+    }
+    sh.segment_pool.insert(base.0, pool);
 }
 
 /// The `ops` target.

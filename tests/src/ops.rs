@@ -177,33 +177,8 @@ pub fn trace_text(case: &Case) -> String {
         case.seed
     );
     for op in &case.ops {
-        let _ = match *op {
-            Op::Alloc {
-                id,
-                size,
-                stream,
-                device: 0,
-            } => writeln!(
-                s,
-                r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream}}}"#
-            ),
-            Op::Alloc {
-                id,
-                size,
-                stream,
-                device,
-            } => writeln!(
-                s,
-                r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream},"device":{device}}}"#
-            ),
-            Op::Free { id } => writeln!(s, r#"{{"op":"free","id":{id}}}"#),
-            Op::RecordStream { id, stream } => {
-                writeln!(s, r#"{{"op":"record_stream","id":{id},"stream":{stream}}}"#)
-            }
-            Op::Sync { stream: Some(st) } => writeln!(s, r#"{{"op":"sync","stream":{st}}}"#),
-            Op::Sync { stream: None } => writeln!(s, r#"{{"op":"sync"}}"#),
-            Op::EmptyCache => writeln!(s, r#"{{"op":"empty_cache"}}"#),
-        };
+        s.push_str(&cachealloc_trace::event_json(op));
+        s.push('\n');
     }
     s
 }

@@ -333,7 +333,11 @@ impl<'h, H: Harness> Run<'h, H> {
                 }
                 Err(e) if e.is_out_of_memory() => {
                     self.last_oom = Some(e.to_string());
-                    self.names.remove(name);
+                    // The name no longer stands for an earlier allocation
+                    // (one left live by a failed op): teardown frees that.
+                    if let Some(old) = self.names.remove(name) {
+                        self.orphans.push(old);
+                    }
                     return Err(e.to_string());
                 }
                 Err(e) => return Err(e.to_string()),
@@ -420,7 +424,7 @@ impl<'h, H: Harness> Run<'h, H> {
                 "use_count" => self.alloc.pool_use_count(id).into(),
                 "exists" => info.is_some().into(),
                 "segments" => info.map_or(0, |p| p.segments).into(),
-                "reserved_bytes" => info.map_or(0, |p| p.reserved_bytes.all().current).into(),
+                "reserved_bytes" => info.map_or(0, |p| p.reserved_bytes).into(),
                 _ => Value::Null,
             });
         }
@@ -499,10 +503,9 @@ impl<'h, H: Harness> Run<'h, H> {
         }
     }
 
-    /// Free what is live, wait for all streams, empty the cache and drop the
-    /// idle events: afterwards the device must hold nothing.
-    pub fn release_all(&mut self) -> Result<(), String> {
-        // Pools still routed to or in use keep their memory: end them first.
+    /// End every routing and capture, and release every pool to use count
+    /// 0: pools in use keep their memory, so a teardown starts here.
+    pub fn end_pools(&mut self) -> Result<(), String> {
         for k in 0..self.pools.len() {
             let id = MempoolId(0, k as u64 + 1);
             let _ = self.alloc.end_allocate_to_pool(id);
@@ -510,6 +513,13 @@ impl<'h, H: Harness> Run<'h, H> {
                 self.alloc.release_pool(id).map_err(|e| e.to_string())?;
             }
         }
+        Ok(())
+    }
+
+    /// Free what is live, wait for all streams, empty the cache and drop the
+    /// idle events: afterwards the device must hold nothing.
+    pub fn release_all(&mut self) -> Result<(), String> {
+        self.end_pools()?;
         let live = self.live();
         self.names.clear();
         self.orphans.clear();

@@ -21,9 +21,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
     static RUNS: AtomicUsize = AtomicUsize::new(0);
     let before = RUNS.load(Ordering::Relaxed);
+    let f = std::sync::Arc::new(f);
     loom::model(move || {
         RUNS.fetch_add(1, Ordering::Relaxed);
-        f()
+        // The allocators are built on the stack and moved into their
+        // `Arc`s: run the model in a thread with more than loom's default
+        // 32 KiB of stack (a `DeviceAllocator` is ~10 KiB).
+        let f = f.clone();
+        thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(move || f())
+            .expect("spawn")
+            .join()
+            .expect("the model panicked");
     });
     println!(
         "{name}: {} interleavings explored",
@@ -325,4 +335,56 @@ fn two_devices_route_frees_across_threads() {
         finish(d0, []);
         finish(d1, []);
     });
+}
+
+/// Routing ends while another thread allocates: the allocation goes to
+/// exactly one of the two pools (the private pool if it came first, the
+/// default pool after), its segment says so, and after the pool is released
+/// and the cache emptied nothing is left.
+static SAW_IN_POOL: AtomicUsize = AtomicUsize::new(0);
+static SAW_IN_DEFAULT: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn allocation_races_end_allocate_to_pool() {
+    use cachealloc_core::{MempoolId, StreamFilter};
+    const POOL: MempoolId = MempoolId(1, 0);
+    model("allocation_races_end_allocate_to_pool", || {
+        let a = Arc::new(device(8 * MIB, 8));
+        let reg = Arc::new(Registry::default());
+        a.capture_begin(POOL, StreamFilter::stream(1)).unwrap();
+        let t1 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                let x = try_malloc(&a, &reg, 4096, 1).expect("room for 4 KiB");
+                let pool = a.with(|d| d.allocation_info(x.id.unwrap()).unwrap().pool);
+                let owner = a.with(|d| {
+                    d.segments()
+                        .find(|s| s.blocks().any(|b| b.address == x.ptr))
+                        .map(|s| s.pool_id)
+                });
+                assert_eq!(owner, Some(pool), "the segment and the allocation disagree");
+                assert!(pool == POOL || pool == MempoolId::DEFAULT);
+                if pool == POOL {
+                    SAW_IN_POOL.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    SAW_IN_DEFAULT.fetch_add(1, Ordering::Relaxed);
+                }
+                free(&a, &reg, x);
+            })
+        };
+        a.capture_end(POOL).unwrap();
+        t1.join().unwrap();
+        assert_eq!(a.pool_use_count(POOL), 1);
+        a.release_pool(POOL).unwrap();
+        let a = Arc::try_unwrap(a).ok().expect("threads joined");
+        finish(a, []);
+    });
+    assert!(
+        SAW_IN_POOL.load(Ordering::Relaxed) > 0,
+        "never allocated in the pool"
+    );
+    assert!(
+        SAW_IN_DEFAULT.load(Ordering::Relaxed) > 0,
+        "never allocated after the routing ended"
+    );
 }

@@ -4,6 +4,7 @@
 use crate::error::{Reason, TraceError};
 use crate::event::Event;
 use crate::liveness::Liveness;
+use crate::pool_rules::PoolRules;
 use crate::reader::TraceReader;
 use std::collections::BTreeSet;
 
@@ -29,6 +30,10 @@ pub struct TraceStats {
     pub sync: u64,
     /// `empty_cache` events.
     pub empty_cache: u64,
+    /// Private-pool ops (version 2).
+    pub pool_ops: u64,
+    /// Private pools used.
+    pub pools: u64,
     /// Allocations of 0 bytes.
     pub zero_byte_allocs: u64,
     /// Peak of the sum of live allocation sizes.
@@ -72,6 +77,7 @@ pub fn check_reader(
         ..TraceStats::default()
     };
     let mut live: Liveness<u64> = Liveness::new();
+    let mut pools = PoolRules::new();
     let mut live_bytes = 0u64;
     while let Some(ev) = r.next_event() {
         let (line, ev) = ev?;
@@ -122,8 +128,18 @@ pub fn check_reader(
                 s.streams.extend(stream);
             }
             Event::EmptyCache => s.empty_cache += 1,
+            pool_op => {
+                pools
+                    .apply(&pool_op)
+                    .map_err(|e| r.error(line, Reason::Pool(e)))?;
+                s.pool_ops += 1;
+                if let Event::PoolBegin { streams, .. } = pool_op {
+                    s.streams.extend(streams.as_slice());
+                }
+            }
         }
     }
+    s.pools = pools.len() as u64;
     s.live_at_end = live.len() as u64;
     s.live_bytes_at_end = live_bytes;
     Ok(s)

@@ -59,6 +59,9 @@ pub enum Reason {
     /// An event breaks the liveness rules (alloc of a live id; free or
     /// record_stream of an id that is not live).
     Liveness(LivenessError),
+    /// A private-pool op breaks the pool rules (routing twice, ending a
+    /// routing that is not there, releasing a pool without users).
+    Pool(String),
     /// A replay option that does not fit the trace.
     Option(String),
     /// The allocator failed for a reason other than out of memory.
@@ -73,6 +76,7 @@ impl fmt::Display for Reason {
             Reason::Io(s)
             | Reason::Header(s)
             | Reason::Event(s)
+            | Reason::Pool(s)
             | Reason::Option(s)
             | Reason::Allocator(s)
             | Reason::Device(s) => f.write_str(s),

@@ -8,6 +8,8 @@ pub type MallocAddresses = Vec<(u64, Vec<(u64, u64)>)>;
 /// The header line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Header {
+    /// The format version (1, or 2 with private-pool ops).
+    pub version: u64,
     /// What produced the trace.
     pub source: String,
     /// Device memory the workload ran with, if known.
@@ -27,6 +29,33 @@ impl Header {
             .iter()
             .find(|(d, _)| *d == device)
             .map_or(&[], |(_, m)| m.as_slice())
+    }
+}
+
+/// A private pool's id (PyTorch's `MempoolId_t`: a pair, `[0, 0]` never).
+pub type PoolId = (u64, u64);
+
+/// The streams a routing to a pool takes: every stream, or up to four.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Streams {
+    /// `"all"`.
+    All,
+    /// These (the first `len` of `list`).
+    List {
+        /// The streams.
+        list: [u64; 4],
+        /// How many.
+        len: u8,
+    },
+}
+
+impl Streams {
+    /// The listed streams (empty for `All`).
+    pub fn as_slice(&self) -> &[u64] {
+        match self {
+            Streams::All => &[],
+            Streams::List { list, len } => &list[..*len as usize],
+        }
     }
 }
 
@@ -63,4 +92,64 @@ pub enum Event {
     },
     /// `empty_cache`
     EmptyCache,
+    /// `pool_create` (version 2): `torch.cuda.MemPool(use_on_oom, no_split)`.
+    PoolCreate {
+        /// The pool.
+        pool: PoolId,
+        /// Its device.
+        device: u64,
+        /// `use_on_oom`.
+        use_on_oom: bool,
+        /// `no_split`.
+        no_split: bool,
+    },
+    /// `pool_begin` / `capture_begin` (version 2): route the streams to the
+    /// pool (and, for a capture, apply the capture rules).
+    PoolBegin {
+        /// The pool.
+        pool: PoolId,
+        /// Its device.
+        device: u64,
+        /// The streams routed.
+        streams: Streams,
+        /// `capture_begin`.
+        capture: bool,
+    },
+    /// `pool_end` / `capture_end` (version 2).
+    PoolEnd {
+        /// The pool.
+        pool: PoolId,
+        /// Its device.
+        device: u64,
+        /// `capture_end`.
+        capture: bool,
+    },
+    /// `pool_release` (version 2): one user of the pool less.
+    PoolRelease {
+        /// The pool.
+        pool: PoolId,
+        /// Its device.
+        device: u64,
+    },
+    /// `pool_empty_cache` (version 2): `emptyCache(pool)`.
+    PoolEmptyCache {
+        /// The pool.
+        pool: PoolId,
+        /// Its device.
+        device: u64,
+    },
+}
+
+impl Event {
+    /// Whether the event is one of the private-pool ops of version 2.
+    pub fn is_pool_op(&self) -> bool {
+        matches!(
+            self,
+            Event::PoolCreate { .. }
+                | Event::PoolBegin { .. }
+                | Event::PoolEnd { .. }
+                | Event::PoolRelease { .. }
+                | Event::PoolEmptyCache { .. }
+        )
+    }
 }

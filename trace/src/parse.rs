@@ -2,7 +2,7 @@
 //! which field is wrong and why.
 
 use crate::error::Reason;
-use crate::event::{Event, Header, MallocAddresses};
+use crate::event::{Event, Header, MallocAddresses, PoolId, Streams};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -57,6 +57,8 @@ impl<'de> Deserialize<'de> for Int {
     }
 }
 
+/// Any JSON value, kept for the fields of the pool ops (which are rare: the
+/// hot path parses no `Value`).
 #[derive(Deserialize)]
 struct RawEvent<'a> {
     #[serde(borrow)]
@@ -65,6 +67,57 @@ struct RawEvent<'a> {
     size: Option<Int>,
     stream: Option<Int>,
     device: Option<Int>,
+    pool: Option<serde_json::Value>,
+    streams: Option<serde_json::Value>,
+    use_on_oom: Option<serde_json::Value>,
+    no_split: Option<serde_json::Value>,
+}
+
+/// `pool`: a pair of non-negative integers, not both 0.
+fn pool_field(v: Option<serde_json::Value>) -> Result<PoolId, String> {
+    const SHAPE: &str = "`pool` must be a pair of non-negative integers [a, b], not [0, 0]";
+    let v = v.ok_or("missing `pool`")?;
+    let pair = match v.as_array().map(Vec::as_slice) {
+        Some([a, b]) => (a.as_u64().ok_or(SHAPE)?, b.as_u64().ok_or(SHAPE)?),
+        _ => return Err(SHAPE.to_string()),
+    };
+    if pair == (0, 0) {
+        return Err(SHAPE.to_string());
+    }
+    Ok(pair)
+}
+
+/// `streams`: `"all"`, a stream, or a list of 1 to 4 streams.
+fn streams_field(v: Option<serde_json::Value>) -> Result<Streams, String> {
+    const SHAPE: &str =
+        "`streams` must be \"all\", a non-negative integer, or a list of 1 to 4 of them";
+    let v = v.ok_or("missing `streams`")?;
+    let items: Vec<serde_json::Value> = match v {
+        serde_json::Value::String(s) if s == "all" => return Ok(Streams::All),
+        serde_json::Value::Array(a) => a,
+        n @ serde_json::Value::Number(_) => vec![n],
+        _ => return Err(SHAPE.to_string()),
+    };
+    if items.is_empty() || items.len() > 4 {
+        return Err(SHAPE.to_string());
+    }
+    let mut list = [0u64; 4];
+    for (k, x) in items.iter().enumerate() {
+        list[k] = x.as_u64().ok_or(SHAPE)?;
+    }
+    Ok(Streams::List {
+        list,
+        len: items.len() as u8,
+    })
+}
+
+/// An optional boolean field.
+fn flag(v: Option<serde_json::Value>, key: &str) -> Result<bool, String> {
+    match v {
+        None => Ok(false),
+        Some(serde_json::Value::Bool(b)) => Ok(b),
+        Some(_) => Err(format!("`{key}` must be true or false")),
+    }
 }
 
 fn field(v: Option<Int>, key: &str, required: bool) -> Result<Option<u64>, String> {
@@ -111,6 +164,31 @@ fn parse_event_fields(line: &[u8]) -> Result<Event, String> {
             stream: field(raw.stream, "stream", false)?,
         },
         "empty_cache" => Event::EmptyCache,
+        "pool_create" => Event::PoolCreate {
+            pool: pool_field(raw.pool)?,
+            device: field(raw.device, "device", false)?.unwrap_or(0),
+            use_on_oom: flag(raw.use_on_oom, "use_on_oom")?,
+            no_split: flag(raw.no_split, "no_split")?,
+        },
+        "pool_begin" | "capture_begin" => Event::PoolBegin {
+            pool: pool_field(raw.pool)?,
+            device: field(raw.device, "device", false)?.unwrap_or(0),
+            streams: streams_field(raw.streams)?,
+            capture: op.as_ref() == "capture_begin",
+        },
+        "pool_end" | "capture_end" => Event::PoolEnd {
+            pool: pool_field(raw.pool)?,
+            device: field(raw.device, "device", false)?.unwrap_or(0),
+            capture: op.as_ref() == "capture_end",
+        },
+        "pool_release" => Event::PoolRelease {
+            pool: pool_field(raw.pool)?,
+            device: field(raw.device, "device", false)?.unwrap_or(0),
+        },
+        "pool_empty_cache" => Event::PoolEmptyCache {
+            pool: pool_field(raw.pool)?,
+            device: field(raw.device, "device", false)?.unwrap_or(0),
+        },
         other => return Err(format!("unknown op {other:?}")),
     })
 }
@@ -133,15 +211,17 @@ fn parse_header_fields(line: &[u8]) -> Result<Header, String> {
         }
         _ => {}
     }
-    match obj.get("version") {
-        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(1) => {}
+    let version = match obj.get("version") {
+        Some(serde_json::Value::Number(n)) if matches!(n.as_u64(), Some(1 | 2)) => {
+            n.as_u64().unwrap_or(1)
+        }
         Some(v) => {
             return Err(format!(
-                "unsupported version {v}; this reader supports version 1"
+                "unsupported version {v}; this reader supports versions 1 and 2"
             ))
         }
         None => return Err("header has no `version`".to_string()),
-    }
+    };
     let device_capacity = match obj.get("device_capacity") {
         None | Some(serde_json::Value::Null) => None,
         Some(v) => Some(
@@ -165,6 +245,7 @@ fn parse_header_fields(line: &[u8]) -> Result<Header, String> {
         Some(v) => malloc_addresses(v)?,
     };
     Ok(Header {
+        version,
         source,
         device_capacity,
         prefix_events,

@@ -144,22 +144,25 @@ impl TraceReader {
 
     /// The next event and its line number; `None` at the end.
     pub fn next_event(&mut self) -> Option<Result<(u64, Event), TraceError>> {
-        loop {
+        let parsed = loop {
             match self.next_line() {
                 Err(e) => return Some(Err(e)),
                 Ok(None) => return None,
                 Ok(Some(l)) if l.iter().all(u8::is_ascii_whitespace) => continue,
-                Ok(Some(l)) => {
-                    return Some(parse_event(l).map(|e| (self.line, e)).map_err(|reason| {
-                        TraceError {
-                            path: self.path.clone(),
-                            line: self.line,
-                            reason,
-                        }
-                    }))
-                }
+                Ok(Some(l)) => break parse_event(l),
             }
-        }
+        };
+        let parsed = match parsed {
+            Ok(e) if e.is_pool_op() && self.header.version < 2 => Err(Reason::Event(
+                "private-pool ops need a version 2 trace (the header says version 1)".to_string(),
+            )),
+            other => other,
+        };
+        Some(parsed.map(|e| (self.line, e)).map_err(|reason| TraceError {
+            path: self.path.clone(),
+            line: self.line,
+            reason,
+        }))
     }
 
     /// Count the events left without parsing them (lines that are not

@@ -11,6 +11,7 @@ use crate::device::ReplayDevice;
 use crate::error::Reason;
 use crate::event::{Event, Header, MallocAddresses};
 use crate::liveness::Liveness;
+use crate::pool_rules::PoolRules;
 use crate::run::Options;
 use cachealloc_core::{
     BlockId, BlockSlot, DeviceAllocator, DeviceBackend, TraceActions, TraceEntry,
@@ -19,8 +20,16 @@ use cachealloc_mock::MockDevice;
 
 /// The allocator a replay drives (on the simulated device unless said),
 /// with room for `Options::history` trace entries.
-pub type Alloc<D = MockDevice> =
-    DeviceAllocator<<D as ReplayDevice>::Backend, Box<[BlockSlot]>, 1024, Box<[TraceEntry]>>;
+pub type Alloc<D = MockDevice> = DeviceAllocator<
+    <D as ReplayDevice>::Backend,
+    Box<[BlockSlot]>,
+    1024,
+    Box<[TraceEntry]>,
+    REPLAY_POOLS,
+>;
+
+/// Private pools a replay's device can hold at once.
+pub const REPLAY_POOLS: usize = 64;
 
 /// The stream type of a device kind.
 type Stream<D> = <<D as ReplayDevice>::Backend as DeviceBackend>::Stream;
@@ -49,7 +58,7 @@ pub struct Device<D: ReplayDevice = MockDevice> {
 
 impl<D: ReplayDevice> Device<D> {
     #[inline]
-    fn stream(&mut self, id: u64) -> Result<Stream<D>, Reason> {
+    pub(crate) fn stream(&mut self, id: u64) -> Result<Stream<D>, Reason> {
         if let Some(&(_, s)) = self.streams.iter().find(|(k, _)| *k == id) {
             return Ok(s);
         }
@@ -83,9 +92,11 @@ pub struct Replay<D: ReplayDevice = MockDevice> {
     pub peak_live: u64,
     /// The trace line being applied (the history's context).
     line: u64,
+    /// The private-pool rules (version 2 traces).
+    pub(crate) pools: PoolRules,
 }
 
-fn allocator_error(e: impl std::fmt::Display) -> Reason {
+pub(crate) fn allocator_error(e: impl std::fmt::Display) -> Reason {
     Reason::Allocator(e.to_string())
 }
 
@@ -114,6 +125,7 @@ impl<D: ReplayDevice> Replay<D> {
             live_bytes: 0,
             peak_live: 0,
             line: 0,
+            pools: PoolRules::new(),
         }
     }
 
@@ -123,7 +135,7 @@ impl<D: ReplayDevice> Replay<D> {
     }
 
     /// The position of device `index` in `devices`, created at first use.
-    fn device(&mut self, index: u64) -> Result<usize, Reason> {
+    pub(crate) fn device(&mut self, index: u64) -> Result<usize, Reason> {
         if let Some(k) = self.devices.iter().position(|d| d.index == index) {
             return Ok(k);
         }
@@ -257,6 +269,7 @@ impl<D: ReplayDevice> Replay<D> {
                     d.alloc.empty_cache().map_err(allocator_error)?;
                 }
             }
+            pool_op => self.apply_pool_op(pool_op)?,
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! the design).
 
 use crate::snapshot::{Dropped, SnapshotDict};
-use cachealloc_core::DeviceStats;
+use cachealloc_core::{DeviceStats, PoolInfo};
 use cachealloc_mock::RealAddressUse;
 
 /// The result of a replay.
@@ -28,6 +28,8 @@ pub struct Report {
     pub peak_reserved_bytes: u64,
     /// Per device: its index and statistics.
     pub devices: Vec<(u64, DeviceStats)>,
+    /// The private pools that exist at the end: (device, pool).
+    pub pools: Vec<(u64, PoolInfo)>,
     /// Per device, how the recorded malloc addresses were used (with
     /// `Options::real_addresses`; empty otherwise).
     pub real_addresses: Vec<(u64, RealAddressUse)>,
@@ -102,6 +104,22 @@ impl Report {
             "events_per_second": self.events_per_second(),
             "end_to_end_events_per_second": self.end_to_end_events_per_second(),
         });
+        if !self.pools.is_empty() {
+            v["pools"] = self
+                .pools
+                .iter()
+                .map(|(d, p)| {
+                    serde_json::json!({
+                        "device": d,
+                        "pool": [p.id.0, p.id.1],
+                        "use_count": p.use_count,
+                        "segments": p.segments,
+                        "reserved_bytes": p.reserved_bytes,
+                        "peak_reserved_bytes": p.peak_reserved_bytes,
+                    })
+                })
+                .collect();
+        }
         if !self.real_addresses.is_empty() {
             let m: serde_json::Map<_, _> = self
                 .real_addresses

@@ -191,6 +191,11 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .iter()
             .map(|d| (d.index, *d.alloc.stats()))
             .collect(),
+        pools: r
+            .devices
+            .iter()
+            .flat_map(|d| d.alloc.pools().map(|p| (d.index, p)))
+            .collect(),
         real_addresses: r
             .devices
             .iter()

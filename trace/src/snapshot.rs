@@ -324,7 +324,7 @@ fn add_device<St: Into<u64> + From<u64> + Copy>(
                 cachealloc_core::Pool::Small => "small",
                 _ => "large",
             },
-            segment_pool_id: (0, 0),
+            segment_pool_id: (seg.pool_id.0, seg.pool_id.1),
             is_expandable: false,
             frames: Vec::new(),
             blocks,

@@ -1,7 +1,7 @@
 //! [`TraceWriter`]: writes a trace (`docs/trace-format.md`): the header,
 //! then one event per line; gzip when the path ends in `.gz`.
 
-use crate::event::Event;
+use crate::event::{Event, Streams};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 
@@ -72,6 +72,77 @@ pub fn event_json(e: &Event) -> String {
         Event::Sync { stream: Some(s) } => format!(r#"{{"op":"sync","stream":{s}}}"#),
         Event::Sync { stream: None } => r#"{"op":"sync"}"#.to_string(),
         Event::EmptyCache => r#"{"op":"empty_cache"}"#.to_string(),
+        Event::PoolCreate {
+            pool,
+            device,
+            use_on_oom,
+            no_split,
+        } => format!(
+            r#"{{"op":"pool_create","pool":[{},{}]{}{}{}}}"#,
+            pool.0,
+            pool.1,
+            device_key(device),
+            if use_on_oom {
+                r#","use_on_oom":true"#
+            } else {
+                ""
+            },
+            if no_split { r#","no_split":true"# } else { "" }
+        ),
+        Event::PoolBegin {
+            pool,
+            device,
+            streams,
+            capture,
+        } => {
+            let streams = match streams {
+                Streams::All => r#""all""#.to_string(),
+                s => format!("{:?}", s.as_slice()).replace(' ', ""),
+            };
+            format!(
+                r#"{{"op":"{}","pool":[{},{}],"streams":{streams}{}}}"#,
+                if capture {
+                    "capture_begin"
+                } else {
+                    "pool_begin"
+                },
+                pool.0,
+                pool.1,
+                device_key(device)
+            )
+        }
+        Event::PoolEnd {
+            pool,
+            device,
+            capture,
+        } => format!(
+            r#"{{"op":"{}","pool":[{},{}]{}}}"#,
+            if capture { "capture_end" } else { "pool_end" },
+            pool.0,
+            pool.1,
+            device_key(device)
+        ),
+        Event::PoolRelease { pool, device } => format!(
+            r#"{{"op":"pool_release","pool":[{},{}]{}}}"#,
+            pool.0,
+            pool.1,
+            device_key(device)
+        ),
+        Event::PoolEmptyCache { pool, device } => format!(
+            r#"{{"op":"pool_empty_cache","pool":[{},{}]{}}}"#,
+            pool.0,
+            pool.1,
+            device_key(device)
+        ),
+    }
+}
+
+/// `,"device":N` unless the device is 0.
+fn device_key(device: u64) -> String {
+    if device == 0 {
+        String::new()
+    } else {
+        format!(r#","device":{device}"#)
     }
 }
 
@@ -100,6 +171,40 @@ mod tests {
             Event::Sync { stream: Some(4) },
             Event::Sync { stream: None },
             Event::EmptyCache,
+            Event::PoolCreate {
+                pool: (0, 1),
+                device: 0,
+                use_on_oom: true,
+                no_split: false,
+            },
+            Event::PoolBegin {
+                pool: (3, 0),
+                device: 1,
+                streams: Streams::List {
+                    list: [1, 3, 0, 0],
+                    len: 2,
+                },
+                capture: true,
+            },
+            Event::PoolBegin {
+                pool: (0, 2),
+                device: 0,
+                streams: Streams::All,
+                capture: false,
+            },
+            Event::PoolEnd {
+                pool: (3, 0),
+                device: 1,
+                capture: true,
+            },
+            Event::PoolRelease {
+                pool: (0, 1),
+                device: 0,
+            },
+            Event::PoolEmptyCache {
+                pool: (0, 1),
+                device: 2,
+            },
         ] {
             assert_eq!(parse_event(event_json(&e).as_bytes()), Ok(e));
         }

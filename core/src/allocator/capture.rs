@@ -71,17 +71,21 @@ where
     /// PyTorch's `insert_events_deferred_until_no_capture`: for each parked
     /// block, oldest first, forget the streams recorded during the capture,
     /// record events on the others, or return it to its pool if none is
-    /// left. Only once no capture is under way. A backend failure leaves the
-    /// block that failed, and those after it, parked.
-    pub(super) fn settle_deferred(&mut self) -> Res<(), B> {
+    /// left. Only once no capture is under way. PyTorch's event queues are
+    /// unbounded; ours is not: when it is full, `wait` makes room by waiting
+    /// for the oldest events (the caller is about to wait for all of them),
+    /// else the blocks that do not fit stay parked until a later call. A
+    /// backend failure leaves the block that failed, and those after it,
+    /// parked.
+    pub(super) fn settle_deferred(&mut self, wait: bool) -> Res<(), B> {
         if self.captures > 0 {
             return Ok(());
         }
         while self.deferred.head != NIL {
             let i = self.deferred.head;
             let events = if self.events.drop_capture_uses(i) {
-                if !self.events.has_room_for(i) {
-                    return Err(crate::error::Error::EventQueueFull { capacity: E });
+                if !self.make_room_for(i, wait)? {
+                    return Ok(());
                 }
                 self.events.record_free(&mut self.backend, i)?
             } else {
@@ -102,6 +106,27 @@ where
             }
         }
         Ok(())
+    }
+
+    /// Room in the event queue for the events of freeing block `i`: by
+    /// completing what is done, and with `wait` by waiting for the oldest
+    /// events. Whether there is room.
+    fn make_room_for(&mut self, i: u32, wait: bool) -> Res<bool, B> {
+        if self.events.has_room_for(i) {
+            return Ok(true);
+        }
+        self.sweep_completed_events()?;
+        while wait && !self.events.has_room_for(i) {
+            match self
+                .events
+                .next_synchronized(&mut self.backend, |_| true)
+                .map_err(crate::error::Error::Backend)?
+            {
+                Some(slot) => self.event_done(slot),
+                None => break,
+            }
+        }
+        Ok(self.events.has_room_for(i))
     }
 
     /// Parked blocks (freed during a capture, waiting for it to end).

@@ -180,7 +180,7 @@ where
     }
 
     /// One end-of-life event of block `slot` completed.
-    fn event_done(&mut self, slot: u32) {
+    pub(super) fn event_done(&mut self, slot: u32) {
         let s = self.slot_mut(slot);
         s.events = s.events.saturating_sub(1);
         if s.events == 0 {
@@ -192,8 +192,13 @@ where
     /// complete the events that are done, without waiting.
     pub(super) fn process_events(&mut self) -> Res<(), B> {
         if self.deferred.len > 0 {
-            self.settle_deferred()?;
+            self.settle_deferred(false)?;
         }
+        self.sweep_completed_events()
+    }
+
+    /// Complete the events that are done (one sweep of the queues).
+    pub(super) fn sweep_completed_events(&mut self) -> Res<(), B> {
         let mut sweep = Sweep::default();
         while let Some(slot) = self
             .events
@@ -211,7 +216,7 @@ where
     pub(super) fn synchronize_and_free_events(&mut self, owner: Option<u8>) -> Res<(), B> {
         self.stats.num_sync_all_streams += 1;
         if self.deferred.len > 0 {
-            self.settle_deferred()?;
+            self.settle_deferred(true)?;
         }
         loop {
             let slots = self.arena.slots();

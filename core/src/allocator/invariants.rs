@@ -120,7 +120,7 @@ where
                 "private pool: reserved bytes",
                 None,
                 bytes as i64,
-                p.reserved.all().current,
+                p.reserved as i64,
             )?;
         }
         let mut captures = 0u32;

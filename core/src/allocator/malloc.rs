@@ -190,7 +190,8 @@ where
         s.owner = owner;
         if let Some(p) = self.private.get_mut(owner) {
             p.segments += 1;
-            p.reserved.increase(pool, alloc_size);
+            p.reserved += alloc_size;
+            p.peak = p.peak.max(p.reserved);
         }
         self.segments.insert(self.arena.slots_mut(), i);
         self.total_allocated_memory += alloc_size;

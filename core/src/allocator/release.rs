@@ -36,7 +36,7 @@ where
         self.cache_remove(i);
         if let Some(p) = self.private.get_mut(owner) {
             p.segments -= 1;
-            p.reserved.decrease(pool, size);
+            p.reserved -= size;
         }
         self.segments.remove(self.arena.slots_mut(), i);
         self.total_allocated_memory -= size;

@@ -44,9 +44,36 @@ fn run_with_fault(sc: &scenario::Scenario, fail_at: Option<u64>) -> Result<(u64,
             .map_err(|v| format!("op {n} {step:?} (fault at {fail_at:?}): {v}"))?;
     }
     let total = r.alloc.backend().mock().counters().total;
+    r.end_pools()?;
     let live = r.live();
+
     teardown(&mut r.alloc, live).map_err(|e| format!("fault at {fail_at:?}: {e}"))?;
     Ok((total, fired))
+}
+
+/// The same for every private-pool scenario.
+#[test]
+fn every_backend_call_of_every_pool_scenario_can_fail_cleanly() {
+    let all = scenario::load_suite(&bundled_testdata(), "pools").unwrap();
+    let mut checked = 0;
+    for v in &all {
+        let sc = scenario::parse(v).unwrap();
+        let (calls, _) = run_with_fault(&sc, None).unwrap();
+        for i in 0..calls {
+            let (_, fired) =
+                run_with_fault(&sc, Some(i)).unwrap_or_else(|e| panic!("{}: {e}", sc.name));
+            assert!(
+                fired,
+                "{}: the failure planted at call {i} never fired",
+                sc.name
+            );
+            checked += 1;
+        }
+    }
+    println!(
+        "{checked} injected failures over {} pool scenarios",
+        all.len()
+    );
 }
 
 #[test]
@@ -137,6 +164,9 @@ fn every_backend_call_of_generated_sequences_can_fail_cleanly() {
                         true
                     }
                     ops::Op::EmptyCache => a.empty_cache().is_ok(),
+                    // Generated cases make no pool ops (the pool scenarios
+                    // are injected above).
+                    _ => true,
                 };
                 if (before..a.backend().counters().total).contains(&abs) {
                     fired = true;

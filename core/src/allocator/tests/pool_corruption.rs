@@ -59,11 +59,7 @@ fn a_pool_segment_count() {
 #[test]
 fn a_pool_reserved_bytes() {
     let (mut t, _, _) = with_pools();
-    t.private
-        .get_mut(1)
-        .unwrap()
-        .reserved
-        .increase(crate::pool::Pool::Small, 512);
+    t.private.get_mut(1).unwrap().reserved += 512;
     assert_named(broken(&t), "reserved bytes");
 }
 
