@@ -183,6 +183,14 @@ pub enum Error<E> {
         /// The id.
         id: MempoolId,
     },
+    /// A pool checkpoint cannot be taken or restored (PyTorch's checks of
+    /// `getCheckpointState` / `setCheckpointPoolState`); nothing changed.
+    Checkpoint {
+        /// What is wrong.
+        what: &'static str,
+        /// The block or segment involved (null when none).
+        ptr: DevicePtr,
+    },
     /// The backend broke its contract (a null or overlapping segment).
     BackendContract {
         /// What it did.
@@ -252,6 +260,8 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "private pool ({}, {}) was released (use count 0) and cannot be used until empty_cache deletes it",
                 id.0, id.1
             ),
+            Error::Checkpoint { what, ptr } if ptr.is_null() => write!(f, "pool checkpoint: {what}"),
+            Error::Checkpoint { what, ptr } => write!(f, "pool checkpoint: {what} (at {ptr})"),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
             Error::Backend(e) => write!(f, "device backend error: {e}"),
         }

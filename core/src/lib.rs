@@ -86,7 +86,8 @@ pub mod testing;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
-    DeviceAllocator, FreeAccess, FreeMemoryCallback, DEFAULT_EVENTS, DEFAULT_POOLS,
+    CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback, RestoreCounts,
+    DEFAULT_EVENTS, DEFAULT_POOLS,
 };
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};

@@ -9,6 +9,8 @@
 //! `invariants.rs` (the checker).
 
 mod capture;
+mod checkpoint;
+pub use checkpoint::{CheckpointBlock, RestoreCounts};
 mod construct;
 mod free;
 mod history;

@@ -25,10 +25,24 @@ where
         size: u64,
         pool: Pool,
     ) -> Allocation {
-        let i = found;
-        let (bsize, owner) = (self.slot(i).size, self.slot(i).owner);
+        let (bsize, owner) = (self.slot(found).size, self.slot(found).owner);
         let split = policy::should_split(pool, bsize, size, &self.config)
             && !(owner != 0 && self.private.get(owner).is_some_and(|p| p.options.no_split));
+        self.carve(found, orig, size, pool, split)
+    }
+
+    /// Hand out the low `size` bytes of block `found` for a request of `orig`
+    /// bytes, splitting off the rest if `split` (and a slot is free).
+    pub(super) fn carve(
+        &mut self,
+        found: u32,
+        orig: u64,
+        size: u64,
+        pool: Pool,
+        split: bool,
+    ) -> Allocation {
+        let i = found;
+        let bsize = self.slot(i).size;
         if split && self.can_split_in_place(i, size) {
             if let Some(n) = self.arena.alloc() {
                 self.split_in_place(i, n, size, pool);

@@ -6,6 +6,7 @@
 //! `cfg(loom)`.)
 
 mod backend_conformance;
+mod checkpoint;
 mod conformance;
 mod debug_prefix;
 mod differential;
