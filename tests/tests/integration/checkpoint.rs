@@ -21,8 +21,11 @@ fn allocator() -> A {
     )
 }
 
-/// The pool's segments: (base, [(offset, size, state)]).
-fn layout(a: &A) -> Vec<(u64, Vec<(u64, u64, BlockState)>)> {
+/// A segment: its base and its blocks' (offset, size, state).
+type Layout = (u64, Vec<(u64, u64, BlockState)>);
+
+/// The pool's segments.
+fn layout(a: &A) -> Vec<Layout> {
     a.segments()
         .filter(|s| s.pool_id == POOL)
         .map(|s| {
