@@ -301,7 +301,7 @@ pub(crate) struct Route<St: 'static> {
 }
 
 /// The free index of `kind` in owner `owner`'s pools (0: the default pools).
-#[inline]
+#[inline(always)]
 pub(crate) fn block_pool_mut<'a, const P: usize>(
     default: &'a mut Pools,
     table: &'a mut PoolTable<P>,
@@ -320,7 +320,7 @@ pub(crate) fn block_pool_mut<'a, const P: usize>(
 }
 
 /// [`block_pool_mut`], shared.
-#[inline]
+#[inline(always)]
 pub(crate) fn block_pool<'a, const P: usize>(
     default: &'a Pools,
     table: &'a PoolTable<P>,

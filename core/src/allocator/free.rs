@@ -37,24 +37,29 @@ where
     /// records no event: it is parked until the capture ends.
     pub(super) fn free_slot(&mut self, i: u32) -> Res<(), B> {
         let mut events = 0;
-        let deferred = self.slot(i).has(Flags::HAS_USES) && self.capturing();
-        if self.slot(i).has(Flags::HAS_USES) && !deferred {
-            if !self.events.has_room_for(i) {
-                // Make room from events that have completed (PyTorch's queues
-                // are unbounded; ours drain before they refuse).
-                self.process_events()?;
+        let mut deferred = false;
+        if self.slot(i).has(Flags::HAS_USES) {
+            deferred = self.capturing();
+            if !deferred {
                 if !self.events.has_room_for(i) {
-                    return Err(Error::EventQueueFull { capacity: E });
+                    // Make room from events that have completed (PyTorch's
+                    // queues are unbounded; ours drain before they refuse).
+                    self.process_events()?;
+                    if !self.events.has_room_for(i) {
+                        return Err(Error::EventQueueFull { capacity: E });
+                    }
                 }
+                events = self.events.record_free(&mut self.backend, i)?;
             }
-            events = self.events.record_free(&mut self.backend, i)?;
         }
         self.live.remove(self.arena.slots_mut(), i);
         let s = self.slot_mut(i);
-        s.flags.remove(Flags::ALLOCATED);
-        if !deferred {
-            s.flags.remove(Flags::HAS_USES);
-        }
+        // A parked block keeps its stream uses until the capture is over.
+        s.flags.remove(if deferred {
+            Flags::ALLOCATED
+        } else {
+            Flags::ALLOCATED.union(Flags::HAS_USES)
+        });
         s.generation = s.generation.wrapping_add(1).max(1);
         s.events = events;
         let (pool, size) = (Pool::of(s.flags), s.size);

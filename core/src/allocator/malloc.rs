@@ -112,7 +112,7 @@ where
     /// (of owner `owner`) that fits, subject to the oversize rules, or `NIL`.
     /// It stays in the free index: `alloc_found_block` takes it out, or
     /// re-keys it in place as the remainder of a split.
-    #[inline]
+    #[inline(always)]
     fn get_free_block(&mut self, owner: u8, pool: Pool, skey: u64, size: u64) -> u32 {
         if self.gc_enabled() {
             block_pool_mut(&mut self.pools, &mut self.private, owner, pool).tick();
