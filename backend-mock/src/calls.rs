@@ -23,11 +23,25 @@ pub enum CallKind {
     EventDestroy,
     /// `mem_info`
     MemInfo,
+    /// `reserve_address_space`
+    Reserve,
+    /// `release_address_space`
+    Unreserve,
+    /// `map_pages`
+    Map,
+    /// `unmap_pages`
+    Unmap,
+    /// `synchronize_stream`
+    StreamSynchronize,
+    /// `device_total_memory`
+    TotalMemory,
+    /// `allocation_granularity`
+    Granularity,
 }
 
 impl CallKind {
     /// Every kind.
-    pub const ALL: [CallKind; 8] = [
+    pub const ALL: [CallKind; 15] = [
         CallKind::Malloc,
         CallKind::Free,
         CallKind::EventCreate,
@@ -36,6 +50,13 @@ impl CallKind {
         CallKind::EventSynchronize,
         CallKind::EventDestroy,
         CallKind::MemInfo,
+        CallKind::Reserve,
+        CallKind::Unreserve,
+        CallKind::Map,
+        CallKind::Unmap,
+        CallKind::StreamSynchronize,
+        CallKind::TotalMemory,
+        CallKind::Granularity,
     ];
 }
 
@@ -60,6 +81,20 @@ pub struct Counters {
     pub event_destroy: u64,
     /// `mem_info` calls.
     pub mem_info: u64,
+    /// `reserve_address_space` calls.
+    pub reserve: u64,
+    /// `release_address_space` calls.
+    pub unreserve: u64,
+    /// `map_pages` calls (including failed ones).
+    pub map: u64,
+    /// `map_pages` calls that failed with out-of-memory.
+    pub map_oom: u64,
+    /// `unmap_pages` calls.
+    pub unmap: u64,
+    /// `synchronize_stream` calls.
+    pub stream_synchronize: u64,
+    /// `device_total_memory` and `allocation_granularity` calls.
+    pub device_properties: u64,
     /// All calls.
     pub total: u64,
 }
@@ -112,6 +147,12 @@ impl Calls {
             CallKind::EventSynchronize => c.event_synchronize += 1,
             CallKind::EventDestroy => c.event_destroy += 1,
             CallKind::MemInfo => c.mem_info += 1,
+            CallKind::Reserve => c.reserve += 1,
+            CallKind::Unreserve => c.unreserve += 1,
+            CallKind::Map => c.map += 1,
+            CallKind::Unmap => c.unmap += 1,
+            CallKind::StreamSynchronize => c.stream_synchronize += 1,
+            CallKind::TotalMemory | CallKind::Granularity => c.device_properties += 1,
         }
         let nth = self.per_kind.entry(kind).or_insert(0);
         let this = *nth;

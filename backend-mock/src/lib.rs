@@ -7,6 +7,11 @@
 //!   never reused, so replays are deterministic and comparable anywhere;
 //! - an optional **capacity**: `malloc` fails with out-of-memory when the
 //!   bytes held would exceed it;
+//! - **virtual memory** for expandable segments: address-space
+//!   reservations cost no capacity (they take addresses like a malloc, and
+//!   are logged with the mallocs), mapped pages do; a map that would exceed
+//!   the capacity fails with out-of-memory and maps nothing; the
+//!   reservations and pages still held are counted for leak checks;
 //! - **streams** whose queued work finishes at the next [`MockDevice::sync`]
 //!   of that stream (or of all streams); an event recorded on a stream
 //!   completes at the first such sync after the record;
@@ -47,7 +52,7 @@ pub use calls::{CallKind, Counters};
 pub use events::MockEvent;
 pub use memory::{RealAddressUse, DEVICE_BASE};
 
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
 use calls::Calls;
 use events::Streams;
 use memory::Memory;
@@ -72,6 +77,14 @@ pub enum MockError {
     },
     /// An event that was destroyed (or never created).
     InvalidEvent,
+    /// A virtual-memory call on a range it does not apply to: an
+    /// allocator bug.
+    InvalidVirtualMemory {
+        /// What was wrong.
+        what: &'static str,
+        /// The address.
+        ptr: DevicePtr,
+    },
 }
 
 impl fmt::Display for MockError {
@@ -84,6 +97,7 @@ impl fmt::Display for MockError {
                 write!(f, "free of {ptr} ({size} bytes): not a live segment")
             }
             MockError::InvalidEvent => write!(f, "invalid event"),
+            MockError::InvalidVirtualMemory { what, ptr } => write!(f, "{what} at {ptr}"),
         }
     }
 }
@@ -99,6 +113,8 @@ pub struct MockDevice {
     ordinal: u32,
     /// The memory history's clock: one tick per reading.
     clock: u64,
+    /// Streams waited for by `synchronize_stream`, in order.
+    stream_syncs: Vec<u64>,
 }
 
 impl Default for MockDevice {
@@ -116,6 +132,7 @@ impl MockDevice {
             calls: Calls::default(),
             ordinal: 0,
             clock: 0,
+            stream_syncs: Vec::new(),
         }
     }
 
@@ -192,12 +209,30 @@ impl MockDevice {
         self.streams.live_events
     }
 
+    /// Address-space reservations held (expandable segments).
+    pub fn live_reservations(&self) -> usize {
+        self.memory.live_reservations()
+    }
+
+    /// Pages mapped (expandable segments).
+    pub fn mapped_pages(&self) -> usize {
+        self.memory.mapped_pages()
+    }
+
+    /// The streams the allocator waited for (`synchronize_stream`, before
+    /// unmapping pages), in order: a test's model of the streams learns
+    /// from it that their work is done.
+    pub fn stream_synchronizations(&self) -> &[u64] {
+        &self.stream_syncs
+    }
+
     /// Call counters.
     pub fn counters(&self) -> Counters {
         self.calls.counters
     }
 
-    /// Every successful malloc, in order: (base, size).
+    /// Every successful malloc and every address-space reservation, in
+    /// order: (base, size).
     pub fn malloc_log(&self) -> &[(DevicePtr, u64)] {
         self.memory.log()
     }
@@ -318,7 +353,92 @@ impl DeviceBackend for MockDevice {
     fn ordinal(&self) -> u32 {
         self.ordinal
     }
+
+    const NAME: &'static str = "the simulated device";
+
+    const VIRTUAL_MEMORY: bool = true;
+
+    /// The capacity, or 80 GiB for an unlimited device (what the reference
+    /// model assumes).
+    fn device_total_memory(&mut self) -> Result<u64, MockError> {
+        self.call(CallKind::TotalMemory)?;
+        Ok(self.memory.capacity.unwrap_or(DEFAULT_TOTAL_MEMORY))
+    }
+
+    /// 2 MiB, a CUDA device's.
+    fn allocation_granularity(&mut self) -> Result<u64, VmError<MockError>> {
+        self.call(CallKind::Granularity).map_err(VmError::Other)?;
+        Ok(2 << 20)
+    }
+
+    fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<MockError>> {
+        if let Some((e, oom)) = self.calls.call(CallKind::Reserve) {
+            return Err(if oom {
+                VmError::OutOfMemory
+            } else {
+                VmError::Other(e)
+            });
+        }
+        self.memory.reserve(size).ok_or(VmError::OutOfMemory)
+    }
+
+    fn release_address_space(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+    ) -> Result<(), VmError<MockError>> {
+        self.call(CallKind::Unreserve).map_err(VmError::Other)?;
+        self.memory
+            .release_reservation(ptr, size)
+            .map_err(VmError::Other)
+    }
+
+    fn map_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<MockError>> {
+        if let Some((e, oom)) = self.calls.call(CallKind::Map) {
+            if oom {
+                self.calls.counters.map_oom += 1;
+                return Err(VmError::OutOfMemory);
+            }
+            return Err(VmError::Other(e));
+        }
+        match self.memory.map(ptr, pages, page_size) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.calls.counters.map_oom += 1;
+                Err(VmError::OutOfMemory)
+            }
+            Err(e) => Err(VmError::Other(e)),
+        }
+    }
+
+    fn unmap_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<MockError>> {
+        self.call(CallKind::Unmap).map_err(VmError::Other)?;
+        self.memory
+            .unmap(ptr, pages, page_size)
+            .map_err(VmError::Other)
+    }
+
+    fn synchronize_stream(&mut self, stream: u64) -> Result<(), MockError> {
+        self.call(CallKind::StreamSynchronize)?;
+        self.streams.sync(Some(stream));
+        self.stream_syncs.push(stream);
+        Ok(())
+    }
 }
+
+/// The total memory an unlimited simulated device reports for sizing
+/// expandable segments (an 80 GiB device, as the reference model assumes).
+pub const DEFAULT_TOTAL_MEMORY: u64 = 80 << 30;
 
 #[cfg(test)]
 mod tests {

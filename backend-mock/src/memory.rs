@@ -35,6 +35,11 @@ pub(crate) struct Memory {
     pub(crate) held: u64,
     /// Held segments: base -> size.
     live: BTreeMap<u64, u64>,
+    /// Reserved address ranges (virtual memory): base -> size.
+    reservations: BTreeMap<u64, u64>,
+    /// Mapped pages: base -> page size.
+    pages: BTreeMap<u64, u64>,
+    /// Every malloc and every reservation, in order: (base, size).
     log: Vec<(DevicePtr, u64)>,
 }
 
@@ -48,6 +53,8 @@ impl Memory {
             capacity,
             held: 0,
             live: BTreeMap::new(),
+            reservations: BTreeMap::new(),
+            pages: BTreeMap::new(),
             log: Vec::new(),
         }
     }
@@ -141,6 +148,91 @@ impl Memory {
         let addr = self.next_addr;
         self.next_addr = next;
         Some(addr)
+    }
+
+    /// Reserve `size` bytes of address space (no capacity used); logged
+    /// with the mallocs (both create a segment).
+    pub(crate) fn reserve(&mut self, size: u64) -> Option<DevicePtr> {
+        let addr = self.bump(size)?;
+        self.reservations.insert(addr, size);
+        self.log.push((DevicePtr(addr), size));
+        Some(DevicePtr(addr))
+    }
+
+    /// Give back a reservation with no page mapped in it.
+    pub(crate) fn release_reservation(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+    ) -> Result<(), MockError> {
+        let end = ptr.0.saturating_add(size);
+        let whole = self.reservations.get(&ptr.0) == Some(&size);
+        if !whole || self.pages.range(ptr.0..end).next().is_some() {
+            return Err(MockError::InvalidVirtualMemory {
+                what: "release of a range that is not a reservation, or that has mapped pages",
+                ptr,
+            });
+        }
+        self.reservations.remove(&ptr.0);
+        Ok(())
+    }
+
+    /// Whether `[ptr, ptr + n * page)` lies in one reservation.
+    fn reserved(&self, ptr: u64, bytes: u64) -> bool {
+        self.reservations
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&b, &s)| ptr.saturating_add(bytes) <= b.saturating_add(s))
+    }
+
+    /// Map `n` pages of `page` bytes from `ptr`: all or nothing; `Ok(false)`
+    /// when the capacity has no room for them.
+    pub(crate) fn map(&mut self, ptr: DevicePtr, n: u64, page: u64) -> Result<bool, MockError> {
+        let bytes = n.saturating_mul(page);
+        let bad = |what| MockError::InvalidVirtualMemory { what, ptr };
+        if !self.reserved(ptr.0, bytes) || page == 0 {
+            return Err(bad("map outside a reservation"));
+        }
+        if self.pages.range(ptr.0..ptr.0 + bytes).next().is_some() {
+            return Err(bad("map of a page already mapped"));
+        }
+        if self
+            .capacity
+            .is_some_and(|cap| self.held.saturating_add(bytes) > cap)
+        {
+            return Ok(false);
+        }
+        for k in 0..n {
+            self.pages.insert(ptr.0 + k * page, page);
+        }
+        self.held += bytes;
+        Ok(true)
+    }
+
+    /// Unmap `n` mapped pages of `page` bytes from `ptr`.
+    pub(crate) fn unmap(&mut self, ptr: DevicePtr, n: u64, page: u64) -> Result<(), MockError> {
+        let all = (0..n).all(|k| self.pages.get(&(ptr.0 + k * page)) == Some(&page));
+        if !all {
+            return Err(MockError::InvalidVirtualMemory {
+                what: "unmap of a page that is not mapped",
+                ptr,
+            });
+        }
+        for k in 0..n {
+            self.pages.remove(&(ptr.0 + k * page));
+        }
+        self.held -= n * page;
+        Ok(())
+    }
+
+    /// Reservations held.
+    pub(crate) fn live_reservations(&self) -> usize {
+        self.reservations.len()
+    }
+
+    /// Pages mapped.
+    pub(crate) fn mapped_pages(&self) -> usize {
+        self.pages.len()
     }
 
     pub(crate) fn free(&mut self, ptr: DevicePtr, size: u64) -> Result<(), MockError> {

@@ -69,6 +69,31 @@ impl<E> MallocError<E> {
     }
 }
 
+/// Why a virtual-memory call of a backend failed (see
+/// [`DeviceBackend::VIRTUAL_MEMORY`]).
+///
+/// ```
+/// use cachealloc_core::VmError;
+/// let e: VmError<&str> = VmError::Unsupported;
+/// assert!(!e.is_out_of_memory());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmError<E> {
+    /// The backend has no virtual memory (the default of every call).
+    Unsupported,
+    /// The device has no room for the pages.
+    OutOfMemory,
+    /// Any other failure.
+    Other(E),
+}
+
+impl<E> VmError<E> {
+    /// Whether this is an out-of-memory failure.
+    pub const fn is_out_of_memory(&self) -> bool {
+        matches!(self, VmError::OutOfMemory)
+    }
+}
+
 /// The state of an event. A pending event is a status, never an error.
 ///
 /// ```
@@ -194,4 +219,84 @@ pub trait DeviceBackend {
     /// The platform's name in messages, as PyTorch prints it: "CUDA out of
     /// memory", "PYTORCH_CUDA_ALLOC_CONF" (PyTorch on ROCm says "HIP").
     const PLATFORM: &'static str = "CUDA";
+
+    /// The backend's name in messages ("the CUDA backend", "the simulated
+    /// device").
+    const NAME: &'static str = "this backend";
+
+    // ----------------------------------------------- virtual memory (optional)
+
+    /// Whether the backend implements the virtual-memory calls below, which
+    /// expandable segments (`expandable_segments:True`) need: PyTorch's
+    /// `ExpandableSegment` over `cuMemAddressReserve`, `cuMemCreate`,
+    /// `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease` and
+    /// `cuMemAddressFree`. A backend without them keeps the defaults, which
+    /// refuse with [`VmError::Unsupported`].
+    const VIRTUAL_MEMORY: bool = false;
+
+    /// The device's total memory (`cudaDeviceProp::totalGlobalMem`), which
+    /// sizes an expandable segment's reservation. The provided one is
+    /// [`mem_info`](Self::mem_info)'s total.
+    fn device_total_memory(&mut self) -> Result<u64, Self::Error> {
+        Ok(self.mem_info()?.total)
+    }
+
+    /// The granularity physical memory is created and mapped in
+    /// (`cuMemGetAllocationGranularity`, minimum): expandable segments map
+    /// pages of 2 MiB (small pool) and 20 MiB (large pool), which must be
+    /// multiples of it.
+    fn allocation_granularity(&mut self) -> Result<u64, VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Reserve `size` bytes of device address space, with no memory behind
+    /// it (`cuMemAddressReserve`).
+    fn reserve_address_space(&mut self, _size: u64) -> Result<DevicePtr, VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Give back a reservation made by
+    /// [`reserve_address_space`](Self::reserve_address_space), with no page
+    /// mapped in it (`cuMemAddressFree`).
+    fn release_address_space(
+        &mut self,
+        _ptr: DevicePtr,
+        _size: u64,
+    ) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Back `pages` pages of `page_size` bytes from `ptr` (inside a
+    /// reservation, none of them mapped) with new physical memory, one
+    /// allocation per page (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`),
+    /// all or nothing: when one page cannot be had, those made in this call
+    /// are released again and the call fails ([`VmError::OutOfMemory`] when
+    /// the device is full).
+    fn map_pages(
+        &mut self,
+        _ptr: DevicePtr,
+        _pages: u64,
+        _page_size: u64,
+    ) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Unmap `pages` mapped pages of `page_size` bytes from `ptr` and
+    /// release their memory (`cuMemUnmap`, `cuMemRelease`).
+    fn unmap_pages(
+        &mut self,
+        _ptr: DevicePtr,
+        _pages: u64,
+        _page_size: u64,
+    ) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Block the host until the work queued on `stream` is done (PyTorch
+    /// synchronizes a segment's stream before unmapping its pages). The
+    /// provided one does nothing: only backends with virtual memory are
+    /// asked.
+    fn synchronize_stream(&mut self, _stream: Self::Stream) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }

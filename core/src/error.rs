@@ -191,6 +191,14 @@ pub enum Error<E> {
         /// The block or segment involved (null when none).
         ptr: DevicePtr,
     },
+    /// The backend cannot do what the configuration asks (expandable
+    /// segments need virtual memory).
+    Unsupported {
+        /// What was asked.
+        what: &'static str,
+        /// The backend ([`DeviceBackend::NAME`](crate::DeviceBackend::NAME)).
+        backend: &'static str,
+    },
     /// The backend broke its contract (a null or overlapping segment).
     BackendContract {
         /// What it did.
@@ -262,6 +270,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             ),
             Error::Checkpoint { what, ptr } if ptr.is_null() => write!(f, "pool checkpoint: {what}"),
             Error::Checkpoint { what, ptr } => write!(f, "pool checkpoint: {what} (at {ptr})"),
+            Error::Unsupported { what, backend } => write!(f, "{what} is not supported by {backend}"),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
             Error::Backend(e) => write!(f, "device backend error: {e}"),
         }

@@ -90,7 +90,7 @@ pub use allocator::{
     DEFAULT_EVENTS, DEFAULT_POOLS,
 };
 pub use arena::{BlockId, BlockSlot};
-pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError};
 pub use error::{Error, OomReport};

@@ -1,10 +1,12 @@
 //! [`TinyBackend`]: a host-only device for examples and unit tests. It hands
-//! out addresses from a bump pointer (each segment at the next 2 MiB
-//! boundary), finishes all stream work at once, and can be given a capacity.
+//! out addresses from a bump pointer (each segment, and each address-space
+//! reservation, at the next 2 MiB boundary), finishes all stream work at
+//! once, and can be given a capacity (which mapped pages count against, as
+//! mallocs do).
 //! The full simulated device, with streams, fault injection and counters, is
 //! the `cachealloc-mock` crate.
 
-use crate::backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use crate::backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
 use core::fmt;
 
 /// The error of [`TinyBackend`] (it fails only when told to).
@@ -37,6 +39,8 @@ pub struct TinyBackend {
     pub capacity: Option<u64>,
     /// Make the next `free` fail once.
     pub fail_next_free: bool,
+    /// Address-space reservations held.
+    pub reservations: u32,
 }
 
 impl Default for TinyBackend {
@@ -53,6 +57,7 @@ impl TinyBackend {
             held: 0,
             capacity: None,
             fail_next_free: false,
+            reservations: 0,
         }
     }
 
@@ -107,6 +112,62 @@ impl DeviceBackend for TinyBackend {
     }
 
     fn event_destroy(&mut self, _event: &()) -> Result<(), TinyError> {
+        Ok(())
+    }
+
+    const NAME: &'static str = "the tiny test backend";
+    const VIRTUAL_MEMORY: bool = true;
+
+    /// The capacity, or 80 GiB for an unlimited device.
+    fn device_total_memory(&mut self) -> Result<u64, TinyError> {
+        Ok(self.capacity.unwrap_or(80 << 30))
+    }
+
+    fn allocation_granularity(&mut self) -> Result<u64, VmError<TinyError>> {
+        Ok(2 << 20)
+    }
+
+    fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<TinyError>> {
+        let p = self.next;
+        let step = size.div_ceil(2 << 20).max(1) * (2 << 20);
+        self.next = self.next.checked_add(step).ok_or(VmError::OutOfMemory)?;
+        self.reservations += 1;
+        Ok(DevicePtr(p))
+    }
+
+    fn release_address_space(
+        &mut self,
+        _ptr: DevicePtr,
+        _size: u64,
+    ) -> Result<(), VmError<TinyError>> {
+        self.reservations -= 1;
+        Ok(())
+    }
+
+    fn map_pages(
+        &mut self,
+        _ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<TinyError>> {
+        let bytes = pages.saturating_mul(page_size);
+        if self
+            .capacity
+            .is_some_and(|cap| self.held.saturating_add(bytes) > cap)
+        {
+            return Err(VmError::OutOfMemory);
+        }
+        self.held += bytes;
+        Ok(())
+    }
+
+    fn unmap_pages(
+        &mut self,
+        _ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<TinyError>> {
+        self.held -= pages * page_size;
         Ok(())
     }
 

@@ -1,9 +1,10 @@
 //! What the backend-generic tests need from a device beside the
 //! `DeviceBackend` trait: how to open one, its streams, and how to make
 //! stream work pending and finished. [`Logged`] wraps any backend to record
-//! its device mallocs (for `at:` placements) and count its events.
+//! its device mallocs and address-space reservations (for `at:`
+//! placements) and count its events, reservations and mapped bytes.
 
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
 use cachealloc_mock::MockDevice;
 
 /// A device under test.
@@ -57,15 +58,19 @@ impl Harness for MockHarness {
     }
 }
 
-/// A backend that records every successful device malloc and counts events.
+/// A backend that records every successful device malloc and reservation
+/// and counts events.
 #[derive(Debug)]
 pub struct Logged<B> {
     /// The backend.
     pub inner: B,
-    /// Every successful malloc, in order: (base, size).
+    /// Every successful malloc and address-space reservation, in order:
+    /// (base, size).
     pub mallocs: Vec<(DevicePtr, u64)>,
-    /// Bytes held (malloc'd and not freed).
+    /// Bytes held (malloc'd and not freed, or mapped and not unmapped).
     pub held: u64,
+    /// Address-space reservations held.
+    pub reservations: u64,
     /// Events created.
     pub event_creates: u64,
     /// Events destroyed.
@@ -79,6 +84,7 @@ impl<B> Logged<B> {
             inner,
             mallocs: Vec::new(),
             held: 0,
+            reservations: 0,
             event_creates: 0,
             event_destroys: 0,
         }
@@ -141,4 +147,51 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
         self.inner.time_us()
     }
     const PLATFORM: &'static str = B::PLATFORM;
+    const NAME: &'static str = B::NAME;
+    const VIRTUAL_MEMORY: bool = B::VIRTUAL_MEMORY;
+
+    fn device_total_memory(&mut self) -> Result<u64, B::Error> {
+        self.inner.device_total_memory()
+    }
+    fn allocation_granularity(&mut self) -> Result<u64, VmError<B::Error>> {
+        self.inner.allocation_granularity()
+    }
+    fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<B::Error>> {
+        let p = self.inner.reserve_address_space(size)?;
+        self.mallocs.push((p, size));
+        self.reservations += 1;
+        Ok(p)
+    }
+    fn release_address_space(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+    ) -> Result<(), VmError<B::Error>> {
+        self.inner.release_address_space(ptr, size)?;
+        self.reservations -= 1;
+        Ok(())
+    }
+    fn map_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<B::Error>> {
+        self.inner.map_pages(ptr, pages, page_size)?;
+        self.held += pages * page_size;
+        Ok(())
+    }
+    fn unmap_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<B::Error>> {
+        self.inner.unmap_pages(ptr, pages, page_size)?;
+        self.held -= pages * page_size;
+        Ok(())
+    }
+    fn synchronize_stream(&mut self, stream: B::Stream) -> Result<(), B::Error> {
+        self.inner.synchronize_stream(stream)
+    }
 }

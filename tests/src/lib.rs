@@ -188,11 +188,18 @@ where
     release_everything(a, live, |b| b.mock_mut().sync(None))
         .map_err(|e| format!("teardown: {e}"))?;
     let m = a.backend().mock();
-    if m.held_bytes() != 0 || m.live_segments() != 0 || m.live_events() != 0 {
+    if m.held_bytes() != 0
+        || m.live_segments() != 0
+        || m.live_events() != 0
+        || m.live_reservations() != 0
+        || m.mapped_pages() != 0
+    {
         return Err(format!(
-            "leak: {} bytes in {} segments and {} events still held",
+            "leak: {} bytes in {} segments and {} pages, {} reservations and {} events still held",
             m.held_bytes(),
             m.live_segments(),
+            m.mapped_pages(),
+            m.live_reservations(),
             m.live_events()
         ));
     }

@@ -526,12 +526,13 @@ impl<'h, H: Harness> Run<'h, H> {
         let h = self.harness;
         crate::release_everything(&mut self.alloc, live, |b| h.finish(&mut b.inner, None))?;
         let b = self.alloc.backend();
-        if b.held != 0 || b.event_creates != b.event_destroys {
+        if b.held != 0 || b.event_creates != b.event_destroys || b.reservations != 0 {
             return Err(format!(
-                "{} still holds {} bytes and {} events",
+                "{} still holds {} bytes, {} events and {} reservations",
                 h.name(),
                 b.held,
-                b.event_creates - b.event_destroys
+                b.event_creates - b.event_destroys,
+                b.reservations
             ));
         }
         Ok(())
