@@ -24,6 +24,12 @@ bitflags::bitflags! {
         /// Freed during a capture while other streams used it: its events
         /// wait until no capture is under way (PyTorch's deferred blocks).
         const DEFERRED = 1 << 5;
+        /// The block belongs to an expandable segment (a reservation with
+        /// pages mapped into it).
+        const EXPANDABLE = 1 << 6;
+        /// The block is address space with no page mapped (expandable
+        /// segments only): it sits in its pool's unmapped index.
+        const UNMAPPED = 1 << 7;
     }
 }
 

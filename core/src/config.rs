@@ -33,6 +33,13 @@ pub struct Config {
     pub garbage_collection_threshold: f64,
     /// Accepted for compatibility; the lock is always held (see `caching`).
     pub release_lock_on_malloc: bool,
+    /// Expandable segments (`expandable_segments:True`): new memory comes
+    /// from pages mapped into one large reservation per stream and pool
+    /// (needs a backend with virtual memory).
+    pub expandable_segments: bool,
+    /// Whether the string set `expandable_segments` (PyTorch's settings
+    /// parser keeps the previous value when a new string does not).
+    pub(crate) expandable_mentioned: bool,
 }
 
 impl Default for Config {
@@ -72,6 +79,8 @@ impl Config {
         roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
         garbage_collection_threshold: 0.0,
         release_lock_on_malloc: false,
+        expandable_segments: false,
+        expandable_mentioned: false,
     };
 
     /// Parse a `key:value,key:value` string. Options not mentioned take their
@@ -122,11 +131,14 @@ impl Config {
                 "roundup_power2_divisions" => {
                     c.roundup_power2_divisions = parse_divisions(value).map_err(err)?;
                 }
-                "expandable_segments" => match value {
-                    "False" | "false" => {}
-                    "True" | "true" => return Err(err("expandable segments are not supported")),
-                    _ => return Err(err("expected True or False")),
-                },
+                "expandable_segments" => {
+                    c.expandable_segments = match value {
+                        "False" | "false" => false,
+                        "True" | "true" => true,
+                        _ => return Err(err("expected True or False")),
+                    };
+                    c.expandable_mentioned = true;
+                }
                 "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
                     c.release_lock_on_malloc = parse_bool(value).map_err(err)?;
                 }
@@ -279,6 +291,15 @@ impl fmt::Display for Config {
         }
         if self.release_lock_on_malloc {
             write!(f, "{sep}release_lock_on_cudamalloc:True")?;
+            sep = ",";
+        }
+        if self.expandable_mentioned {
+            let v = if self.expandable_segments {
+                "True"
+            } else {
+                "False"
+            };
+            write!(f, "{sep}expandable_segments:{v}")?;
         }
         Ok(())
     }
@@ -313,7 +334,7 @@ mod tests {
             ),
             ("roundup_power2_divisions:3", "roundup_power2_divisions"),
             ("nonsense:1", "nonsense"),
-            ("expandable_segments:True", "expandable_segments"),
+            ("expandable_segments:Yes", "expandable_segments"),
             ("max_split_size_mb", "max_split_size_mb"),
         ] {
             assert_eq!(Config::parse(s).unwrap_err().key, key, "{s}");
@@ -327,6 +348,8 @@ mod tests {
             "max_split_size_mb:40",
             "roundup_power2_divisions:4,garbage_collection_threshold:0.625",
             "roundup_power2_divisions:[64:8,>:2],max_split_size_mb:128,release_lock_on_cudamalloc:True",
+            "expandable_segments:True,max_split_size_mb:40",
+            "expandable_segments:False",
         ] {
             let c = Config::parse(s).unwrap();
             let text = format!("{c}");

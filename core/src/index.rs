@@ -55,6 +55,43 @@ impl Links for FreeKey {
     }
 }
 
+/// The links and key of a pool's unmapped index (expandable segments):
+/// (stream, address), like PyTorch's `BlockPool::unmapped`. An unmapped
+/// block is never cached, so it borrows the free index's links.
+pub(crate) struct UnmappedKey;
+
+impl Links for UnmappedKey {
+    type Key = (u64, u64);
+    const DEFECTS: [&'static str; 6] = [
+        "unmapped index: larger than the storage (a cycle?)",
+        "unmapped index: link out of range",
+        "unmapped index: keys out of order or duplicated",
+        "unmapped index: heap order broken",
+        "unmapped index: child on the wrong side",
+        "unmapped index: node not reachable by its key",
+    ];
+    #[inline]
+    fn key(s: &BlockSlot) -> Self::Key {
+        (s.stream, s.addr)
+    }
+    #[inline]
+    fn left(s: &BlockSlot) -> u32 {
+        s.left
+    }
+    #[inline]
+    fn right(s: &BlockSlot) -> u32 {
+        s.right
+    }
+    #[inline]
+    fn set_left(s: &mut BlockSlot, v: u32) {
+        s.left = v
+    }
+    #[inline]
+    fn set_right(s: &mut BlockSlot, v: u32) {
+        s.right = v
+    }
+}
+
 /// The links and key of the segment index: head blocks by base address.
 pub(crate) struct SegmentKey;
 

@@ -105,14 +105,15 @@ pub fn allocation_size(rounded: u64) -> Option<u64> {
 }
 
 /// `should_split`: whether handing `block_size` bytes to a request of
-/// `rounded` bytes splits off the remainder. Small pool: at least 512 bytes
-/// would remain. Large pool: the request is not oversize and more than
-/// 1 MiB would remain.
+/// `rounded` bytes splits off the remainder. Small pool, or any pool with
+/// expandable segments on: at least 512 bytes would remain. Large pool: the
+/// request is not oversize and more than 1 MiB would remain.
 #[inline]
 pub fn should_split(pool: Pool, block_size: u64, rounded: u64, config: &Config) -> bool {
     let remaining = block_size.saturating_sub(rounded);
     match pool {
         Pool::Small => remaining >= MIN_BLOCK_SIZE,
+        Pool::Large if config.expandable_segments => remaining >= MIN_BLOCK_SIZE,
         Pool::Large => rounded < config.max_split_size && remaining > SMALL_SIZE,
     }
 }

@@ -5,7 +5,7 @@
 //! `get_free_blocks_call_count`.
 
 use crate::arena::{BlockSlot, Flags, NIL};
-use crate::index::{self, FreeKey, Links};
+use crate::index::{self, FreeKey, Links, UnmappedKey};
 use crate::invariants::{expect, fail, InvariantViolation};
 
 /// The pool a rounded size is served from.
@@ -68,6 +68,10 @@ pub(crate) struct BlockPool {
     len: u32,
     /// Lookups made while garbage collection was possible.
     gc_clock: u64,
+    /// Root of the unmapped index (expandable segments).
+    unmapped_root: u32,
+    /// Unmapped blocks in it.
+    unmapped_len: u32,
 }
 
 impl BlockPool {
@@ -75,7 +79,44 @@ impl BlockPool {
         root: NIL,
         len: 0,
         gc_clock: 0,
+        unmapped_root: NIL,
+        unmapped_len: 0,
     };
+
+    /// Add unmapped block `i` to the unmapped index.
+    pub(crate) fn insert_unmapped(&mut self, slots: &mut [BlockSlot], i: u32) {
+        index::insert::<UnmappedKey>(slots, &mut self.unmapped_root, i);
+        self.unmapped_len += 1;
+    }
+
+    /// Take unmapped block `i` out of the unmapped index, if it is in.
+    pub(crate) fn remove_unmapped(&mut self, slots: &mut [BlockSlot], i: u32) {
+        if index::remove::<UnmappedKey>(slots, &mut self.unmapped_root, i) {
+            self.unmapped_len -= 1;
+        }
+    }
+
+    /// The unmapped block with the smallest (stream, address) `>= key`, or `NIL`.
+    pub(crate) fn unmapped_lower_bound(&self, slots: &[BlockSlot], key: (u64, u64)) -> u32 {
+        index::lower_bound::<UnmappedKey>(slots, self.unmapped_root, key)
+    }
+
+    /// The unmapped block after `key`, or `NIL`.
+    pub(crate) fn unmapped_successor(&self, slots: &[BlockSlot], key: (u64, u64)) -> u32 {
+        index::successor::<UnmappedKey>(slots, self.unmapped_root, key)
+    }
+
+    /// Whether unmapped block `i` is in the unmapped index.
+    pub(crate) fn contains_unmapped(&self, slots: &[BlockSlot], i: u32) -> bool {
+        slots
+            .get(i as usize)
+            .is_some_and(|s| self.unmapped_lower_bound(slots, UnmappedKey::key(s)) == i)
+    }
+
+    /// Unmapped blocks in the unmapped index.
+    pub(crate) fn unmapped_len(&self) -> u32 {
+        self.unmapped_len
+    }
 
     /// Add slot `i` (its key must not be in the index).
     #[inline]
@@ -148,6 +189,14 @@ impl BlockPool {
             None,
             self.len as i64,
             n as i64,
+        )?;
+        let u = index::verify::<UnmappedKey>(slots, self.unmapped_root, limit)
+            .map_err(|w| fail(w, None, 0, 1))?;
+        expect(
+            "unmapped index: size == its count",
+            None,
+            self.unmapped_len as i64,
+            u as i64,
         )?;
         Ok(n)
     }

@@ -66,7 +66,8 @@ pub struct BlockInfo {
     pub state: BlockState,
 }
 
-/// One segment in a snapshot (PyTorch's `SegmentInfo`).
+/// One segment in a snapshot (PyTorch's `SegmentInfo`). An expandable
+/// segment shows as one segment per run of mapped pages, as in PyTorch.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct SegmentInfo<'a, St> {
@@ -74,7 +75,7 @@ pub struct SegmentInfo<'a, St> {
     head: u32,
     /// Base address.
     pub address: DevicePtr,
-    /// Segment size.
+    /// Segment size (of an expandable segment: the mapped run's).
     pub total_size: u64,
     /// Bytes of allocated blocks.
     pub allocated_size: u64,
@@ -91,6 +92,8 @@ pub struct SegmentInfo<'a, St> {
     pub pool_id: MempoolId,
     /// Number of blocks.
     pub block_count: u32,
+    /// Part of an expandable segment (PyTorch's `is_expandable`).
+    pub is_expandable: bool,
 }
 
 impl<'a, St> SegmentInfo<'a, St> {
@@ -113,7 +116,10 @@ pub struct Blocks<'a> {
 impl Iterator for Blocks<'_> {
     type Item = BlockInfo;
     fn next(&mut self) -> Option<BlockInfo> {
-        let s = self.slots.get(self.cur as usize)?;
+        let s = self
+            .slots
+            .get(self.cur as usize)
+            .filter(|s| !s.has(Flags::UNMAPPED))?;
         self.cur = s.next;
         Some(BlockInfo {
             address: DevicePtr(s.addr),
@@ -135,13 +141,17 @@ pub(crate) fn state_of(s: &BlockSlot) -> BlockState {
 }
 
 /// Iterator over segments in address order (no allocation: each step is a
-/// successor search in the segment index).
+/// successor search in the segment index, or the next mapped run of an
+/// expandable segment).
 #[derive(Clone, Debug)]
 pub struct Segments<'a, St> {
     slots: &'a [BlockSlot],
     index: SegmentIndex,
     pools: &'a [Option<PrivatePool>],
-    cur: u32,
+    /// The segment being walked (its head slot).
+    seg: u32,
+    /// Where the next run of it starts (`NIL`: the segment is done).
+    at: u32,
     _stream: core::marker::PhantomData<St>,
 }
 
@@ -153,11 +163,13 @@ impl<'a, St> Segments<'a, St> {
         index: SegmentIndex,
         pools: &'a [Option<PrivatePool>],
     ) -> Self {
+        let seg = index.first(slots);
         Segments {
             slots,
             index,
             pools,
-            cur: index.first(slots),
+            seg,
+            at: seg,
             _stream: core::marker::PhantomData,
         }
     }
@@ -166,14 +178,26 @@ impl<'a, St> Segments<'a, St> {
 impl<'a, St: From<u64>> Iterator for Segments<'a, St> {
     type Item = SegmentInfo<'a, St>;
     fn next(&mut self) -> Option<SegmentInfo<'a, St>> {
-        let head = self.cur;
-        let h = self.slots.get(head as usize)?;
-        self.cur = self.index.successor(self.slots, h.addr);
+        let slots = self.slots;
+        let (head, h) = loop {
+            let seg = slots.get(self.seg as usize)?;
+            let mut b = self.at;
+            while let Some(s) = slots.get(b as usize).filter(|s| s.has(Flags::UNMAPPED)) {
+                b = s.next;
+            }
+            match slots.get(b as usize) {
+                Some(s) => break (b, s),
+                None => {
+                    self.seg = self.index.successor(slots, seg.addr);
+                    self.at = self.seg;
+                }
+            }
+        };
         let mut info = SegmentInfo {
-            slots: self.slots,
+            slots,
             head,
             address: DevicePtr(h.addr),
-            total_size: h.seg_size,
+            total_size: 0,
             allocated_size: 0,
             active_size: 0,
             requested_size: 0,
@@ -181,8 +205,16 @@ impl<'a, St: From<u64>> Iterator for Segments<'a, St> {
             pool: Pool::of(h.flags),
             pool_id: id_of(self.pools, h.owner),
             block_count: 0,
+            is_expandable: h.has(Flags::EXPANDABLE),
         };
+        // Resume after this run: at the unmapped block that ends it.
+        let mut end = head;
+        while let Some(s) = slots.get(end as usize).filter(|s| !s.has(Flags::UNMAPPED)) {
+            end = s.next;
+        }
+        self.at = end;
         for b in info.blocks() {
+            info.total_size += b.size;
             info.block_count += 1;
             if b.state == BlockState::ActiveAllocated {
                 info.allocated_size += b.size;
@@ -221,7 +253,7 @@ pub struct AllocatorSettings {
     /// The policy: `max_split_size`, `garbage_collection_threshold`,
     /// `roundup_power2_divisions`; its `Display` is the settings string.
     pub config: Config,
-    /// Expandable segments (not supported: false).
+    /// Expandable segments.
     pub expandable_segments: bool,
     /// PyTorch's pinned-memory setting (host memory is not ours: 1).
     pub pinned_num_register_threads: u32,
@@ -242,7 +274,7 @@ impl AllocatorSettings {
     pub(crate) const fn of(config: Config) -> AllocatorSettings {
         AllocatorSettings {
             config,
-            expandable_segments: false,
+            expandable_segments: config.expandable_segments,
             pinned_num_register_threads: 1,
             release_lock_on_cudamalloc: config.release_lock_on_malloc,
             pinned_use_cuda_host_register: false,

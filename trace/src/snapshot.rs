@@ -325,7 +325,7 @@ fn add_device<St: Into<u64> + From<u64> + Copy>(
                 _ => "large",
             },
             segment_pool_id: (seg.pool_id.0, seg.pool_id.1),
-            is_expandable: false,
+            is_expandable: seg.is_expandable,
             frames: Vec::new(),
             blocks,
         });

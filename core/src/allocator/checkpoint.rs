@@ -126,7 +126,12 @@ where
             let mut i = h;
             while i != NIL {
                 let s = self.slot(i);
-                if s.events > 0 || s.has(Flags::DEFERRED) {
+                if s.has(Flags::EXPANDABLE) {
+                    problem.get_or_insert((
+                        "a pool with expandable segments cannot be checkpointed",
+                        s.addr,
+                    ));
+                } else if s.events > 0 || s.has(Flags::DEFERRED) {
                     problem.get_or_insert((
                         "events should have completed when checkpointing a block",
                         s.addr,
@@ -253,6 +258,7 @@ where
         }
         let (mut live, mut blocks_now, mut segs_now) = (0usize, 0i64, 0i64);
         let mut busy = None;
+        let mut expandable = false;
         self.for_pool_segments(owner, |h| {
             segs_now += 1;
             let mut i = h;
@@ -263,9 +269,13 @@ where
                 if s.events > 0 || s.flags.intersects(Flags::DEFERRED | Flags::HAS_USES) {
                     busy.get_or_insert(s.addr);
                 }
+                expandable |= s.has(Flags::EXPANDABLE);
                 i = s.next;
             }
         });
+        if expandable {
+            return refuse("a pool with expandable segments cannot be restored", here);
+        }
         if let Some(addr) = busy {
             return refuse(
                 "a block of the pool has events, stream uses or a parked free",

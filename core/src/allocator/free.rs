@@ -116,8 +116,11 @@ where
             net_bytes += self.slot(b).size as i64;
         }
         let st = &mut self.stats;
-        st.inactive_split.apply(pool, net_blocks);
-        st.inactive_split_bytes.apply(pool, net_bytes);
+        // PyTorch leaves expandable segments out of inactive_split.
+        if !self.arena.slots()[b as usize].has(Flags::EXPANDABLE) {
+            st.inactive_split.apply(pool, net_blocks);
+            st.inactive_split_bytes.apply(pool, net_bytes);
+        }
         st.active.decrease(pool, 1);
         st.active_bytes.decrease(pool, orig_size);
         st.requested_bytes.decrease(pool, requested);
@@ -125,7 +128,7 @@ where
 
     /// Block `b` takes over the block after it (which leaves its segment list
     /// and its slot).
-    fn absorb_next(&mut self, b: u32) {
+    pub(super) fn absorb_next(&mut self, b: u32) {
         let n = self.slot(b).next;
         let (nsize, nnext) = (self.slot(n).size, self.slot(n).next);
         let bs = self.slot_mut(b);
@@ -151,9 +154,14 @@ where
         if !t.has(Flags::CACHED) {
             return false;
         }
-        let (pool, orig_size, requested) = {
+        let (pool, orig_size, requested, expandable) = {
             let s = self.slot(i);
-            (Pool::of(s.flags), s.size, s.requested)
+            (
+                Pool::of(s.flags),
+                s.size,
+                s.requested,
+                s.has(Flags::EXPANDABLE),
+            )
         };
         let key = (t.stream, t.size, t.addr);
         let grown = (key.0, key.1 + orig_size, key.2 - orig_size);
@@ -177,7 +185,9 @@ where
         // One cached block absorbed the freed one: the split count is
         // unchanged and the cached bytes grow by the freed block.
         let st = &mut self.stats;
-        st.inactive_split_bytes.increase(pool, orig_size);
+        if !expandable {
+            st.inactive_split_bytes.increase(pool, orig_size);
+        }
         st.active.decrease(pool, 1);
         st.active_bytes.decrease(pool, orig_size);
         st.requested_bytes.decrease(pool, requested);

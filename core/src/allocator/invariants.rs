@@ -9,6 +9,7 @@ use crate::backend::DeviceBackend;
 use crate::history::HistoryStorage;
 use crate::invariants::{ensure, expect, fail, InvariantViolation};
 use crate::pool::Pool;
+use crate::private_pool::block_pool;
 use crate::stats::DeviceStats;
 
 /// What the walk over the segments counts.
@@ -19,6 +20,10 @@ struct Tally<const P: usize> {
     cached: [u32; 2],
     /// Cached blocks of private pools.
     cached_private: u32,
+    /// Unmapped blocks (expandable segments) of the default pools, per
+    /// pool, and of private pools.
+    unmapped: [u32; 2],
+    unmapped_private: u32,
     /// Segments and their bytes, per private pool (table entry).
     pool_segments: [(u32, u64); P],
     /// Blocks parked by a capture.
@@ -35,6 +40,9 @@ struct Cursor {
     addr: u64,
     prev: u32,
     prev_cached: bool,
+    /// Expandable segments: the reservation's base and page size.
+    expandable: Option<(u64, u64)>,
+    prev_unmapped: bool,
 }
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
@@ -76,6 +84,12 @@ where
                 t.cached[pool.index()] as i64,
                 self.pools.get(pool).len() as i64,
             )?;
+            expect(
+                "unmapped index: holds exactly the unmapped blocks",
+                None,
+                t.unmapped[pool.index()] as i64,
+                self.pools.get(pool).unmapped_len() as i64,
+            )?;
         }
         expect(
             "live-pointer index: holds exactly the allocated blocks",
@@ -92,21 +106,23 @@ where
     /// counts its captures, and the deferred list holds exactly the parked
     /// blocks.
     fn check_pools(&self, t: &Tally<P>) -> Result<(), InvariantViolation> {
-        let indexed: u32 = self
-            .private
-            .iter()
-            .map(|(_, p)| {
-                Pool::ALL
-                    .iter()
-                    .map(|&k| p.blocks.get(k).len())
-                    .sum::<u32>()
-            })
-            .sum();
+        let private_sum = |count: fn(&crate::pool::BlockPool) -> u32| -> i64 {
+            self.private
+                .iter()
+                .flat_map(|(_, p)| Pool::ALL.map(|k| count(p.blocks.get(k))))
+                .sum::<u32>() as i64
+        };
         expect(
             "private pools: free indexes hold exactly their cached blocks",
             None,
             t.cached_private as i64,
-            indexed as i64,
+            private_sum(|b| b.len()),
+        )?;
+        expect(
+            "private pools: unmapped indexes hold exactly their unmapped blocks",
+            None,
+            t.unmapped_private as i64,
+            private_sum(|b| b.unmapped_len()),
         )?;
         for (owner, p) in self.private.iter() {
             let (n, bytes) = t.pool_segments[owner as usize - 1];
@@ -175,6 +191,8 @@ where
             stats: DeviceStats::new(None),
             cached: [0; 2],
             cached_private: 0,
+            unmapped: [0; 2],
+            unmapped_private: 0,
             pool_segments: [(0, 0); P],
             deferred: 0,
             blocks: 0,
@@ -208,6 +226,13 @@ where
     fn check_segment(&self, h: u32, t: &mut Tally<P>) -> Result<(), InvariantViolation> {
         let head = self.slot(h);
         let pool = Pool::of(head.flags);
+        let expandable = head.has(Flags::EXPANDABLE);
+        let page = super::expandable::page_size(pool);
+        ensure(
+            !expandable || head.seg_size % page == 0,
+            "expandable segment: not a whole number of pages",
+            Some(h),
+        )?;
         if head.owner != 0 {
             let e = t
                 .pool_segments
@@ -220,12 +245,18 @@ where
                     head.owner as i64,
                 ))?;
             e.0 += 1;
-            e.1 += head.seg_size;
+            if !expandable {
+                e.1 += head.seg_size;
+            }
         }
-        t.stats.segment.increase(pool, 1);
-        t.stats.reserved_bytes.increase(pool, head.seg_size);
-        if head.seg_size >= self.config.max_split_size {
-            t.stats.oversize_segments.increase(1);
+        // An expandable segment counts its mapped bytes (in check_block),
+        // never as a segment.
+        if !expandable {
+            t.stats.segment.increase(pool, 1);
+            t.stats.reserved_bytes.increase(pool, head.seg_size);
+            if head.seg_size >= self.config.max_split_size {
+                t.stats.oversize_segments.increase(1);
+            }
         }
         let mut c = Cursor {
             pool,
@@ -234,6 +265,8 @@ where
             addr: head.addr,
             prev: NIL,
             prev_cached: false,
+            expandable: expandable.then_some((head.addr, page)),
+            prev_unmapped: false,
         };
         let mut cur = h;
         while cur != NIL {
@@ -306,6 +339,15 @@ where
             c.owner as i64,
             b.owner as i64,
         )?;
+        ensure(
+            b.has(Flags::EXPANDABLE) == c.expandable.is_some(),
+            "block state: expandable flag != its segment's",
+            Some(i),
+        )?;
+        if b.has(Flags::UNMAPPED) {
+            return self.check_unmapped(i, b, c, t);
+        }
+        c.prev_unmapped = false;
         let deferred = b.has(Flags::DEFERRED);
         ensure(
             !deferred || (b.events == 0 && b.has(Flags::HAS_USES)),
@@ -338,6 +380,12 @@ where
         )?;
         c.prev_cached = cached;
         let (pool, st) = (c.pool, &mut t.stats);
+        if c.expandable.is_some() {
+            st.reserved_bytes.increase(pool, b.size);
+            if let Some(e) = t.pool_segments.get_mut((c.owner as usize).wrapping_sub(1)) {
+                e.1 += b.size;
+            }
+        }
         if allocated {
             st.allocation.increase(pool, 1);
             st.allocated_bytes.increase(pool, b.size);
@@ -367,11 +415,55 @@ where
                 "free index: misses a cached block",
                 Some(i),
             )?;
-            if c.split {
+            if c.split && c.expandable.is_none() {
                 st.inactive_split.increase(pool, 1);
                 st.inactive_split_bytes.increase(pool, b.size);
             }
         }
+        Ok(())
+    }
+
+    /// An unmapped block of an expandable segment: in no other state,
+    /// whole pages, not next to another unmapped block, in its pool's
+    /// unmapped index.
+    fn check_unmapped(
+        &self,
+        i: u32,
+        b: &BlockSlot,
+        c: &mut Cursor,
+        t: &mut Tally<P>,
+    ) -> Result<(), InvariantViolation> {
+        ensure(
+            b.flags & (Flags::CACHED | Flags::ALLOCATED | Flags::DEFERRED | Flags::HAS_USES)
+                == Flags::empty()
+                && b.events == 0,
+            "block state: an unmapped block is cached, allocated or pending",
+            Some(i),
+        )?;
+        let (base, page) = c.expandable.unwrap_or((b.addr, 1));
+        ensure(
+            (b.addr - base) % page == 0 && b.size % page == 0,
+            "expandable segment: an unmapped block is not whole pages",
+            Some(i),
+        )?;
+        ensure(
+            !c.prev_unmapped,
+            "two adjacent unmapped blocks (missed merge)",
+            Some(i),
+        )?;
+        ensure(
+            block_pool(&self.pools, &self.private, b.owner, c.pool)
+                .contains_unmapped(self.arena.slots(), i),
+            "unmapped index: misses an unmapped block",
+            Some(i),
+        )?;
+        if c.owner == 0 {
+            t.unmapped[c.pool.index()] += 1;
+        } else {
+            t.unmapped_private += 1;
+        }
+        c.prev_unmapped = true;
+        c.prev_cached = false;
         Ok(())
     }
 

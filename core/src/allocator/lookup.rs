@@ -84,9 +84,11 @@ where
     }
 
     /// Fail before changing anything unless two slots are free (the most one
-    /// malloc can use: a new segment and a split remainder).
+    /// malloc can use: a new segment and a split remainder; with expandable
+    /// segments, three: a reservation, the unmapped rest of a map, and a
+    /// split remainder).
     pub(super) fn reserve_slots(&self) -> Res<(), B> {
-        if self.arena.available() < 2 {
+        if self.arena.available() < 2 + self.config.expandable_segments as u32 {
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),
             });

@@ -10,7 +10,7 @@
 
 use super::{DeviceAllocator, Res};
 use crate::allocation::{Allocation, MallocFlags};
-use crate::arena::{BlockSlot, NIL};
+use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr, MallocError};
 use crate::error::{Error, OomReport};
 use crate::history::HistoryStorage;
@@ -62,17 +62,17 @@ where
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks()?;
             }
-            found = self.alloc_block(owner, pool, skey, alloc_size, false)?;
+            found = self.alloc_block(owner, pool, skey, size, alloc_size, false)?;
             if found == NIL && owner == 0 {
                 found = self.use_on_oom_fallback(pool, skey, size);
             }
             if found == NIL && !flags.contains(MallocFlags::NO_RETRY) {
                 if self.release_available_cached_blocks(owner, pool, skey, size)? {
-                    found = self.alloc_block(owner, pool, skey, alloc_size, false)?;
+                    found = self.alloc_block(owner, pool, skey, size, alloc_size, false)?;
                 }
                 if found == NIL && !capture {
                     self.release_cached_blocks(false)?;
-                    found = self.alloc_block(owner, pool, skey, alloc_size, true)?;
+                    found = self.alloc_block(owner, pool, skey, size, alloc_size, true)?;
                 }
             }
             if found == NIL {
@@ -118,15 +118,20 @@ where
             block_pool_mut(&mut self.pools, &mut self.private, owner, pool).tick();
         }
         let slots = self.arena.slots();
-        let b =
+        let mut b =
             block_pool(&self.pools, &self.private, owner, pool).lower_bound(slots, (skey, size, 0));
-        if b == NIL {
+        if b == NIL || slots[b as usize].stream != skey {
             return NIL;
+        }
+        if slots[b as usize].has(Flags::EXPANDABLE) {
+            b = self.expandable_best_fit(owner, pool, skey, b);
+            if b == NIL {
+                return NIL;
+            }
         }
         let s = &slots[b as usize];
         let mss = self.config.max_split_size;
-        if s.stream != skey
-            || (size < mss && s.size >= mss)
+        if (size < mss && s.size >= mss)
             || (size >= mss && s.size >= size.saturating_add(self.config.max_non_split_rounding))
         {
             return NIL;
@@ -147,12 +152,15 @@ where
     }
 
     /// `alloc_block`: a new segment for owner `owner`'s pool from the
-    /// device, or `NIL` when the device or the memory limit refuses.
+    /// device (with expandable segments on, room for `size` bytes in an
+    /// expandable segment), or `NIL` when the device or the memory limit
+    /// refuses. The limit is tested against `alloc_size` either way.
     fn alloc_block(
         &mut self,
         owner: u8,
         pool: Pool,
         skey: u64,
+        size: u64,
         alloc_size: u64,
         is_retry: bool,
     ) -> Res<u32, B> {
@@ -165,6 +173,9 @@ where
         {
             return Ok(NIL);
         }
+        if self.config.expandable_segments {
+            return self.alloc_expandable(owner, pool, skey, size);
+        }
         if self.arena.available() == 0 {
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),
@@ -175,7 +186,7 @@ where
             Err(MallocError::OutOfMemory) => return Ok(NIL),
             Err(MallocError::Other(e)) => return Err(Error::Backend(e)),
         };
-        self.check_new_segment(ptr, alloc_size)?;
+        self.check_new_segment(ptr, alloc_size, false)?;
         let Some(i) = self.arena.alloc() else {
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),
@@ -205,16 +216,26 @@ where
         Ok(i)
     }
 
-    /// A segment the device just returned must be non-null, end inside the
-    /// address space and overlap no held segment. If not, it is a
-    /// `BackendContract` error, and the range is handed back to the device
-    /// (best effort, its result ignored) unless its base is that of a held
-    /// segment: freeing that address would release memory the allocator
-    /// holds. That one case leaks the returned range, as it must.
-    fn check_new_segment(&mut self, ptr: DevicePtr, size: u64) -> Res<(), B> {
+    /// A segment the device just returned (`reserved`: an address-space
+    /// reservation) must be non-null, end inside the address space and
+    /// overlap no held segment. If not, it is a `BackendContract` error, and
+    /// the range is handed back to the device (best effort, its result
+    /// ignored) unless its base is that of a held segment: freeing that
+    /// address would release memory the allocator holds. That one case leaks
+    /// the returned range, as it must.
+    pub(super) fn check_new_segment(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+        reserved: bool,
+    ) -> Res<(), B> {
+        let pick = |m: &'static str, r: &'static str| if reserved { r } else { m };
         if ptr.is_null() {
             return Err(Error::BackendContract {
-                what: "malloc returned null",
+                what: pick(
+                    "malloc returned null",
+                    "an address-space reservation returned null",
+                ),
                 ptr,
             });
         }
@@ -222,12 +243,18 @@ where
         let below = self.segments.floor(slots, ptr.0);
         if below != NIL && slots[below as usize].addr == ptr.0 {
             return Err(Error::BackendContract {
-                what: "malloc returned the base of a held segment",
+                what: pick(
+                    "malloc returned the base of a held segment",
+                    "an address-space reservation returned the base of a held segment",
+                ),
                 ptr,
             });
         }
         let what = match ptr.0.checked_add(size) {
-            None => "malloc returned a range past the address space",
+            None => pick(
+                "malloc returned a range past the address space",
+                "an address-space reservation returned a range past the address space",
+            ),
             Some(end) => {
                 // The held segment with the highest base below the new end
                 // is the only one that could overlap.
@@ -235,10 +262,17 @@ where
                 if h == NIL || slots[h as usize].end_of_segment() <= ptr.0 {
                     return Ok(());
                 }
-                "malloc returned memory overlapping a held segment"
+                pick(
+                    "malloc returned memory overlapping a held segment",
+                    "an address-space reservation overlaps a held segment",
+                )
             }
         };
-        let _ = self.backend.free(ptr, size);
+        if reserved {
+            let _ = self.backend.release_address_space(ptr, size);
+        } else {
+            let _ = self.backend.free(ptr, size);
+        }
         Err(Error::BackendContract { what, ptr })
     }
 

@@ -12,6 +12,7 @@ mod capture;
 mod checkpoint;
 pub use checkpoint::{CheckpointBlock, RestoreCounts};
 mod construct;
+mod expandable;
 mod free;
 mod history;
 mod invariants;
@@ -286,7 +287,12 @@ where
 
     /// Replace the policy (like `_set_allocator_settings`; the
     /// `max_split_size` statistic keeps its value from creation, as in PyTorch).
-    pub fn set_config(&mut self, config: Config) {
+    pub fn set_config(&mut self, mut config: Config) {
+        if !config.expandable_mentioned {
+            // PyTorch's parser resets every knob a new string leaves out,
+            // except this one.
+            config.expandable_segments = self.config.expandable_segments;
+        }
         self.config = config;
     }
 
@@ -326,6 +332,14 @@ where
     /// `getBaseAllocation`, for any address inside a reserved segment).
     pub fn base_allocation(&self, ptr: DevicePtr) -> Res<(DevicePtr, u64), B> {
         let h = self.segment_of(ptr)?;
+        if self.slot(h).has(Flags::EXPANDABLE) {
+            // PyTorch: "Tensors allocated with expandable_segments=True
+            // cannot be shared between processes".
+            return Err(Error::Unsupported {
+                what: "sharing memory of an expandable segment (getBaseAllocation)",
+                backend: "expandable segments",
+            });
+        }
         Ok((DevicePtr(self.slot(h).addr), self.slot(h).seg_size))
     }
 
@@ -370,7 +384,8 @@ where
     }
 
     /// Teardown: wait for every pending end-of-life event, return every
-    /// cached segment to the device, and destroy the idle events. Live
+    /// cached segment to the device (and every expandable segment's
+    /// reservation with no page mapped), and destroy the idle events. Live
     /// allocations stay (free them first to release everything); returns how
     /// many there are. With none, the device then holds nothing of this
     /// allocator. A backend error leaves the allocator consistent; call again
@@ -378,6 +393,7 @@ where
     /// failure, and an allocator in a `static` is never dropped.)
     pub fn release_all(&mut self) -> Res<u32, B> {
         self.release_cached_blocks(self.capturing())?;
+        self.release_empty_reservations()?;
         self.release_idle_events()?;
         Ok(self.live.len())
     }

@@ -8,7 +8,7 @@
 //! segment.
 
 use super::{DeviceAllocator, Res};
-use crate::arena::{BlockSlot, NIL};
+use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::history::HistoryStorage;
@@ -53,7 +53,7 @@ where
     /// The cached block after key `key` in the free index of `pool` of owner
     /// `owner` (from the start with `None`), or `NIL`: the order PyTorch
     /// walks a pool's free set in, `(stream, size, address)`.
-    fn next_cached(&self, owner: u8, pool: Pool, key: Option<FreeIndexKey>) -> u32 {
+    pub(super) fn next_cached(&self, owner: u8, pool: Pool, key: Option<FreeIndexKey>) -> u32 {
         let slots = self.arena.slots();
         let index = block_pool(&self.pools, &self.private, owner, pool);
         match key {
@@ -63,7 +63,7 @@ where
     }
 
     /// The free-index key of block `i`.
-    fn key_of(&self, i: u32) -> FreeIndexKey {
+    pub(super) fn key_of(&self, i: u32) -> FreeIndexKey {
         let s = self.slot(i);
         (s.stream, s.size, s.addr)
     }
@@ -88,7 +88,9 @@ where
         let key = size.max(mss);
         let b = block_pool(&self.pools, &self.private, owner, pool)
             .lower_bound(self.arena.slots(), (skey, key, 0));
-        if b != NIL && self.slot(b).stream == skey {
+        // An expandable block is never released here (PyTorch's PR #134338):
+        // hitting one means looking at smaller blocks instead.
+        if b != NIL && self.slot(b).stream == skey && !self.slot(b).has(Flags::EXPANDABLE) {
             if self.slot(b).is_split() {
                 return Ok(false);
             }
@@ -104,7 +106,7 @@ where
                 break;
             }
             let k = (s.stream, s.size, s.addr);
-            if !s.is_split() {
+            if !s.is_split() && !s.has(Flags::EXPANDABLE) {
                 released += s.size;
                 self.release_block(cur)?;
             }
@@ -147,16 +149,24 @@ where
         Ok(())
     }
 
-    /// Release every whole cached segment of `pool` of owner `owner`, in the
-    /// order of its free index (PyTorch's `release_blocks`).
+    /// PyTorch's `release_blocks`: release every whole cached segment of
+    /// `pool` of owner `owner`, in the order of its free index, then unmap
+    /// the whole pages of its cached expandable blocks.
     fn release_whole_segments(&mut self, owner: u8, pool: Pool) -> Res<(), B> {
         let mut cur = self.next_cached(owner, pool, None);
+        let mut expandable = false;
         while cur != NIL {
             let key = self.key_of(cur);
-            if !self.slot(cur).is_split() {
+            let s = self.slot(cur);
+            if s.has(Flags::EXPANDABLE) {
+                expandable = true;
+            } else if !s.is_split() {
                 self.release_block(cur)?;
             }
             cur = self.next_cached(owner, pool, Some(key));
+        }
+        if expandable {
+            self.unmap_cached_expandable(owner, pool)?;
         }
         Ok(())
     }
@@ -190,7 +200,10 @@ where
             let mut cur = self.next_cached(0, Pool::Large, None);
             while cur != NIL {
                 let (a, size, key) = (age(self.slot(cur)), self.slot(cur).size, self.key_of(cur));
-                if !self.slot(cur).is_split() && a as f64 >= threshold {
+                // The age pass above counts a whole expandable block; this
+                // one never frees it (PyTorch's PR #134338).
+                let s = self.slot(cur);
+                if !s.is_split() && !s.has(Flags::EXPANDABLE) && a as f64 >= threshold {
                     self.release_block(cur)?;
                     freed = true;
                     reclaimed += size;

@@ -50,6 +50,7 @@ where
             }
         }
         let already_split = self.slot(i).is_split();
+        let expandable = self.slot(i).has(Flags::EXPANDABLE);
         if self.slot(i).has(Flags::CACHED) {
             self.cache_remove(i);
         }
@@ -57,13 +58,15 @@ where
         if let Some(r) = remainder {
             self.split_off_remainder(i, r, size, pool);
             self.cache_insert(r);
-            if already_split {
+            // PyTorch leaves expandable segments out of inactive_split.
+            if expandable {
+            } else if already_split {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else {
                 self.stats.inactive_split_bytes.increase(pool, bsize - size);
                 self.stats.inactive_split.increase(pool, 1);
             }
-        } else if already_split {
+        } else if already_split && !expandable {
             self.stats.inactive_split_bytes.decrease(pool, bsize);
             self.stats.inactive_split.decrease(pool, 1);
         }
@@ -76,26 +79,34 @@ where
     /// Its new key (same stream, smaller size, higher address) is then still
     /// above every key below it: it was the lower bound of (stream, size, 0)
     /// and the remainder's key is not below that. This saves a remove and an
-    /// insert.
+    /// insert. (An expandable block may not be the lower bound: best fit
+    /// can pass over smaller blocks to reach it.)
     pub(super) fn can_split_in_place(&self, i: u32, size: u64) -> bool {
         let s = self.slot(i);
-        s.has(Flags::CACHED) && s.prev != NIL && s.size - size >= size
+        s.has(Flags::CACHED) && s.prev != NIL && s.size - size >= size && !s.has(Flags::EXPANDABLE)
     }
 
     /// The fast split: the allocation takes a new slot `n` at the low end of
     /// cached block `i`; `i` keeps the remainder and its place in the index.
     fn split_in_place(&mut self, i: u32, n: u32, size: u64, pool: Pool) {
         let clock = self.free_index_of(i).gc_clock();
-        let (addr, stream, prev, bsize, owner) = {
+        let (addr, stream, prev, bsize, owner, expandable) = {
             let s = self.slot(i);
-            (s.addr, s.stream, s.prev, s.size, s.owner)
+            (
+                s.addr,
+                s.stream,
+                s.prev,
+                s.size,
+                s.owner,
+                s.flags & Flags::EXPANDABLE,
+            )
         };
         let ns = self.slot_mut(n);
         ns.addr = addr;
         ns.size = size;
         ns.stream = stream;
         ns.owner = owner;
-        ns.flags.insert(pool.flag());
+        ns.flags.insert(pool.flag() | expandable);
         ns.prev = prev;
         ns.next = i;
         self.slot_mut(prev).next = n;
@@ -104,7 +115,9 @@ where
         rs.addr = addr + size;
         rs.size = bsize - size;
         rs.aux = clock; // re-cached now, as PyTorch re-inserts the remainder
-        self.stats.inactive_split_bytes.decrease(pool, size);
+        if expandable.is_empty() {
+            self.stats.inactive_split_bytes.decrease(pool, size);
+        }
     }
 
     /// The general split: block `i` keeps the low `size` bytes, the new slot
@@ -112,9 +125,17 @@ where
     /// request: in PyTorch the remainder is the old block object, which a
     /// snapshot shows.
     fn split_off_remainder(&mut self, i: u32, r: u32, size: u64, pool: Pool) {
-        let (addr, stream, next, bsize, requested, owner) = {
+        let (addr, stream, next, bsize, requested, owner, expandable) = {
             let s = self.slot(i);
-            (s.addr, s.stream, s.next, s.size, s.requested, s.owner)
+            (
+                s.addr,
+                s.stream,
+                s.next,
+                s.size,
+                s.requested,
+                s.owner,
+                s.flags & Flags::EXPANDABLE,
+            )
         };
         let rs = self.slot_mut(r);
         rs.requested = requested;
@@ -122,7 +143,7 @@ where
         rs.addr = addr + size;
         rs.size = bsize - size;
         rs.stream = stream;
-        rs.flags.insert(pool.flag());
+        rs.flags.insert(pool.flag() | expandable);
         rs.prev = i;
         rs.next = next;
         if next != NIL {

@@ -86,8 +86,21 @@ fn a_folder_of_some_scenarios_loads_exactly_those() {
 /// pool scenarios skips.
 #[test]
 fn all_pool_scenarios_pass() {
+    run_suite("pools");
+}
+
+/// Every expandable-segment scenario of `conformance/expandable.json` and
+/// `expandable.md` (`expandable_segments:True`). A `CACHEALLOC_TESTDATA`
+/// folder without them skips.
+#[test]
+fn all_expandable_scenarios_pass() {
+    run_suite("expandable");
+}
+
+/// Run every scenario of one optional suite on the mock.
+fn run_suite(suite: &str) {
     let data = testdata_dir();
-    let all = match scenario::load_suite(&data, "pools") {
+    let all = match scenario::load_suite(&data, suite) {
         Ok(all) => all,
         Err(e) if cachealloc_tests::testdata_overridden() => {
             println!("skipped: {e}");
@@ -95,8 +108,12 @@ fn all_pool_scenarios_pass() {
         }
         Err(e) => panic!("{e}"),
     };
-    let names = scenario::names_in_suite(&data, "pools");
-    assert!(!all.is_empty(), "no pool scenarios in {}", data.display());
+    let names = scenario::names_in_suite(&data, suite);
+    assert!(
+        !all.is_empty(),
+        "no {suite} scenarios in {}",
+        data.display()
+    );
     assert_eq!(all.len(), names.len(), "loader vs files: {names:?}");
     let mut failures = Vec::new();
     for v in &all {
@@ -115,10 +132,13 @@ fn all_pool_scenarios_pass() {
         }
     }
     println!(
-        "pools: {} scenarios from {}, {} failed",
+        "{suite}: {} scenarios from {}, {} failed",
         all.len(),
         data.join("conformance").display(),
         failures.len()
     );
-    assert!(failures.is_empty(), "failed pool scenarios: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "failed {suite} scenarios: {failures:?}"
+    );
 }

@@ -54,7 +54,19 @@ fn run_with_fault(sc: &scenario::Scenario, fail_at: Option<u64>) -> Result<(u64,
 /// The same for every private-pool scenario.
 #[test]
 fn every_backend_call_of_every_pool_scenario_can_fail_cleanly() {
-    let all = scenario::load_suite(&bundled_testdata(), "pools").unwrap();
+    every_call_of_a_suite_can_fail_cleanly("pools");
+}
+
+/// The same for every expandable-segment scenario (reservations, maps,
+/// unmaps, stream synchronizations and device queries fail too).
+#[test]
+fn every_backend_call_of_every_expandable_scenario_can_fail_cleanly() {
+    every_call_of_a_suite_can_fail_cleanly("expandable");
+}
+
+/// A failure at every call index of every scenario of one suite.
+fn every_call_of_a_suite_can_fail_cleanly(suite: &str) {
+    let all = scenario::load_suite(&bundled_testdata(), suite).unwrap();
     let mut checked = 0;
     for v in &all {
         let sc = scenario::parse(v).unwrap();
@@ -71,7 +83,7 @@ fn every_backend_call_of_every_pool_scenario_can_fail_cleanly() {
         }
     }
     println!(
-        "{checked} injected failures over {} pool scenarios",
+        "{checked} injected failures over {} {suite} scenarios",
         all.len()
     );
 }

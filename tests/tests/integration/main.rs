@@ -11,6 +11,7 @@ mod conformance;
 mod debug_prefix;
 mod differential;
 mod errors;
+mod expandable;
 mod fault_injection;
 mod fuzz_logic;
 mod fuzz_trace;

@@ -3,9 +3,8 @@
 //! segment and a split large one, a freed slot), corrupts exactly one thing,
 //! and asserts that `check_invariants` names that invariant.
 
-use super::{tiny, Tiny};
+use super::{assert_named, broken, tiny, Tiny};
 use crate::arena::Flags;
-use crate::invariants::InvariantViolation;
 use crate::pool::Pool;
 use crate::stats::{DeviceStats, StatArray};
 
@@ -50,20 +49,6 @@ fn rich() -> (Tiny, Blocks) {
         x,
     };
     (t, blocks)
-}
-
-fn broken(t: &Tiny) -> InvariantViolation {
-    match t.check_invariants() {
-        Ok(()) => panic!("the corruption went unnoticed"),
-        Err(v) => v,
-    }
-}
-
-fn assert_named(v: InvariantViolation, word: &str) {
-    assert!(
-        v.what.contains(word),
-        "expected a violation naming {word:?}, got: {v}"
-    );
 }
 
 #[test]

@@ -2,9 +2,8 @@
 //! a private pool (a segment, a cached block), a routing, a capture and a
 //! parked free; one thing corrupted per test.
 
-use super::{tiny, Tiny};
+use super::{assert_named, broken, tiny, Tiny};
 use crate::arena::Flags;
-use crate::invariants::InvariantViolation;
 use crate::private_pool::{MempoolId, StreamFilter};
 
 const G: MempoolId = MempoolId(1, 0);
@@ -26,20 +25,6 @@ fn with_pools() -> (Tiny, u32, u32) {
     t.check_invariants()
         .expect("the untouched state is consistent");
     (t, a, p.index())
-}
-
-fn broken(t: &Tiny) -> InvariantViolation {
-    match t.check_invariants() {
-        Ok(()) => panic!("the corruption went unnoticed"),
-        Err(v) => v,
-    }
-}
-
-fn assert_named(v: InvariantViolation, word: &str) {
-    assert!(
-        v.what.contains(word),
-        "expected a violation naming {word:?}, got: {v}"
-    );
 }
 
 #[test]
