@@ -22,7 +22,7 @@ use crate::teardown;
 use arbitrary::{Arbitrary, Unstructured};
 use cachealloc_core::{
     Allocation, BlockId, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, Error,
-    MallocFlags, MempoolId, PoolOptions, StreamFilter,
+    MallocFlags, MempoolId, OomReport, PoolOptions, StreamFilter,
 };
 use cachealloc_mock::{MockDevice, MockError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -402,8 +402,21 @@ fn injected(e: &Error<MockError>) -> bool {
 /// the limit) really cannot supply the segment. Inside a capture there is
 /// no flush rung: the oversize rung may release some blocks, too few to
 /// retry, and PyTorch then raises with room on the device; nothing is
-/// checked there.
-fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, alloc_size: u64, in_capture: bool) {
+/// checked there. With expandable segments the flush unmapped every free
+/// page, and wherever the request goes it maps at most its size in whole
+/// pages (a new reservation maps exactly that): the device must lack them.
+fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, r: &OomReport, in_capture: bool) {
+    let alloc_size = r.alloc_size;
+    let needed = if a.config().expandable_segments {
+        let page = if r.rounded <= 1 << 20 {
+            2 << 20
+        } else {
+            20 << 20
+        };
+        r.rounded.div_ceil(page) * page
+    } else {
+        alloc_size
+    };
     if in_capture {
         return;
     }
@@ -416,7 +429,7 @@ fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, alloc_size: u64, in
         );
     }
     let held = a.backend().held_bytes();
-    let device_full = capacity.is_some_and(|c| held + alloc_size > c);
+    let device_full = capacity.is_some_and(|c| held + needed > c);
     let limit_hit = a
         .memory_limit()
         .is_some_and(|l| a.stats().reserved_bytes.all().current as u64 + alloc_size > l);
@@ -458,9 +471,14 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
     for (n, op) in input.ops.iter().enumerate() {
         let calls_before = a.backend().counters().total;
         let syncs = a.stats().num_sync_all_streams;
+        let stream_syncs = a.backend().stream_synchronizations().len();
         step(&mut a, &mut shadow, *op, mode, capacity, &mut cov);
         if a.stats().num_sync_all_streams > syncs {
             shadow.synchronized_all();
+        }
+        // Unmapping pages waits for the segment's stream first.
+        for &s in &a.backend().stream_synchronizations()[stream_syncs..] {
+            shadow.sync(Some(s));
         }
         cov.ops += 1;
         if let Err(v) = a.check_invariants() {
@@ -534,7 +552,7 @@ fn step(
                             .routes
                             .iter()
                             .any(|r| r.2 && (r.1 == 0 || r.1 & (1 << stream) != 0));
-                        assert_true_oom(a, capacity, r.alloc_size, in_capture);
+                        assert_true_oom(a, capacity, &r, in_capture);
                     }
                 }
                 Err(Error::MetadataExhausted { .. }) => cov.exhausted += 1,
@@ -620,6 +638,11 @@ fn step(
         FuzzOp::EmptyCache => match a.empty_cache() {
             Ok(()) => {}
             Err(e) if injected(&e) => cov.injected += 1,
+            // Unmapping the middle of a free expandable block leaves a
+            // cached piece on each side: two slots.
+            Err(Error::MetadataExhausted { .. }) if a.config().expandable_segments => {
+                cov.exhausted += 1
+            }
             Err(e) => panic!("empty_cache: {e}"),
         },
         FuzzOp::SetLimit { mib } => match mib {
@@ -682,6 +705,9 @@ fn step(
         FuzzOp::PoolEmptyCache { pool } => match a.empty_cache_pool(pool_id(pool)) {
             Ok(()) => {}
             Err(e) if injected(&e) => cov.injected += 1,
+            Err(Error::MetadataExhausted { .. }) if a.config().expandable_segments => {
+                cov.exhausted += 1
+            }
             Err(e) => panic!("empty_cache_pool: {e}"),
         },
     }
@@ -713,7 +739,13 @@ fn check_pool(a: &FuzzAllocator, sh: &mut Shadow, ptr: DevicePtr, pool: MempoolI
             || (want.is_default() && a.pool_info(pool).is_some_and(|p| p.options.use_on_oom)),
         "an allocation on stream {stream} came from pool {pool:?}, the routing names {want:?}"
     );
-    let (base, _) = a.base_allocation(ptr).expect("a segment holds it");
+    let base = match a.base_allocation(ptr) {
+        Ok((base, _)) => base,
+        // An expandable segment is never shared, so it has no base to give;
+        // the checker proves its blocks are all of its pool.
+        Err(Error::Unsupported { .. }) => return,
+        Err(e) => panic!("a segment holds it: {e}"),
+    };
     if let Some(&before) = sh.segment_pool.get(&base.0) {
         assert_eq!(
             before, pool,

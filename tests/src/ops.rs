@@ -62,6 +62,11 @@ pub const CONFIGS: &[&str] = &[
     "max_split_size_mb:64,roundup_power2_divisions:2",
     "garbage_collection_threshold:0.6",
     "garbage_collection_threshold:0.8,max_split_size_mb:32",
+    "expandable_segments:True",
+    "expandable_segments:True",
+    "expandable_segments:True,max_split_size_mb:40",
+    "expandable_segments:True,garbage_collection_threshold:0.6",
+    "expandable_segments:True,roundup_power2_divisions:4",
 ];
 
 const MIB: u64 = 1 << 20;

@@ -388,3 +388,57 @@ fn allocation_races_end_allocate_to_pool() {
         "never allocated after the routing ended"
     );
 }
+
+/// Expandable segments: one thread grows the segment (maps pages) and frees,
+/// another allocates from the same stream's segment, a third empties the
+/// cache (unmapping free pages) on a 50 MiB device whose large reservation
+/// has 3 pages of 20 MiB: both allocations at once need more pages than the
+/// device has. Across the interleavings an unmap and a full device (a
+/// counted retry) are both seen.
+static SAW_UNMAP: AtomicUsize = AtomicUsize::new(0);
+static SAW_FULL_DEVICE: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn expandable_segments_grow_while_others_unmap() {
+    model("expandable_segments_grow_while_others_unmap", || {
+        let a = Arc::new(CachingAllocator::new(DeviceAllocator::with_events(
+            MockDevice::with_capacity(50 * MIB),
+            vec![BlockSlot::VACANT; 16],
+            Config::parse("expandable_segments:True").unwrap(),
+        )));
+        let reg = Arc::new(Registry::default());
+        let t1 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                if let Some(x) = try_malloc(&a, &reg, 30 * MIB, 0) {
+                    free(&a, &reg, x);
+                }
+            })
+        };
+        let t2 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || try_malloc(&a, &reg, 25 * MIB, 0))
+        };
+        a.empty_cache().unwrap();
+        t1.join().unwrap();
+        let y = t2.join().unwrap();
+        let s = a.stats();
+        if s.num_device_free > 0 {
+            SAW_UNMAP.fetch_add(1, Ordering::Relaxed);
+        }
+        if s.num_ooms > 0 || s.num_alloc_retries > 0 {
+            SAW_FULL_DEVICE.fetch_add(1, Ordering::Relaxed);
+        }
+        assert_eq!(s.segment.all().peak, 0, "maps are never segments");
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, y.map(|v| v.ptr));
+    });
+    for (what, n) in [
+        ("an unmap", &SAW_UNMAP),
+        ("a full device", &SAW_FULL_DEVICE),
+    ] {
+        let n = n.load(Ordering::Relaxed);
+        println!("  {what}: {n} interleavings");
+        assert!(n > 0, "no interleaving reached: {what}");
+    }
+}

@@ -49,10 +49,16 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
     let theirs = oracle::run_batch(&data, &jobs, &scratch).expect("run the reference model");
 
     let (mut multi, mut capped, mut with_oom, mut with_events, mut ops_total) = (0, 0, 0, 0, 0);
+    let (mut expandable, mut stopped) = (0, 0);
     let mut failures = Vec::new();
     for ((c, job), model) in cases.iter().zip(&jobs).zip(&theirs) {
+        expandable += c.conf.contains("expandable_segments:True") as u32;
         let model = match model {
             Ok(m) => m,
+            Err(e) if oracle::model_stopped_on_known_bug(e) => {
+                stopped += 1;
+                continue;
+            }
             Err(e) => {
                 failures.push(format!(
                     "case seed {} ({}): the model failed: {e}",
@@ -98,7 +104,7 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
             .any(|o| matches!(o, ops::Op::RecordStream { .. })) as u32;
     }
     eprintln!(
-        "differential: {n} cases, {ops_total} ops; {multi} multi-stream, {capped} with a capacity, {with_oom} with OOMs, {with_events} with record_stream"
+        "differential: {n} cases, {ops_total} ops; {multi} multi-stream, {capped} with a capacity, {with_oom} with OOMs, {with_events} with record_stream, {expandable} with expandable segments ({stopped} left out: the model stops on pytorch#119452)"
     );
     assert!(
         failures.is_empty(),
@@ -113,7 +119,10 @@ fn core_agrees_with_the_reference_model_on_random_sequences() {
     );
     if n >= 1000 {
         assert!(
-            multi >= n as u32 / 4 && capped >= n as u32 / 4 && with_oom >= n as u32 / 20,
+            multi >= n as u32 / 4
+                && capped >= n as u32 / 4
+                && with_oom >= n as u32 / 20
+                && expandable >= n as u32 / 5,
             "generator lost coverage"
         );
     }

@@ -104,7 +104,11 @@ fn history_and_snapshot_agree_with_the_reference_model() {
     let (mut entries, mut failures) = (0usize, Vec::new());
     let mut actions = std::collections::BTreeMap::new();
     for (c, model) in cases.iter().zip(theirs) {
-        let model = model.unwrap_or_else(|e| panic!("seed {}: the model failed: {e}", c.seed));
+        let model = match model {
+            Ok(m) => m,
+            Err(e) if oracle::model_stopped_on_known_bug(&e) => continue,
+            Err(e) => panic!("seed {}: the model failed: {e}", c.seed),
+        };
         let ours = ops::replay_with(c, 64, 1 << 16).unwrap();
         let (dict, dropped) = ours.report.snapshot.as_ref().expect("a snapshot");
         assert_eq!(dropped.iter().map(|d| d.1).sum::<u64>(), 0);

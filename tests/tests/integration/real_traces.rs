@@ -1,10 +1,12 @@
 //! Every trace of the test data's `traces/`, through the trace crate's
-//! reader and replay engine, under three configurations: every
-//! `memory_stats` key equals the reference model's.
+//! reader and replay engine, under four configurations (the default,
+//! `max_split_size`, roundup divisions with garbage collection, expandable
+//! segments): every `memory_stats` key equals the reference model's.
 
 use cachealloc_core::Config;
-use cachealloc_tests::{oracle, testdata_dir, testdata_part};
+use cachealloc_tests::{oracle, shared_part, testdata_dir, testdata_part};
 use cachealloc_trace::{run, Options, Quiet};
+use std::path::Path;
 
 #[test]
 fn every_real_trace_matches_the_reference_model() {
@@ -14,20 +16,43 @@ fn every_real_trace_matches_the_reference_model() {
     ) else {
         return;
     };
+    compare_with_the_model(
+        "real-bundled",
+        &dir,
+        &[
+            "",
+            "max_split_size_mb:128",
+            "roundup_power2_divisions:4,garbage_collection_threshold:0.7",
+            "expandable_segments:True",
+        ],
+    );
+}
+
+/// The recordings of other people's GPUs (`../shared/real-traces`, when
+/// present) under expandable segments: every key equals the model's.
+#[test]
+fn third_party_recordings_match_the_model_with_expandable_segments() {
+    let (Some(dir), Some(_)) = (
+        shared_part("real-traces"),
+        testdata_part("oracle/pytorch_sim.py"),
+    ) else {
+        return;
+    };
+    compare_with_the_model("real-shared", &dir, &["expandable_segments:True"]);
+}
+
+/// Every `.jsonl.gz` trace of `dir` under every config of `confs`, through
+/// the trace crate and through the model: the `memory_stats` must agree
+/// (`name`: the scratch folder's).
+fn compare_with_the_model(name: &str, dir: &Path, confs: &[&str]) {
     let mut traces: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.to_string_lossy().ends_with(".jsonl.gz"))
         .collect();
     traces.sort();
-    assert!(!traces.is_empty(), "no traces in the test data");
-    let confs = [
-        "",
-        "max_split_size_mb:128",
-        "roundup_power2_divisions:4,garbage_collection_threshold:0.7",
-    ];
-    let scratch = std::env::temp_dir().join(format!("cachealloc-real-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).unwrap();
+    assert!(!traces.is_empty(), "no traces in {}", dir.display());
+    let scratch = cachealloc_tests::scratch(name);
     let jobs: Vec<oracle::Job> = traces
         .iter()
         .flat_map(|t| {
