@@ -13,6 +13,13 @@
 //! best effort: it follows a call whose effect cannot be undone, so its
 //! failure is not reported.
 //!
+//! Expandable segments (`expandable_segments:True`) run on the driver's
+//! virtual-memory API (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`,
+//! `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`), one
+//! physical allocation per page as in PyTorch. A driver without them (older
+//! than CUDA 10.2) makes `expandable_segments:True` an error value naming
+//! this backend.
+//!
 //! ```no_run
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
 //! use cachealloc_cuda::{CudaBackend, CudaStream};
@@ -25,12 +32,14 @@
 //! ```
 
 mod conv;
+mod vmm;
 
 pub use conv::CudaError;
 
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
 use conv::{check, driver_error, is_no_device, is_not_ready, is_out_of_memory};
 use cudarc::driver::{result, sys};
+use std::collections::BTreeMap;
 
 /// A CUDA stream handle (`CUstream`), compared by its raw value as PyTorch
 /// does. `CudaStream::DEFAULT` is the legacy default stream (null).
@@ -79,6 +88,12 @@ pub struct CudaBackend {
     ordinal: u32,
     device: sys::CUdevice,
     ctx: sys::CUcontext,
+    /// Mapped pages (expandable segments): address -> physical allocation.
+    pages: BTreeMap<u64, sys::CUmemGenericAllocationHandle>,
+    /// Unmapped allocations whose release failed, to release again.
+    unreleased: Vec<sys::CUmemGenericAllocationHandle>,
+    /// Whether the driver has the virtual-memory functions.
+    vmm: bool,
 }
 
 // SAFETY: the primary context may be made current on any thread
@@ -113,6 +128,9 @@ impl CudaBackend {
             ordinal,
             device,
             ctx,
+            pages: BTreeMap::new(),
+            unreleased: Vec::new(),
+            vmm: vmm::driver_has_vmm(),
         })
     }
 
@@ -213,6 +231,11 @@ pub fn driver_present() -> bool {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        if !self.unreleased.is_empty() {
+            if let Ok(_bound) = self.bind() {
+                self.release_unreleased();
+            }
+        }
         // SAFETY: releases the reference taken by cuDevicePrimaryCtxRetain in `new`.
         let r = unsafe { result::primary_ctx::release(self.device) };
         let _ = check(r, "cuDevicePrimaryCtxRelease_v2"); // nothing to report it to
@@ -312,4 +335,48 @@ impl DeviceBackend for CudaBackend {
     }
 
     const PLATFORM: &'static str = "CUDA";
+    const NAME: &'static str = "the CUDA backend";
+    const VIRTUAL_MEMORY: bool = true;
+
+    fn device_total_memory(&mut self) -> Result<u64, CudaError> {
+        self.vm_total_memory()
+    }
+
+    fn allocation_granularity(&mut self) -> Result<u64, VmError<CudaError>> {
+        self.vm_granularity()
+    }
+
+    fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<CudaError>> {
+        self.vm_reserve(size)
+    }
+
+    fn release_address_space(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+    ) -> Result<(), VmError<CudaError>> {
+        self.vm_free(ptr, size)
+    }
+
+    fn map_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<CudaError>> {
+        self.vm_map(ptr, pages, page_size)
+    }
+
+    fn unmap_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<CudaError>> {
+        self.vm_unmap(ptr, pages, page_size)
+    }
+
+    fn synchronize_stream(&mut self, stream: CudaStream) -> Result<(), CudaError> {
+        self.synchronize(stream)
+    }
 }

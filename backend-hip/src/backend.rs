@@ -2,8 +2,9 @@
 
 use crate::conv::HipError;
 use crate::conv::{check, error, is_no_device, is_not_ready, is_out_of_memory, is_success};
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
+use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
 use hip_sys::hiprt as hip;
+use std::collections::BTreeMap;
 
 /// A HIP stream handle (`hipStream_t`), compared by raw value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -59,6 +60,11 @@ unsafe impl Send for HipEvent {}
 #[derive(Debug)]
 pub struct HipBackend {
     ordinal: u32,
+    /// Mapped pages (expandable segments): address -> physical allocation
+    /// (`hipMemGenericAllocationHandle_t` as a number).
+    pub(crate) pages: BTreeMap<u64, usize>,
+    /// Unmapped allocations whose release failed, to release again.
+    pub(crate) unreleased: Vec<usize>,
 }
 
 /// The number of HIP devices (0 when the runtime reports `hipErrorNoDevice`).
@@ -80,12 +86,16 @@ impl HipBackend {
         if ordinal >= count {
             return Err(HipError::NoDevice { ordinal, count });
         }
-        Ok(HipBackend { ordinal })
+        Ok(HipBackend {
+            ordinal,
+            pages: BTreeMap::new(),
+            unreleased: Vec::new(),
+        })
     }
 
     /// Make this device current on the calling thread until the guard is
     /// dropped; then the device that was current before is current again.
-    fn bind(&self) -> Result<Bound, HipError> {
+    pub(crate) fn bind(&self) -> Result<Bound, HipError> {
         let mut prev: i32 = 0;
         // SAFETY: `prev` is a valid out-pointer for the duration of the call.
         check(unsafe { hip::hipGetDevice(&mut prev) }, "hipGetDevice")?;
@@ -249,10 +259,64 @@ impl DeviceBackend for HipBackend {
     }
 
     const PLATFORM: &'static str = "HIP";
+    const NAME: &'static str = "the HIP backend";
+    const VIRTUAL_MEMORY: bool = true;
+
+    fn device_total_memory(&mut self) -> Result<u64, HipError> {
+        self.vm_total_memory()
+    }
+
+    fn allocation_granularity(&mut self) -> Result<u64, VmError<HipError>> {
+        self.vm_granularity()
+    }
+
+    fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<HipError>> {
+        self.vm_reserve(size)
+    }
+
+    fn release_address_space(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+    ) -> Result<(), VmError<HipError>> {
+        self.vm_free(ptr, size)
+    }
+
+    fn map_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<HipError>> {
+        self.vm_map(ptr, pages, page_size)
+    }
+
+    fn unmap_pages(
+        &mut self,
+        ptr: DevicePtr,
+        pages: u64,
+        page_size: u64,
+    ) -> Result<(), VmError<HipError>> {
+        self.vm_unmap(ptr, pages, page_size)
+    }
+
+    fn synchronize_stream(&mut self, stream: HipStream) -> Result<(), HipError> {
+        self.synchronize(stream)
+    }
+}
+
+impl Drop for HipBackend {
+    fn drop(&mut self) {
+        if !self.unreleased.is_empty() {
+            if let Ok(_bound) = self.bind() {
+                self.release_unreleased();
+            }
+        }
+    }
 }
 
 /// Restores the device that was current before a call.
-struct Bound {
+pub(crate) struct Bound {
     /// The device to make current again, if we changed it.
     restore: Option<i32>,
 }

@@ -7,7 +7,10 @@
 //! the device made current for each call and the caller's device current
 //! again afterwards (as PyTorch's device guards do; restoring is best effort,
 //! after a call whose effect cannot be undone). On a machine without an AMD
-//! GPU, `HipBackend::new` returns `HipError::NoDevice`.
+//! GPU, `HipBackend::new` returns `HipError::NoDevice`. Expandable
+//! segments run on HIP's virtual-memory API (`hipMemAddressReserve`,
+//! `hipMemCreate`, `hipMemMap`, `hipMemSetAccess`, `hipMemUnmap`,
+//! `hipMemRelease`, `hipMemAddressFree`), one allocation per page.
 //!
 //! The FFI sits behind the cargo feature `rocm` (off by default), because
 //! building it needs the HIP headers and `libamdhip64`: on Debian
@@ -19,6 +22,8 @@
 mod backend;
 #[cfg(feature = "rocm")]
 mod conv;
+#[cfg(feature = "rocm")]
+mod vmm;
 
 #[cfg(feature = "rocm")]
 pub use backend::{device_count, HipBackend, HipEvent, HipStream};

@@ -1,5 +1,7 @@
 //! The backend conformance suite: the same checks for any [`Harness`] (the
-//! mock always; CUDA and HIP where a device is present).
+//! mock always; CUDA and HIP on their stub drivers, and where a device is
+//! present): the device checks, then every PyTorch-parity scenario and every
+//! expandable-segment scenario the device can run.
 
 use crate::harness::{Harness, Logged};
 use crate::scenario;
@@ -135,7 +137,14 @@ pub fn run<H: Harness>(h: &H, data: &Path) -> Result<SuiteReport, String> {
     for (name, f) in device_checks::<H>() {
         check(&mut r, name, f(h));
     }
-    for v in scenario::load_all(data)? {
+    let mut all = scenario::load_all(data)?;
+    // Expandable segments (virtual memory), where the data has them.
+    match scenario::load_suite(data, "expandable") {
+        Ok(more) => all.extend(more),
+        Err(e) if crate::testdata_overridden() => println!("{}: {e}", h.name()),
+        Err(e) => return Err(e),
+    }
+    for v in all {
         let sc = scenario::parse(&v)?;
         if !scenario::runnable(h, &sc) {
             r.skipped.push(sc.name);

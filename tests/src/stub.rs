@@ -66,6 +66,13 @@ pub struct StubCounters {
     pub calls: u64,
     /// Injected failures that fired.
     pub injected: u64,
+    /// Address-space reservations not freed.
+    pub live_reservations: u64,
+    /// Physical allocations not both released and unmapped (their bytes
+    /// are in `live_bytes`).
+    pub live_physical: u64,
+    /// Mappings not unmapped.
+    pub live_mappings: u64,
 }
 
 impl StubCounters {
@@ -76,6 +83,9 @@ impl StubCounters {
             && self.live_streams == 0
             && self.retained_contexts == 0
             && self.bad_handles == 0
+            && self.live_reservations == 0
+            && self.live_physical == 0
+            && self.live_mappings == 0
     }
 }
 

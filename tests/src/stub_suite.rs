@@ -2,7 +2,8 @@
 //! process (see [`crate::stub`]), written once for CUDA and HIP: the
 //! conformance suite with every scenario and no leaks, a backend moved to
 //! another thread, the caller's current device restored, a failure injected
-//! at every driver call, and the symbol inventory.
+//! at every driver call (with and without expandable segments), and the
+//! symbol inventory.
 
 use crate::backend_suite;
 use crate::gpu::{GpuApi, GpuHarness, StreamOf};
@@ -107,49 +108,81 @@ pub fn restores_the_current_device<G: GpuApi>(stub: &Stub) {
     assert_clean(stub, "restore");
 }
 
-/// The steps of [`every_call_can_fail`]: allocations on two streams, frees
-/// with a pending event (one waited for by `empty_cache`, one completed by a
-/// stream sync and noticed by a malloc), a memory fraction, teardown.
-const STEPS: usize = 14;
-
+/// A workload the fault-injection runs drive step by step: its live
+/// allocations by slot, and the stream it made (if any).
 struct Workload<G: GpuApi> {
-    s1: StreamOf<G>,
-    /// x, y, z, w.
+    s1: Option<StreamOf<G>>,
     live: [Option<Allocation>; 4],
 }
 
-/// Run step `k`; `Err` carries the error's text.
-fn step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result<(), String> {
-    let s0 = G::default_stream();
-    let e = |e: cachealloc_core::Error<<G::B as DeviceBackend>::Error>| e.to_string();
-    let id = |w: &Workload<G>, n: usize| w.live[n].and_then(|x| x.id);
-    let free = |a: &mut Alloc<G>, w: &mut Workload<G>, n: usize| -> Result<(), String> {
-        match id(w, n) {
-            Some(i) => a.free(i).map_err(e).map(|()| w.live[n] = None),
+impl<G: GpuApi> Workload<G> {
+    /// Free the allocation in slot `n`, if there is one.
+    fn free(&mut self, a: &mut Alloc<G>, n: usize) -> Result<(), String> {
+        match self.live[n].and_then(|x| x.id) {
+            Some(i) => a.free(i).map_err(text::<G>).map(|()| self.live[n] = None),
             None => Ok(()),
         }
-    };
-    let record = |a: &mut Alloc<G>, w: &Workload<G>, n: usize| match id(w, n) {
-        Some(i) => a.record_stream(i, w.s1).map_err(e),
+    }
+
+    /// Allocate `size` bytes on the default stream into slot `n`.
+    fn malloc(&mut self, a: &mut Alloc<G>, n: usize, size: u64) -> Result<(), String> {
+        self.live[n] = Some(a.malloc(size, G::default_stream()).map_err(text::<G>)?);
+        Ok(())
+    }
+}
+
+/// One step of a workload: step number `k` on the allocator.
+type Step<G> = fn(&mut Alloc<G>, &mut Workload<G>, usize) -> Result<(), String>;
+
+fn text<G: GpuApi>(e: cachealloc_core::Error<<G::B as DeviceBackend>::Error>) -> String {
+    e.to_string()
+}
+
+/// The steps of [`every_call_can_fail`]: allocations on two streams, frees
+/// with a pending event (one waited for by `empty_cache`, one completed by a
+/// stream sync and noticed by a malloc), a memory fraction, teardown.
+fn step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result<(), String> {
+    let s1 = w.s1.ok_or("no stream")?;
+    let record = |a: &mut Alloc<G>, w: &Workload<G>, n: usize| match w.live[n].and_then(|x| x.id) {
+        Some(i) => a.record_stream(i, s1).map_err(text::<G>),
         None => Ok(()),
     };
     match k {
-        0 => w.live[0] = Some(a.malloc(4096, s0).map_err(e)?),
-        1 => w.live[1] = Some(a.malloc(3 << 20, w.s1).map_err(e)?),
+        0 => w.malloc(a, 0, 4096)?,
+        1 => w.live[1] = Some(a.malloc(3 << 20, s1).map_err(text::<G>)?),
         2 => record(a, w, 0)?,
-        3 => free(a, w, 0)?, // an event on s1, pending
-        4 => w.live[2] = Some(a.malloc(4096, s0).map_err(e)?), // queries it
-        5 => a.empty_cache().map_err(e)?, // waits for it
-        6 => free(a, w, 1)?,
+        3 => w.free(a, 0)?,                       // an event on s1, pending
+        4 => w.malloc(a, 2, 4096)?,               // queries it
+        5 => a.empty_cache().map_err(text::<G>)?, // waits for it
+        6 => w.free(a, 1)?,
         7 => record(a, w, 2)?,
-        8 => free(a, w, 2)?,
-        9 => G::synchronize(&a.backend().inner, Some(w.s1))?,
-        10 => w.live[3] = Some(a.malloc(4096, s0).map_err(e)?), // finds it done
-        11 => a.set_memory_fraction(0.5).map_err(e)?,
-        12 => free(a, w, 3)?,
+        8 => w.free(a, 2)?,
+        9 => G::synchronize(&a.backend().inner, Some(s1))?,
+        10 => w.malloc(a, 3, 4096)?, // finds it done
+        11 => a.set_memory_fraction(0.5).map_err(text::<G>)?,
+        12 => w.free(a, 3)?,
         _ => {
-            a.release_all().map_err(e)?;
+            a.release_all().map_err(text::<G>)?;
         }
+    }
+    Ok(())
+}
+
+/// The steps of [`every_virtual_memory_call_can_fail`], with expandable
+/// segments on: a small and a large expandable segment (reservations and
+/// page maps), growth of the large one, frees, `empty_cache` (stream
+/// syncs, unmaps, reservations given back), a map again.
+fn vm_step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result<(), String> {
+    match k {
+        0 => w.malloc(a, 0, 4096)?,
+        1 => w.malloc(a, 1, 30 << 20)?,
+        2 => w.malloc(a, 2, 15 << 20)?, // grows the segment
+        3 => w.free(a, 1)?,
+        4 => a.empty_cache().map_err(text::<G>)?, // unmaps the page of [0, 20M)
+        5 => w.free(a, 0)?,
+        6 => w.free(a, 2)?,
+        7 => a.empty_cache().map_err(text::<G>)?, // unmaps all, releases both
+        _ => w.malloc(a, 1, 1 << 20)?,
     }
     Ok(())
 }
@@ -159,10 +192,58 @@ fn step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result<()
 /// allocator stays consistent, and after clearing the fault and tearing
 /// down, nothing leaks. Returns the number of calls covered.
 pub fn every_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
+    let calls = inject_everywhere::<G>(stub, fault_code, "", true, 14, step::<G>);
+    println!(
+        "{}: a failure at each of {calls} driver calls gave an error value",
+        G::NAME
+    );
+    calls
+}
+
+/// [`every_call_can_fail`] with expandable segments: a failure at every
+/// driver call (reservations, page creations, maps, access, unmaps,
+/// releases, stream syncs) gives an error value, leaves the allocator
+/// consistent, and after teardown the stub holds no reservation, physical
+/// allocation or mapping. Returns the number of calls covered.
+pub fn every_virtual_memory_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
+    let calls = inject_everywhere::<G>(
+        stub,
+        fault_code,
+        "expandable_segments:True",
+        false,
+        9,
+        vm_step::<G>,
+    );
+    println!(
+        "{}: with expandable segments, a failure at each of {calls} driver calls gave an error value",
+        G::NAME
+    );
+    calls
+}
+
+/// Run `steps` steps of a workload (`conf`; a second stream when
+/// `stream`) once without a fault, then once with a failure planted at each
+/// driver call it made; each run must end clean. The number of calls.
+fn inject_everywhere<G: GpuApi>(
+    stub: &Stub,
+    fault_code: i32,
+    conf: &str,
+    stream: bool,
+    steps: usize,
+    step: Step<G>,
+) -> u64 {
     let run = |fail_at: Option<u64>| -> Result<u64, String> {
-        let mut a = allocator::<G>();
+        let mut a: Alloc<G> = DeviceAllocator::with_events(
+            Logged::new(G::open(0)?),
+            vec![BlockSlot::VACANT; 256],
+            Config::parse(conf).map_err(|e| e.to_string())?,
+        );
         G::make_current(&a.backend().inner)?; // no switching, so every call counts
-        let s1 = G::create_stream(&a.backend().inner)?;
+        let s1 = if stream {
+            Some(G::create_stream(&a.backend().inner)?)
+        } else {
+            None
+        };
         let mut w = Workload::<G> {
             s1,
             live: [None; 4],
@@ -171,7 +252,7 @@ pub fn every_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
         if let Some(i) = fail_at {
             stub.fail(None, i, fault_code);
         }
-        for k in 0..STEPS {
+        for k in 0..steps {
             let before = stub.counters().injected;
             let r = step(&mut a, &mut w, k);
             if stub.counters().injected > before && r.is_ok() {
@@ -187,14 +268,17 @@ pub fn every_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
             G::synchronize(&b.inner, None).expect("synchronize")
         })?;
         let b = a.backend();
-        if b.held != 0 || b.event_creates != b.event_destroys {
+        if b.held != 0 || b.event_creates != b.event_destroys || b.reservations != 0 {
             return Err(format!(
-                "fault at {fail_at:?}: {} bytes and {} events left",
+                "fault at {fail_at:?}: {} bytes, {} events and {} reservations left",
                 b.held,
-                b.event_creates - b.event_destroys
+                b.event_creates - b.event_destroys,
+                b.reservations
             ));
         }
-        G::destroy_stream(&a.backend().inner, s1)?;
+        if let Some(s1) = s1 {
+            G::destroy_stream(&a.backend().inner, s1)?;
+        }
         drop(a);
         let c = stub.counters();
         if !c.clean() {
@@ -207,10 +291,6 @@ pub fn every_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
     for i in 0..calls {
         run(Some(i)).unwrap_or_else(|e| panic!("{e}"));
     }
-    println!(
-        "{}: a failure at each of {calls} driver calls gave an error value",
-        G::NAME
-    );
     calls
 }
 
@@ -310,6 +390,13 @@ macro_rules! stub_tests {
         fn stub_every_call_can_fail() {
             if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
                 $crate::stub_suite::every_call_can_fail::<$api>(&s, $unknown);
+            }
+        }
+
+        #[test]
+        fn stub_every_virtual_memory_call_can_fail() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_suite::every_virtual_memory_call_can_fail::<$api>(&s, $unknown);
             }
         }
 

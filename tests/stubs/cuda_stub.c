@@ -188,6 +188,80 @@ STUB_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
     return cu(stub_op_event("cuEventDestroy_v2", event, STUB_EVENT_DESTROY));
 }
 
+/* ------------------------------------------------ virtual memory (VMM) */
+
+typedef unsigned long long CUmemGenericAllocationHandle;
+/* CUmemAllocationProp and CUmemAccessDesc, as far as the stub reads them. */
+typedef struct {
+    int type;
+    int id;
+} CUmemLocation;
+typedef struct {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} CUmemAllocationProp;
+typedef struct {
+    CUmemLocation location;
+    int flags;
+} CUmemAccessDesc;
+
+STUB_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
+    return cu(stub_op_total_mem("cuDeviceTotalMem_v2", bytes, device));
+}
+
+STUB_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                   int option) {
+    (void)option;
+    return cu(stub_op_granularity("cuMemGetAllocationGranularity", granularity, prop,
+                                  prop ? prop->location.id : -1));
+}
+
+STUB_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                         unsigned long long flags) {
+    (void)alignment;
+    (void)addr;
+    (void)flags;
+    uint64_t out = 0;
+    stub_status s = stub_op_reserve("cuMemAddressReserve", ptr ? &out : NULL, size);
+    if (s == ST_OK) *ptr = out;
+    return cu(s);
+}
+
+STUB_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    return cu(stub_op_address_free("cuMemAddressFree", ptr, size));
+}
+
+STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                 const CUmemAllocationProp *prop, unsigned long long flags) {
+    (void)flags;
+    void *h = NULL;
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    stub_status s = stub_op_mem_create("cuMemCreate", handle ? &h : NULL, size, prop->location.id);
+    if (s == ST_OK) *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return cu(s);
+}
+
+STUB_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    return cu(stub_op_mem_release("cuMemRelease", (void *)(uintptr_t)handle));
+}
+
+STUB_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                              unsigned long long flags) {
+    (void)flags;
+    return cu(stub_op_mem_map("cuMemMap", ptr, size, offset, (void *)(uintptr_t)handle));
+}
+
+STUB_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    return cu(stub_op_set_access("cuMemSetAccess", ptr, size, desc, count));
+}
+
+STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    return cu(stub_op_mem_unmap("cuMemUnmap", ptr, size));
+}
+
 static const char *stub_cu_name(CUresult e) {
     switch (e) {
     case CUDA_SUCCESS: return "CUDA_SUCCESS";

@@ -143,6 +143,77 @@ STUB_EXPORT hipError_t hipEventDestroy(hipEvent_t event) {
     return hip(stub_op_event("hipEventDestroy", event, STUB_EVENT_DESTROY));
 }
 
+/* ------------------------------------------------ virtual memory (VMM) */
+
+typedef void *hipMemGenericAllocationHandle_t;
+/* hipMemAllocationProp and hipMemAccessDesc, as far as the stub reads them. */
+typedef struct {
+    int type;
+    int id;
+} hipMemLocation;
+typedef struct {
+    int type;
+    int requestedHandleType;
+    hipMemLocation location;
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} hipMemAllocationProp;
+typedef struct {
+    hipMemLocation location;
+    int flags;
+} hipMemAccessDesc;
+
+STUB_EXPORT hipError_t hipDeviceTotalMem(size_t *bytes, int device) {
+    return hip(stub_op_total_mem("hipDeviceTotalMem", bytes, device));
+}
+
+STUB_EXPORT hipError_t hipMemGetAllocationGranularity(size_t *granularity, const hipMemAllocationProp *prop,
+                                                      int option) {
+    (void)option;
+    return hip(stub_op_granularity("hipMemGetAllocationGranularity", granularity, prop,
+                                   prop ? prop->location.id : -1));
+}
+
+STUB_EXPORT hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr,
+                                            unsigned long long flags) {
+    (void)alignment;
+    (void)addr;
+    (void)flags;
+    uint64_t out = 0;
+    stub_status s = stub_op_reserve("hipMemAddressReserve", ptr ? &out : NULL, size);
+    if (s == ST_OK) *ptr = (void *)(uintptr_t)out;
+    return hip(s);
+}
+
+STUB_EXPORT hipError_t hipMemAddressFree(void *ptr, size_t size) {
+    return hip(stub_op_address_free("hipMemAddressFree", (uint64_t)(uintptr_t)ptr, size));
+}
+
+STUB_EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
+                                    const hipMemAllocationProp *prop, unsigned long long flags) {
+    (void)flags;
+    if (!prop) return hipErrorInvalidValue;
+    return hip(stub_op_mem_create("hipMemCreate", handle, size, prop->location.id));
+}
+
+STUB_EXPORT hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
+    return hip(stub_op_mem_release("hipMemRelease", handle));
+}
+
+STUB_EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
+                                 unsigned long long flags) {
+    (void)flags;
+    return hip(stub_op_mem_map("hipMemMap", (uint64_t)(uintptr_t)ptr, size, offset, handle));
+}
+
+STUB_EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const hipMemAccessDesc *desc, size_t count) {
+    return hip(stub_op_set_access("hipMemSetAccess", (uint64_t)(uintptr_t)ptr, size, desc, count));
+}
+
+STUB_EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
+    return hip(stub_op_mem_unmap("hipMemUnmap", (uint64_t)(uintptr_t)ptr, size));
+}
+
 STUB_EXPORT const char *hipGetErrorName(hipError_t error) {
     switch (error) {
     case hipSuccess: return "hipSuccess";

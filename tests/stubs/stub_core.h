@@ -11,6 +11,12 @@
  *   that stream, or its whole device, is synchronized, or the event itself;
  * - tombstones: a destroyed or freed handle stays known, so a second
  *   destroy or a later use gets the driver's error and is counted;
+ * - virtual memory (expandable segments): address-space reservations (no
+ *   capacity used), physical allocations of whole 2 MiB granules (counted
+ *   against the capacity), mapped into a reservation at granule-aligned
+ *   addresses, access set over mapped ranges only, unmapped, released; a
+ *   physical allocation's memory returns once it is both released and
+ *   unmapped; freeing a reservation with pages still mapped is an error;
  * - fault injection by call name (or any call) and index;
  * - counters of what is still alive, read through `cachealloc_stub_counters`.
  *
@@ -39,6 +45,8 @@
 #define STUB_STREAM_BASE 0x10000000ull
 #define STUB_EVENT_BASE 0x20000000ull
 #define STUB_CONTEXT_BASE 0x30000000ull
+#define STUB_PHYSICAL_BASE 0x40000000ull
+#define STUB_GRANULARITY (2ull << 20)
 #define STUB_HANDLE_STEP 0x10ull
 
 /* What the tests read back. Field order is the Rust side's `StubCounters`. */
@@ -51,6 +59,9 @@ typedef struct {
     uint64_t bad_handles;
     uint64_t calls;
     uint64_t injected;
+    uint64_t live_reservations;
+    uint64_t live_physical;
+    uint64_t live_mappings;
 } stub_counters;
 
 typedef struct {
@@ -62,6 +73,22 @@ typedef struct {
     int device, live;
     uint64_t epoch;
 } stub_stream;
+
+typedef struct {
+    uint64_t addr, size;
+    int device, live;
+} stub_reservation;
+
+typedef struct {
+    uint64_t size;
+    int device, released, mapped;
+} stub_physical;
+
+typedef struct {
+    uint64_t addr, size;
+    long physical;
+    int live, access;
+} stub_mapping;
 
 typedef struct {
     int live, recorded, done, device;
@@ -96,6 +123,12 @@ static stub_stream *stub_streams;
 static size_t stub_nstreams, stub_cap_streams;
 static stub_event *stub_events;
 static size_t stub_nevents, stub_cap_events;
+static stub_reservation *stub_reservations;
+static size_t stub_nreservations, stub_cap_reservations;
+static stub_physical *stub_physicals;
+static size_t stub_nphysicals, stub_cap_physicals;
+static stub_mapping *stub_mappings;
+static size_t stub_nmappings, stub_cap_mappings;
 static stub_fault stub_faults[64];
 static size_t stub_nfaults;
 static stub_call_count stub_call_counts[64];
@@ -126,6 +159,7 @@ static void stub_reset_locked(int devices, uint64_t capacity) {
     }
     stub_initialized = 0;
     stub_nallocs = stub_nstreams = stub_nevents = 0;
+    stub_nreservations = stub_nphysicals = stub_nmappings = 0;
     stub_nfaults = 0;
     stub_ncall_counts = 0;
     stub_calls = stub_injected = stub_bad_handles = 0;
@@ -281,6 +315,57 @@ static void stub_stream_sync_locked(long s) {
         stub_streams[s].epoch++;
     else
         stub_dev[-1 - s].default_epoch++;
+}
+
+/* --------------------------------------------------------- virtual memory */
+
+/* The live reservation holding [addr, addr + n), or -1. */
+static long stub_reservation_of(uint64_t addr, uint64_t n) {
+    for (size_t i = 0; i < stub_nreservations; i++) {
+        stub_reservation *r = &stub_reservations[i];
+        if (r->live && addr >= r->addr && addr - r->addr + n <= r->size) return (long)i;
+    }
+    return -1;
+}
+
+/* Whether a live mapping overlaps [addr, addr + n). */
+static int stub_mapped_overlap(uint64_t addr, uint64_t n) {
+    for (size_t i = 0; i < stub_nmappings; i++) {
+        stub_mapping *m = &stub_mappings[i];
+        if (m->live && m->addr < addr + n && addr < m->addr + m->size) return 1;
+    }
+    return 0;
+}
+
+/* Whether live mappings cover [addr, addr + n) exactly, each lying wholly
+ * inside it. */
+static int stub_mapped_exactly(uint64_t addr, uint64_t n) {
+    uint64_t covered = 0;
+    for (size_t i = 0; i < stub_nmappings; i++) {
+        stub_mapping *m = &stub_mappings[i];
+        if (!m->live || m->addr + m->size <= addr || addr + n <= m->addr) continue;
+        if (m->addr < addr || m->addr + m->size > addr + n) return 0;
+        covered += m->size;
+    }
+    return covered == n;
+}
+
+/* A physical allocation's memory goes back once released and unmapped. */
+static void stub_physical_settle(long p) {
+    stub_physical *ph = &stub_physicals[p];
+    if (ph->released && !ph->mapped && ph->size) {
+        stub_dev[ph->device].held -= ph->size;
+        ph->size = 0;
+    }
+}
+
+static long stub_physical_of(const void *h) {
+    long i = stub_index(h, STUB_PHYSICAL_BASE, stub_nphysicals);
+    if (i < 0 || stub_physicals[i].released) {
+        stub_bad_handles++;
+        return -1;
+    }
+    return i;
 }
 
 /* ------------------------------------------------------- entry points */
@@ -470,6 +555,144 @@ static stub_status stub_op_event(const char *name, void *event, stub_event_op op
     return stub_end(ST_OK);
 }
 
+/* The allocation granularity (2 MiB) of the device in `location`. */
+static stub_status stub_op_granularity(const char *name, size_t *out, const void *prop, int device) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (!out || !prop) return stub_end(ST_INVALID_VALUE);
+    if (device < 0 || device >= stub_devices) return stub_end(ST_INVALID_DEVICE);
+    *out = STUB_GRANULARITY;
+    return stub_end(ST_OK);
+}
+
+/* The device's total memory: its capacity (80 GiB when unlimited). */
+static stub_status stub_op_total_mem(const char *name, size_t *out, int device) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (!out) return stub_end(ST_INVALID_VALUE);
+    if (device < 0 || device >= stub_devices) return stub_end(ST_INVALID_DEVICE);
+    uint64_t cap = stub_dev[device].capacity;
+    *out = cap == UINT64_MAX ? (80ull << 30) : cap;
+    return stub_end(ST_OK);
+}
+
+/* Reserve `size` bytes of address space (a whole number of granules). */
+static stub_status stub_op_reserve(const char *name, uint64_t *out, uint64_t size) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!out || size == 0 || size % STUB_GRANULARITY) return stub_end(ST_INVALID_VALUE);
+    stub_device *d = &stub_dev[dev];
+    if (size > STUB_DEVICE_SPAN || d->next_addr + size > STUB_DEVICE_BASE + (uint64_t)(dev + 1) * STUB_DEVICE_SPAN)
+        return stub_end(ST_OUT_OF_MEMORY);
+    STUB_GROW(stub_reservations, stub_nreservations, stub_cap_reservations);
+    stub_reservations[stub_nreservations++] = (stub_reservation){d->next_addr, size, dev, 1};
+    *out = d->next_addr;
+    d->next_addr += size;
+    return stub_end(ST_OK);
+}
+
+/* Free a whole reservation with nothing mapped in it. */
+static stub_status stub_op_address_free(const char *name, uint64_t addr, uint64_t size) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    long i = stub_reservation_of(addr, size);
+    if (i < 0 || stub_reservations[i].addr != addr || stub_reservations[i].size != size ||
+        stub_mapped_overlap(addr, size)) {
+        stub_bad_handles++;
+        return stub_end(ST_INVALID_VALUE);
+    }
+    stub_reservations[i].live = 0;
+    return stub_end(ST_OK);
+}
+
+/* New physical memory of `size` bytes on `device`. */
+static stub_status stub_op_mem_create(const char *name, void **out, uint64_t size, int device) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (!out || size == 0 || size % STUB_GRANULARITY) return stub_end(ST_INVALID_VALUE);
+    if (device < 0 || device >= stub_devices) return stub_end(ST_INVALID_DEVICE);
+    stub_device *d = &stub_dev[device];
+    if (size > d->capacity - d->held) return stub_end(ST_OUT_OF_MEMORY);
+    STUB_GROW(stub_physicals, stub_nphysicals, stub_cap_physicals);
+    stub_physicals[stub_nphysicals] = (stub_physical){size, device, 0, 0};
+    d->held += size;
+    *out = stub_handle(STUB_PHYSICAL_BASE, stub_nphysicals++);
+    return stub_end(ST_OK);
+}
+
+static stub_status stub_op_mem_release(const char *name, void *handle) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    long p = stub_physical_of(handle);
+    if (p < 0) return stub_end(ST_INVALID_VALUE);
+    stub_physicals[p].released = 1;
+    stub_physical_settle(p);
+    return stub_end(ST_OK);
+}
+
+/* Map all of physical allocation `handle` at `addr` (inside a reservation,
+ * granule-aligned, over nothing mapped). */
+static stub_status stub_op_mem_map(const char *name, uint64_t addr, uint64_t size, uint64_t offset,
+                                   void *handle) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    long p = stub_physical_of(handle);
+    if (p < 0) return stub_end(ST_INVALID_VALUE);
+    stub_physical *ph = &stub_physicals[p];
+    if (offset != 0 || size != ph->size || ph->mapped || addr % STUB_GRANULARITY ||
+        stub_reservation_of(addr, size) < 0 || stub_mapped_overlap(addr, size)) {
+        stub_bad_handles++;
+        return stub_end(ST_INVALID_VALUE);
+    }
+    STUB_GROW(stub_mappings, stub_nmappings, stub_cap_mappings);
+    stub_mappings[stub_nmappings++] = (stub_mapping){addr, size, p, 1, 0};
+    ph->mapped = 1;
+    return stub_end(ST_OK);
+}
+
+/* Make [addr, addr + size), which mappings cover exactly, accessible. */
+static stub_status stub_op_set_access(const char *name, uint64_t addr, uint64_t size, const void *desc,
+                                      size_t count) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (!desc || count == 0 || !stub_mapped_exactly(addr, size)) {
+        stub_bad_handles++;
+        return stub_end(ST_INVALID_VALUE);
+    }
+    for (size_t i = 0; i < stub_nmappings; i++) {
+        stub_mapping *m = &stub_mappings[i];
+        if (m->live && m->addr >= addr && m->addr + m->size <= addr + size) m->access = 1;
+    }
+    return stub_end(ST_OK);
+}
+
+/* Unmap [addr, addr + size), which mappings cover exactly. */
+static stub_status stub_op_mem_unmap(const char *name, uint64_t addr, uint64_t size) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (size == 0 || !stub_mapped_exactly(addr, size)) {
+        stub_bad_handles++;
+        return stub_end(ST_INVALID_VALUE);
+    }
+    for (size_t i = 0; i < stub_nmappings; i++) {
+        stub_mapping *m = &stub_mappings[i];
+        if (m->live && m->addr >= addr && m->addr + m->size <= addr + size) {
+            m->live = 0;
+            stub_physicals[m->physical].mapped = 0;
+            stub_physical_settle(m->physical);
+        }
+    }
+    return stub_end(ST_OK);
+}
+
 /* ------------------------------------------------------------ control API */
 
 STUB_EXPORT void cachealloc_stub_reset(int devices, uint64_t capacity) {
@@ -526,6 +749,13 @@ STUB_EXPORT void cachealloc_stub_counters(stub_counters *out) {
     for (size_t i = 0; i < stub_nevents; i++) out->live_events += stub_events[i].live != 0;
     for (size_t i = 0; i < stub_nstreams; i++) out->live_streams += stub_streams[i].live != 0;
     for (int d = 0; d < STUB_MAX_DEVICES; d++) out->retained_contexts += stub_dev[d].ctx_refs;
+    for (size_t i = 0; i < stub_nreservations; i++) out->live_reservations += stub_reservations[i].live != 0;
+    for (size_t i = 0; i < stub_nphysicals; i++)
+        if (stub_physicals[i].size) {
+            out->live_physical++;
+            out->live_bytes += stub_physicals[i].size;
+        }
+    for (size_t i = 0; i < stub_nmappings; i++) out->live_mappings += stub_mappings[i].live != 0;
     out->bad_handles = stub_bad_handles;
     out->calls = stub_calls;
     out->injected = stub_injected;

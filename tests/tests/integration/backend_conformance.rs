@@ -14,7 +14,8 @@ fn mock_passes_the_backend_conformance_suite() {
         "every scenario applies to the mock: {:?}",
         r.skipped
     );
-    let scenarios = scenario::load_all(&data).unwrap().len();
+    let scenarios = scenario::load_all(&data).unwrap().len()
+        + scenario::load_suite(&data, "expandable").map_or(0, |v| v.len());
     let checks = backend_suite::device_checks::<MockHarness>().len();
     assert_eq!(r.passed.len(), checks + scenarios);
     backend_suite::run_and_report(&MockHarness, &data);
