@@ -38,9 +38,20 @@ pub fn replay_summary(r: &Report) {
         "  fragmentation   {:.3}  (peak reserved / peak live)",
         r.fragmentation()
     );
+    let expandable = cachealloc_core::Config::parse(&r.conf).is_ok_and(|c| c.expandable_segments);
     println!(
-        "  device mallocs  {}   frees {}",
+        "  {}  {}   {} {}",
+        if expandable {
+            "maps and mallocs"
+        } else {
+            "device mallocs"
+        },
         human::count(s.num_device_alloc as u64),
+        if expandable {
+            "unmaps and frees"
+        } else {
+            "frees"
+        },
         human::count(s.num_device_free as u64)
     );
     println!(

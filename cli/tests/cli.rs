@@ -527,3 +527,56 @@ fn a_captured_graph_shows_its_pool() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `replay --backend cuda|hip` (built with the `cuda` / `hip` features) on
+/// the project's stub drivers, with expandable segments: the real
+/// virtual-memory calls through the FFI give the same statistics as the
+/// simulated device. (`cargo test -p cachealloc-cli --features cuda,hip`;
+/// without the features there is nothing to run.)
+#[test]
+fn replay_on_the_stub_drivers_with_expandable_segments() {
+    let trace = bundled_testdata().join("traces/gpt2-train.jsonl.gz");
+    let trace = trace.to_str().unwrap();
+    let args = |backend: &'static str| {
+        vec![
+            "replay",
+            "--json",
+            "-q",
+            "--backend",
+            backend,
+            "--conf",
+            "expandable_segments:True",
+            trace,
+        ]
+    };
+    let mock = json_lines(&run(&args("mock")));
+    let mut kinds = Vec::new();
+    if cfg!(feature = "cuda") {
+        kinds.push(("cuda", cachealloc_tests::stub::StubKind::Cuda));
+    }
+    if cfg!(feature = "hip") {
+        kinds.push(("hip", cachealloc_tests::stub::StubKind::Hip));
+    }
+    for (backend, kind) in kinds {
+        let Some(dir) = kind.dir() else { return };
+        let out = bin()
+            .args(args(backend))
+            .env("LD_LIBRARY_PATH", &dir)
+            .output()
+            .expect("run cachealloc");
+        assert!(
+            out.status.success(),
+            "{backend}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let gpu = json_lines(&out);
+        let stats = |v: &[serde_json::Value]| v[0]["memory_stats"].clone();
+        assert_eq!(
+            stats(&gpu),
+            stats(&mock),
+            "{backend} on its stub vs the mock"
+        );
+        assert!(gpu[0]["memory_stats"]["num_device_alloc"].as_i64().unwrap() > 100);
+        println!("{backend} (stub): the statistics equal the simulated device's");
+    }
+}
