@@ -303,6 +303,26 @@ impl DeviceBackend for CudaBackend {
         )
     }
 
+    fn stream_wait_event(
+        &mut self,
+        stream: CudaStream,
+        event: &CudaEvent,
+    ) -> Result<(), CudaError> {
+        let _bound = self.bind()?;
+        // SAFETY: a live event from `event_create`, recorded; a stream of
+        // this context the caller keeps alive.
+        check(
+            unsafe {
+                result::stream::wait_event(
+                    stream.as_raw(),
+                    event.0,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            },
+            "cuStreamWaitEvent",
+        )
+    }
+
     fn event_destroy(&mut self, event: &CudaEvent) -> Result<(), CudaError> {
         let _bound = self.bind()?;
         // SAFETY: a live event from `event_create`; the allocator drops its

@@ -227,6 +227,16 @@ impl DeviceBackend for HipBackend {
         )
     }
 
+    fn stream_wait_event(&mut self, stream: HipStream, event: &HipEvent) -> Result<(), HipError> {
+        let _bound = self.bind()?;
+        // SAFETY: a live event from `event_create`, recorded; a stream of
+        // this device the caller keeps alive.
+        check(
+            unsafe { hip::hipStreamWaitEvent(stream.as_raw(), event.0, 0) },
+            "hipStreamWaitEvent",
+        )
+    }
+
     fn event_destroy(&mut self, event: &HipEvent) -> Result<(), HipError> {
         let _bound = self.bind()?;
         // SAFETY: a live event from `event_create`; the allocator drops its

@@ -37,11 +37,13 @@ pub enum CallKind {
     TotalMemory,
     /// `allocation_granularity`
     Granularity,
+    /// `stream_wait_event`
+    StreamWaitEvent,
 }
 
 impl CallKind {
     /// Every kind.
-    pub const ALL: [CallKind; 15] = [
+    pub const ALL: [CallKind; 16] = [
         CallKind::Malloc,
         CallKind::Free,
         CallKind::EventCreate,
@@ -57,6 +59,7 @@ impl CallKind {
         CallKind::StreamSynchronize,
         CallKind::TotalMemory,
         CallKind::Granularity,
+        CallKind::StreamWaitEvent,
     ];
 }
 
@@ -95,6 +98,8 @@ pub struct Counters {
     pub stream_synchronize: u64,
     /// `device_total_memory` and `allocation_granularity` calls.
     pub device_properties: u64,
+    /// `stream_wait_event` calls.
+    pub stream_wait_event: u64,
     /// All calls.
     pub total: u64,
 }
@@ -153,6 +158,7 @@ impl Calls {
             CallKind::Unmap => c.unmap += 1,
             CallKind::StreamSynchronize => c.stream_synchronize += 1,
             CallKind::TotalMemory | CallKind::Granularity => c.device_properties += 1,
+            CallKind::StreamWaitEvent => c.stream_wait_event += 1,
         }
         let nth = self.per_kind.entry(kind).or_insert(0);
         let this = *nth;

@@ -75,6 +75,11 @@ impl Streams {
         })
     }
 
+    /// The stream `e` was last recorded on (`None`: never recorded).
+    pub(crate) fn recorded_on(&mut self, e: &MockEvent) -> Result<Option<u64>, MockError> {
+        Ok(self.state(e)?.recorded.map(|r| r.0))
+    }
+
     pub(crate) fn wait(&mut self, e: &MockEvent) -> Result<(), MockError> {
         self.state(e)?.done = true;
         Ok(())

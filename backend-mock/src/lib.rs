@@ -115,6 +115,9 @@ pub struct MockDevice {
     clock: u64,
     /// Streams waited for by `synchronize_stream`, in order.
     stream_syncs: Vec<u64>,
+    /// Device-side waits (`stream_wait_event`): (the waiting stream, the
+    /// stream the event was recorded on), in order.
+    stream_waits: Vec<(u64, u64)>,
 }
 
 impl Default for MockDevice {
@@ -133,6 +136,7 @@ impl MockDevice {
             ordinal: 0,
             clock: 0,
             stream_syncs: Vec::new(),
+            stream_waits: Vec::new(),
         }
     }
 
@@ -224,6 +228,14 @@ impl MockDevice {
     /// from it that their work is done.
     pub fn stream_synchronizations(&self) -> &[u64] {
         &self.stream_syncs
+    }
+
+    /// The device-side waits made (`stream_wait_event`), in order: (the
+    /// stream that waits, the stream its event was recorded on). A test's
+    /// model of the streams learns from it that memory freed on the second
+    /// is safe on the first.
+    pub fn stream_waits(&self) -> &[(u64, u64)] {
+        &self.stream_waits
     }
 
     /// Call counters.
@@ -328,6 +340,18 @@ impl DeviceBackend for MockDevice {
     fn event_synchronize(&mut self, event: &MockEvent) -> Result<(), MockError> {
         self.call(CallKind::EventSynchronize)?;
         self.streams.wait(event)
+    }
+
+    /// Logged (see [`MockDevice::stream_waits`]); the simulated streams do
+    /// not run work, so nothing else changes.
+    fn stream_wait_event(&mut self, stream: u64, event: &MockEvent) -> Result<(), MockError> {
+        self.call(CallKind::StreamWaitEvent)?;
+        let on = self
+            .streams
+            .recorded_on(event)?
+            .ok_or(MockError::InvalidEvent)?;
+        self.stream_waits.push((stream, on));
+        Ok(())
     }
 
     fn event_destroy(&mut self, event: &MockEvent) -> Result<(), MockError> {

@@ -204,6 +204,21 @@ pub trait DeviceBackend {
         }
     }
 
+    /// Make `stream`'s work queued from now on wait, on the device, until
+    /// `event` has completed (`cuStreamWaitEvent`): how the compact policy
+    /// hands a block freed on one stream to another without the host
+    /// waiting. The wait takes the event as recorded now; the caller may
+    /// record it again afterwards. The provided one waits on the host
+    /// ([`event_synchronize`](Self::event_synchronize)), which is correct
+    /// but blocks.
+    fn stream_wait_event(
+        &mut self,
+        _stream: Self::Stream,
+        event: &Self::Event,
+    ) -> Result<(), Self::Error> {
+        self.event_synchronize(event)
+    }
+
     /// The device's ordinal, used in out-of-memory messages ("GPU 0 has ...").
     fn ordinal(&self) -> u32 {
         0

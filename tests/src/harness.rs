@@ -132,6 +132,9 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     fn event_synchronize(&mut self, event: &B::Event) -> Result<(), B::Error> {
         self.inner.event_synchronize(event)
     }
+    fn stream_wait_event(&mut self, stream: B::Stream, event: &B::Event) -> Result<(), B::Error> {
+        self.inner.stream_wait_event(stream, event)
+    }
     fn event_destroy(&mut self, event: &B::Event) -> Result<(), B::Error> {
         self.inner.event_destroy(event)?;
         self.event_destroys += 1;

@@ -176,6 +176,11 @@ STUB_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     return cu(stub_op_event_record("cuEventRecord", event, stream));
 }
 
+STUB_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    return cu(stub_op_stream_wait("cuStreamWaitEvent", stream, event));
+}
+
 STUB_EXPORT CUresult cuEventQuery(CUevent event) {
     return cu(stub_op_event("cuEventQuery", event, STUB_EVENT_QUERY));
 }

@@ -131,6 +131,11 @@ STUB_EXPORT hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream) {
     return hip(stub_op_event_record("hipEventRecord", event, stream));
 }
 
+STUB_EXPORT hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, unsigned flags) {
+    if (flags != 0) return hipErrorInvalidValue;
+    return hip(stub_op_stream_wait("hipStreamWaitEvent", stream, event));
+}
+
 STUB_EXPORT hipError_t hipEventQuery(hipEvent_t event) {
     return hip(stub_op_event("hipEventQuery", event, STUB_EVENT_QUERY));
 }

@@ -537,6 +537,19 @@ static stub_status stub_op_event_record(const char *name, void *event, void *str
     return stub_end(ST_OK);
 }
 
+/* Make `stream` wait for `event` on the device: both must be live and of
+ * one device. (The stub runs no work, so the wait changes nothing else.) */
+static stub_status stub_op_stream_wait(const char *name, void *stream, void *event) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    long e = stub_event_of(event);
+    long s = stub_stream_of(stream, dev);
+    if (e < 0 || s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    int sdev = s >= 0 ? stub_streams[s].device : dev;
+    if (stub_events[e].device != sdev) return stub_end(ST_BAD_HANDLE);
+    return stub_end(ST_OK);
+}
+
 /* What an event-only entry point does with a live event. */
 typedef enum { STUB_EVENT_QUERY, STUB_EVENT_SYNCHRONIZE, STUB_EVENT_DESTROY } stub_event_op;
 
