@@ -1,6 +1,7 @@
 //! A loop of cache-hit malloc+free pairs, for `valgrind --tool=callgrind`
 //! (repeatable instruction counts): `cargo build --release -p cachealloc-core
-//! --example pair_loop && valgrind --tool=callgrind target/release/examples/pair_loop 1000000`.
+//! --example pair_loop && valgrind --tool=callgrind target/release/examples/pair_loop 1000000 [CONF]`
+//! (CONF: a config string, e.g. `policy:compact`).
 
 use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
 use cachealloc_mock::MockDevice;
@@ -11,10 +12,12 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
+    let conf = std::env::args().nth(2).unwrap_or_default();
+    let config = Config::parse(&conf).expect("a config string");
     let mut a: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64> = DeviceAllocator::new(
         MockDevice::unlimited(),
         vec![BlockSlot::VACANT; 4096].into_boxed_slice(),
-        Config::DEFAULT,
+        config,
     );
     let _keep = a.malloc(4096, 0).expect("warm-up");
     for i in 0..n {

@@ -40,6 +40,38 @@ pub struct Config {
     /// Whether the string set `expandable_segments` (PyTorch's settings
     /// parser keeps the previous value when a new string does not).
     pub(crate) expandable_mentioned: bool,
+    /// Whether the string set `policy` (a new string that does not keeps the
+    /// policy in force, so PyTorch's own settings strings cannot turn it off).
+    pub(crate) policy_mentioned: bool,
+    /// The placement policy (`policy:pytorch`, the default, or
+    /// `policy:compact`; a key of ours, not PyTorch's).
+    pub policy: Policy,
+}
+
+/// Where new memory comes from and which cached blocks a request may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Policy {
+    /// PyTorch's, exactly (with or without expandable segments).
+    #[default]
+    PyTorch,
+    /// Needs little more than the live bytes: every request is served from
+    /// one expandable segment per pool kind with 2 MiB pages; before pages
+    /// are mapped, free whole pages elsewhere are unmapped; a stream with no
+    /// cached block that fits takes one freed on another stream (its stream
+    /// waits on an event of the other, on the device). Needs a backend with
+    /// virtual memory.
+    Compact,
+}
+
+impl Policy {
+    /// Its name in a config string.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Policy::PyTorch => "pytorch",
+            Policy::Compact => "compact",
+        }
+    }
 }
 
 impl Default for Config {
@@ -81,7 +113,22 @@ impl Config {
         release_lock_on_malloc: false,
         expandable_segments: false,
         expandable_mentioned: false,
+        policy_mentioned: false,
+        policy: Policy::PyTorch,
     };
+
+    /// Whether new memory comes from pages mapped into expandable segments
+    /// (expandable segments, or the compact policy).
+    #[inline]
+    pub const fn maps_pages(&self) -> bool {
+        self.expandable_segments || matches!(self.policy, Policy::Compact)
+    }
+
+    /// Whether the compact policy is in force.
+    #[inline]
+    pub const fn compact(&self) -> bool {
+        matches!(self.policy, Policy::Compact)
+    }
 
     /// Parse a `key:value,key:value` string. Options not mentioned take their
     /// defaults (like PyTorch's `_set_allocator_settings`). Spaces are ignored.
@@ -130,6 +177,14 @@ impl Config {
                 }
                 "roundup_power2_divisions" => {
                     c.roundup_power2_divisions = parse_divisions(value).map_err(err)?;
+                }
+                "policy" => {
+                    c.policy = match value {
+                        "pytorch" | "PyTorch" => Policy::PyTorch,
+                        "compact" => Policy::Compact,
+                        _ => return Err(err("expected pytorch or compact")),
+                    };
+                    c.policy_mentioned = true;
                 }
                 "expandable_segments" => {
                     c.expandable_segments = match value {
@@ -300,6 +355,10 @@ impl fmt::Display for Config {
                 "False"
             };
             write!(f, "{sep}expandable_segments:{v}")?;
+            sep = ",";
+        }
+        if self.policy_mentioned || self.policy != Policy::PyTorch {
+            write!(f, "{sep}policy:{}", self.policy.name())?;
         }
         Ok(())
     }
@@ -335,6 +394,7 @@ mod tests {
             ("roundup_power2_divisions:3", "roundup_power2_divisions"),
             ("nonsense:1", "nonsense"),
             ("expandable_segments:Yes", "expandable_segments"),
+            ("policy:tight", "policy"),
             ("max_split_size_mb", "max_split_size_mb"),
         ] {
             assert_eq!(Config::parse(s).unwrap_err().key, key, "{s}");
@@ -350,6 +410,7 @@ mod tests {
             "roundup_power2_divisions:[64:8,>:2],max_split_size_mb:128,release_lock_on_cudamalloc:True",
             "expandable_segments:True,max_split_size_mb:40",
             "expandable_segments:False",
+            "policy:compact,max_split_size_mb:64",
         ] {
             let c = Config::parse(s).unwrap();
             let text = format!("{c}");

@@ -156,6 +156,27 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
         Ok(())
     }
 
+    /// Hand memory freed on `from` to `to` (the compact policy's
+    /// cross-stream reuse): record an event on `from` and make `to` wait for
+    /// it on the device; the event goes back to the idle ones at once (the
+    /// wait took it as recorded). On failure nothing changes.
+    pub(crate) fn hand_over(
+        &mut self,
+        backend: &mut B,
+        from: B::Stream,
+        to: B::Stream,
+    ) -> Res<(), B> {
+        let event = match self.idle.pop() {
+            Some(ev) => ev,
+            None => backend.event_create().map_err(Error::Backend)?,
+        };
+        let r = backend
+            .event_record(&event, from)
+            .and_then(|()| backend.stream_wait_event(to, &event));
+        self.recycle(backend, event);
+        r.map_err(Error::Backend)
+    }
+
     /// Drop the events queued after the first `len` and the queues created
     /// after the first `queues`.
     fn unwind(&mut self, backend: &mut B, len: usize, queues: usize) {

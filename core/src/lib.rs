@@ -92,7 +92,7 @@ pub use allocator::{
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, Policy};
 pub use error::{Error, OomReport};
 pub use history::{
     History, HistoryEntries, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceAction,

@@ -113,7 +113,7 @@ pub fn should_split(pool: Pool, block_size: u64, rounded: u64, config: &Config) 
     let remaining = block_size.saturating_sub(rounded);
     match pool {
         Pool::Small => remaining >= MIN_BLOCK_SIZE,
-        Pool::Large if config.expandable_segments => remaining >= MIN_BLOCK_SIZE,
+        Pool::Large if config.maps_pages() => remaining >= MIN_BLOCK_SIZE,
         Pool::Large => rounded < config.max_split_size && remaining > SMALL_SIZE,
     }
 }

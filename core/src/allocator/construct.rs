@@ -96,6 +96,9 @@ where
             routes: heapless::Vec::new(),
             captures: 0,
             deferred: Deferred::EMPTY,
+            compact: super::compact::CompactHeads::NONE,
+            handovers: 0,
+            reserved_high: 0,
         }
     }
 }

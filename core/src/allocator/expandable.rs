@@ -16,6 +16,7 @@
 //! unmaps count as `num_device_free`; `segment`, `oversize_segments` and the
 //! `inactive_split` statistics never see expandable blocks.
 
+use super::compact::{ANY_STREAM, COMPACT_PAGE};
 use super::{DeviceAllocator, Res};
 use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr, VmError};
@@ -56,7 +57,14 @@ where
         size: u64,
     ) -> Res<u32, B> {
         if !B::VIRTUAL_MEMORY {
-            return Err(unsupported::<B>(WHAT));
+            return Err(unsupported::<B>(if self.config.compact() {
+                "the compact policy (policy:compact)"
+            } else {
+                WHAT
+            }));
+        }
+        if self.config.compact() {
+            return self.alloc_compact(owner, pool, skey, size);
         }
         self.try_allocate_expandable_block(owner, pool, skey, size)
     }
@@ -74,12 +82,20 @@ where
         skey: u64,
         size: u64,
     ) -> Res<u32, B> {
-        let mut c = self.find_expandable_block(owner, pool, skey, size)?;
+        let c = self.find_expandable_block(owner, pool, skey, size)?;
+        self.grow_into(c, size, skey)
+    }
+
+    /// The second half of `try_allocate_expandable_block`: map the unmapped
+    /// blocks of the place found at `c` until the cached block there holds
+    /// `size` bytes for stream `skey`; that block, or `NIL` (no place, or a
+    /// map failed for lack of memory).
+    pub(super) fn grow_into(&mut self, mut c: u32, size: u64, skey: u64) -> Res<u32, B> {
         if c == NIL {
             return Ok(NIL);
         }
         if self.slot(c).has(Flags::UNMAPPED) {
-            c = self.map_block(c, self.slot(c).size.min(size))?;
+            c = self.map_block(c, self.slot(c).size.min(size), skey)?;
             if c == NIL {
                 return Ok(NIL);
             }
@@ -94,7 +110,7 @@ where
                 // here (PyTorch dereferences a null block): no room.
                 return Ok(NIL);
             }
-            c = self.map_block(n, remaining.min(self.slot(n).size))?;
+            c = self.map_block(n, remaining.min(self.slot(n).size), skey)?;
             if c == NIL {
                 return Ok(NIL);
             }
@@ -155,10 +171,26 @@ where
     /// bytes of address space (`total`: the device's memory), one unmapped
     /// block. `NIL` when the device refuses the reservation.
     fn reserve_expandable_segment(&mut self, owner: u8, pool: Pool, skey: u64) -> Res<u32, B> {
+        self.reserve_segment(owner, pool, skey, page_size(pool), |total| {
+            total.saturating_add(total / 8)
+        })
+    }
+
+    /// Reserve address space for an expandable segment with pages of `page`
+    /// bytes and room for `span(total)` bytes (whole pages), as one unmapped
+    /// block of stream key `skey`; its head slot, or `NIL` when the device
+    /// refuses the reservation.
+    pub(super) fn reserve_segment(
+        &mut self,
+        owner: u8,
+        pool: Pool,
+        skey: u64,
+        page: u64,
+        span: fn(u64) -> u64,
+    ) -> Res<u32, B> {
         if self.arena.available() == 0 {
             return Err(self.exhausted());
         }
-        let page = page_size(pool);
         let granularity = self
             .backend
             .allocation_granularity()
@@ -169,8 +201,7 @@ where
             ));
         }
         let total = self.backend.device_total_memory().map_err(Error::Backend)?;
-        let pages = total.saturating_add(total / 8).div_ceil(page);
-        let size = pages.saturating_mul(page);
+        let size = span(total).div_ceil(page).saturating_mul(page);
         if size == 0 {
             return Ok(NIL);
         }
@@ -201,21 +232,32 @@ where
     }
 
     /// The base address and page size of the expandable segment of block `i`.
-    fn reservation_of(&self, i: u32) -> (u64, u64) {
+    pub(super) fn reservation_of(&self, i: u32) -> (u64, u64) {
         let slots = self.arena.slots();
         let s = &slots[i as usize];
         let h = self.segments.floor(slots, s.addr);
         let base = slots.get(h as usize).map_or(s.addr, |h| h.addr);
-        (base, page_size(Pool::of(s.flags)))
+        (base, self.page_of(h, Pool::of(s.flags)))
+    }
+
+    /// The page size of the expandable segment whose head is `h`: 2 MiB in
+    /// the compact policy's segments, else the pool's (PyTorch's).
+    pub(super) fn page_of(&self, h: u32, pool: Pool) -> u64 {
+        if self.is_compact_head(h) {
+            COMPACT_PAGE
+        } else {
+            page_size(pool)
+        }
     }
 
     /// `map_block`: back the low `size` bytes of unmapped block `i`, rounded
-    /// up to whole pages, with memory; the rest stays unmapped. The mapped
-    /// block merges with the free blocks around it; the cached result is
-    /// returned, or `NIL` when the device has no room (nothing changes).
-    fn map_block(&mut self, i: u32, size: u64) -> Res<u32, B> {
+    /// up to whole pages, with memory, for stream `stream`; the rest stays
+    /// unmapped. The mapped block merges with the free blocks of its stream
+    /// around it; the cached result is returned, or `NIL` when the device
+    /// has no room (nothing changes).
+    fn map_block(&mut self, i: u32, size: u64, stream: u64) -> Res<u32, B> {
         let (base, page) = self.reservation_of(i);
-        let (addr, bsize, stream, pool, owner) = {
+        let (addr, bsize, ustream, pool, owner) = {
             let s = self.slot(i);
             (s.addr, s.size, s.stream, Pool::of(s.flags), s.owner)
         };
@@ -235,14 +277,16 @@ where
         }
         block_pool_mut(&mut self.pools, &mut self.private, owner, pool)
             .remove_unmapped(self.arena.slots_mut(), i);
-        self.slot_mut(i).flags.remove(Flags::UNMAPPED);
+        let s = self.slot_mut(i);
+        s.flags.remove(Flags::UNMAPPED);
+        s.stream = stream;
         if mapped < bsize {
             let r = self.arena.alloc().unwrap_or(NIL);
             let next = self.slot(i).next;
             let rs = self.slot_mut(r);
             rs.addr = addr + mapped;
             rs.size = bsize - mapped;
-            rs.stream = stream;
+            rs.stream = ustream;
             rs.owner = owner;
             rs.flags
                 .insert(pool.flag() | Flags::EXPANDABLE | Flags::UNMAPPED);
@@ -260,6 +304,7 @@ where
         let b = self.merge_cached_neighbours(i);
         self.cache_insert(b);
         self.total_allocated_memory += mapped;
+        self.reserved_high = self.reserved_high.max(self.total_allocated_memory);
         self.stats.reserved_bytes.increase(pool, mapped);
         self.stats.num_device_alloc += 1;
         if let Some(p) = self.private.get_mut(owner) {
@@ -270,20 +315,21 @@ where
         Ok(b)
     }
 
-    /// Merge block `i` (not cached) with the cached blocks on either side;
-    /// the lowest slot survives and carries `i`'s last request. Returns the
-    /// surviving slot.
-    fn merge_cached_neighbours(&mut self, i: u32) -> u32 {
-        let requested = self.slot(i).requested;
+    /// Merge block `i` (not cached) with the cached blocks of its stream on
+    /// either side; the lowest slot survives and carries `i`'s last request.
+    /// Returns the surviving slot.
+    pub(super) fn merge_cached_neighbours(&mut self, i: u32) -> u32 {
+        let (requested, stream) = (self.slot(i).requested, self.slot(i).stream);
+        let mergeable = |s: &BlockSlot| s.has(Flags::CACHED) && s.stream == stream;
         let mut b = i;
         let p = self.slot(i).prev;
-        if p != NIL && self.slot(p).has(Flags::CACHED) {
+        if p != NIL && mergeable(self.slot(p)) {
             self.cache_remove(p);
             self.absorb_next(p);
             b = p;
         }
         let n = self.slot(b).next;
-        if n != NIL && self.slot(n).has(Flags::CACHED) {
+        if n != NIL && mergeable(self.slot(n)) {
             self.cache_remove(n);
             self.absorb_next(b);
         }
@@ -296,7 +342,7 @@ where
     /// and after them stay cached (slot `i` keeps the lowest piece), the
     /// unmapped range merges with unmapped neighbours. Returns the unmapped
     /// block, or `NIL` when no whole page lies inside `i`.
-    fn unmap_block(&mut self, i: u32) -> Res<u32, B> {
+    pub(super) fn unmap_block(&mut self, i: u32) -> Res<u32, B> {
         let (base, page) = self.reservation_of(i);
         let (addr, size, stream, pool, owner, requested) = {
             let s = self.slot(i);
@@ -339,13 +385,19 @@ where
             self.slot_mut(i).size = usize;
             i
         };
+        let compact = self.is_compact_reservation(u);
         {
             let s = self.slot_mut(u);
             s.flags.insert(Flags::UNMAPPED);
             s.requested = requested;
+            if compact {
+                // Address space of the compact segment belongs to no stream.
+                s.stream = ANY_STREAM;
+            }
         }
         if after > 0 {
             let a = self.new_piece(u, ustart + usize, after);
+            self.slot_mut(a).stream = stream;
             self.cache_insert(a);
         }
         let u = self.merge_unmapped_neighbours(u, owner, pool);
@@ -409,7 +461,7 @@ where
 
     /// `release_expandable_segment`: give back the reservation of a segment
     /// that is one unmapped block `u`.
-    fn release_expandable_segment(&mut self, u: u32) -> Res<(), B> {
+    pub(super) fn release_expandable_segment(&mut self, u: u32) -> Res<(), B> {
         let (addr, size, pool, owner) = {
             let s = self.slot(u);
             (s.addr, s.size, Pool::of(s.flags), s.owner)
@@ -423,6 +475,7 @@ where
         if let Some(p) = self.private.get_mut(owner) {
             p.segments -= 1;
         }
+        self.forget_compact_head(u);
         self.arena.release(u);
         Ok(())
     }
@@ -433,6 +486,7 @@ where
     /// (Pieces an unmap leaves cached hold no whole page: visiting them
     /// later in the walk changes nothing.)
     pub(super) fn unmap_cached_expandable(&mut self, owner: u8, pool: Pool) -> Res<(), B> {
+        self.coalesce_compact(owner, pool)?;
         let mut cur = self.next_cached(owner, pool, None);
         while cur != NIL {
             let key = self.key_of(cur);
@@ -488,7 +542,7 @@ where
             let s = &slots[i as usize];
             (s.stream, s.size, s.addr)
         };
-        if self.config.expandable_segments {
+        if self.config.maps_pages() {
             let grown = |i: u32| {
                 let s = &slots[i as usize];
                 let tail = slots
@@ -519,7 +573,7 @@ where
     }
 
     /// Metadata ran out.
-    fn exhausted(&self) -> Error<B::Error> {
+    pub(super) fn exhausted(&self) -> Error<B::Error> {
         Error::MetadataExhausted {
             capacity: self.arena.capacity(),
         }
@@ -527,7 +581,7 @@ where
 }
 
 /// The error of a backend that cannot do `what`.
-fn unsupported<B: DeviceBackend>(what: &'static str) -> Error<B::Error> {
+pub(super) fn unsupported<B: DeviceBackend>(what: &'static str) -> Error<B::Error> {
     Error::Unsupported {
         what,
         backend: B::NAME,
@@ -535,7 +589,7 @@ fn unsupported<B: DeviceBackend>(what: &'static str) -> Error<B::Error> {
 }
 
 /// A failed virtual-memory call as the allocator reports it.
-fn vm_error<B: DeviceBackend>(e: VmError<B::Error>) -> Error<B::Error> {
+pub(super) fn vm_error<B: DeviceBackend>(e: VmError<B::Error>) -> Error<B::Error> {
     match e {
         VmError::Unsupported => unsupported::<B>(WHAT),
         VmError::OutOfMemory => Error::BackendContract {

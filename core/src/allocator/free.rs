@@ -95,7 +95,10 @@ where
         let mut net_bytes = 0i64;
         let mut b = i;
         let p = self.slot(i).prev;
-        if p != NIL && self.slot(p).has(Flags::CACHED) {
+        // Blocks of one segment share a stream, except in the compact
+        // policy's segments, where only free blocks of one stream merge.
+        let stream = self.slot(i).stream;
+        if p != NIL && self.slot(p).has(Flags::CACHED) && self.slot(p).stream == stream {
             net_bytes -= self.slot(p).size as i64;
             self.cache_remove(p);
             self.absorb_next(p);
@@ -104,7 +107,7 @@ where
             net_blocks -= 1;
         }
         let n = self.slot(b).next;
-        if n != NIL && self.slot(n).has(Flags::CACHED) {
+        if n != NIL && self.slot(n).has(Flags::CACHED) && self.slot(n).stream == stream {
             net_bytes -= self.slot(n).size as i64;
             self.cache_remove(n);
             self.absorb_next(b);
@@ -147,11 +150,14 @@ where
     /// never move (`i` has a predecessor). Whether it merged.
     pub(super) fn try_merge_in_place(&mut self, i: u32) -> bool {
         let (p, n) = (self.slot(i).prev, self.slot(i).next);
-        if p == NIL || self.slot(p).has(Flags::CACHED) || n == NIL {
+        if p == NIL
+            || (self.slot(p).has(Flags::CACHED) && self.slot(p).stream == self.slot(i).stream)
+            || n == NIL
+        {
             return false;
         }
         let t = self.slot(n);
-        if !t.has(Flags::CACHED) {
+        if !t.has(Flags::CACHED) || t.stream != self.slot(i).stream {
             return false;
         }
         let (pool, orig_size, requested, expandable) = {

@@ -3,6 +3,7 @@
 //! event queue), then one walk over every segment's blocks re-derives what
 //! they must agree on, and every `current` statistic is recounted.
 
+use super::compact::ANY_STREAM;
 use super::DeviceAllocator;
 use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::DeviceBackend;
@@ -40,6 +41,10 @@ struct Cursor {
     addr: u64,
     prev: u32,
     prev_cached: bool,
+    /// The previous block's stream.
+    prev_stream: u64,
+    /// A compact-policy segment: blocks of several streams.
+    compact: bool,
     /// Expandable segments: the reservation's base and page size.
     expandable: Option<(u64, u64)>,
     prev_unmapped: bool,
@@ -69,6 +74,8 @@ where
         self.private.verify(slots, hw)?;
         self.live.verify(slots, hw)?;
         self.events.verify(slots, hw)?;
+        // First: the walk trusts the table to tell compact segments apart.
+        self.check_compact_heads()?;
         let t = self.walk_segments()?;
         self.check_pools(&t)?;
         expect(
@@ -98,6 +105,31 @@ where
             self.live.len() as i64,
         )?;
         self.compare_stats(&t.stats)
+    }
+
+    /// Each compact segment named in the table is the head of a held
+    /// expandable segment of that owner and pool kind.
+    fn check_compact_heads(&self) -> Result<(), InvariantViolation> {
+        let slots = self.arena.slots();
+        for (owner, pool, h) in self.compact.entries() {
+            if h == NIL {
+                continue;
+            }
+            let ok = slots.get(h as usize).is_some_and(|s| {
+                s.has(Flags::IN_USE)
+                    && s.has(Flags::EXPANDABLE)
+                    && s.prev == NIL
+                    && s.owner == owner
+                    && Pool::of(s.flags) == pool
+                    && self.segments.containing(slots, s.addr) == h
+            });
+            ensure(
+                ok,
+                "compact segment: the table names a slot that is not such a segment's head",
+                Some(h),
+            )?;
+        }
+        Ok(())
     }
 
     /// The private pools agree with their blocks: each pool's free indexes
@@ -227,7 +259,8 @@ where
         let head = self.slot(h);
         let pool = Pool::of(head.flags);
         let expandable = head.has(Flags::EXPANDABLE);
-        let page = super::expandable::page_size(pool);
+        let page = self.page_of(h, pool);
+        let compact = self.is_compact_head(h);
         ensure(
             !expandable || head.seg_size % page == 0,
             "expandable segment: not a whole number of pages",
@@ -265,6 +298,8 @@ where
             addr: head.addr,
             prev: NIL,
             prev_cached: false,
+            prev_stream: head.stream,
+            compact,
             expandable: expandable.then_some((head.addr, page)),
             prev_unmapped: false,
         };
@@ -285,12 +320,14 @@ where
                 0,
                 1,
             ))?;
-            expect(
-                "block state: stream != its segment's stream",
-                Some(cur),
-                head.stream as i64,
-                b.stream as i64,
-            )?;
+            if !compact {
+                expect(
+                    "block state: stream != its segment's stream",
+                    Some(cur),
+                    head.stream as i64,
+                    b.stream as i64,
+                )?;
+            }
             self.check_block(cur, b, &mut c, t)?;
             c.addr = c.addr.wrapping_add(b.size);
             c.prev = cur;
@@ -374,11 +411,17 @@ where
             Some(i),
         )?;
         ensure(
-            !(cached && c.prev_cached),
+            !(cached && c.prev_cached && c.prev_stream == b.stream),
             "two adjacent cached blocks (missed merge)",
             Some(i),
         )?;
         c.prev_cached = cached;
+        c.prev_stream = b.stream;
+        ensure(
+            !c.compact || b.stream != ANY_STREAM,
+            "compact segment: a mapped block of no stream",
+            Some(i),
+        )?;
         let (pool, st) = (c.pool, &mut t.stats);
         if c.expandable.is_some() {
             st.reserved_bytes.increase(pool, b.size);
@@ -464,6 +507,11 @@ where
         }
         c.prev_unmapped = true;
         c.prev_cached = false;
+        ensure(
+            !c.compact || b.stream == ANY_STREAM,
+            "compact segment: an unmapped block of a stream",
+            Some(i),
+        )?;
         Ok(())
     }
 

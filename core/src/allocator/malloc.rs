@@ -49,7 +49,7 @@ where
             .ok_or(Error::SizeOverflow { requested: orig })?;
         let alloc_size =
             policy::allocation_size(size).ok_or(Error::SizeOverflow { requested: orig })?;
-        let pool = policy::pool_for(size);
+        let mut pool = policy::pool_for(size);
         let owner = self.route(stream);
         let skey: u64 = stream.into();
 
@@ -57,6 +57,9 @@ where
         if found == NIL && !self.callbacks.is_empty() && self.trigger_free_memory_callbacks() {
             self.reserve_slots()?;
             found = self.get_free_block(owner, pool, skey, size);
+        }
+        if found == NIL && self.config.compact() {
+            (found, pool) = self.compact_fallbacks(owner, pool, skey, size)?;
         }
         if found == NIL {
             if self.gc_enabled() {
@@ -129,14 +132,20 @@ where
                 return NIL;
             }
         }
-        let s = &slots[b as usize];
-        let mss = self.config.max_split_size;
-        if (size < mss && s.size >= mss)
-            || (size >= mss && s.size >= size.saturating_add(self.config.max_non_split_rounding))
-        {
+        if self.refuses_oversize(size, slots[b as usize].size) {
             return NIL;
         }
         b
+    }
+
+    /// PyTorch's oversize rules: a request below `max_split_size` takes no
+    /// block at or above it, and one at or above it takes no block
+    /// `max_non_split_rounding` bytes or more larger than itself.
+    #[inline]
+    pub(super) fn refuses_oversize(&self, size: u64, block: u64) -> bool {
+        let mss = self.config.max_split_size;
+        (size < mss && block >= mss)
+            || (size >= mss && block >= size.saturating_add(self.config.max_non_split_rounding))
     }
 
     /// Run every free-memory callback; whether any freed something.
@@ -173,7 +182,7 @@ where
         {
             return Ok(NIL);
         }
-        if self.config.expandable_segments {
+        if self.config.maps_pages() {
             return self.alloc_expandable(owner, pool, skey, size);
         }
         if self.arena.available() == 0 {

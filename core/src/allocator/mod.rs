@@ -10,6 +10,7 @@
 
 mod capture;
 mod checkpoint;
+mod compact;
 pub use checkpoint::{CheckpointBlock, RestoreCounts};
 mod construct;
 mod expandable;
@@ -175,6 +176,13 @@ pub struct DeviceAllocator<
     /// Blocks freed during a capture, waiting for it to end (linked
     /// through `hash_next`, oldest first).
     deferred: Deferred,
+    /// The compact policy's segments.
+    compact: compact::CompactHeads<P>,
+    /// Cached blocks handed from one stream to another (compact policy).
+    handovers: u64,
+    /// The most pages were ever mapped at once (bytes; the compact policy
+    /// reclaims free pages only to stay under it).
+    reserved_high: u64,
 }
 
 /// The list of deferred blocks.
@@ -286,12 +294,18 @@ where
     }
 
     /// Replace the policy (like `_set_allocator_settings`; the
-    /// `max_split_size` statistic keeps its value from creation, as in PyTorch).
+    /// `max_split_size` statistic keeps its value from creation, as in PyTorch;
+    /// a string that does not mention `expandable_segments` or `policy` keeps
+    /// the one in force).
     pub fn set_config(&mut self, mut config: Config) {
         if !config.expandable_mentioned {
             // PyTorch's parser resets every knob a new string leaves out,
             // except this one.
             config.expandable_segments = self.config.expandable_segments;
+        }
+        if !config.policy_mentioned {
+            // Ours does the same for the policy.
+            config.policy = self.config.policy;
         }
         self.config = config;
     }
@@ -421,6 +435,12 @@ where
     /// Live allocations.
     pub fn live_allocations(&self) -> u32 {
         self.live.len()
+    }
+
+    /// Cached blocks the compact policy handed from the stream that freed
+    /// them to another (each an event record and a device-side wait).
+    pub fn stream_handovers(&self) -> u64 {
+        self.handovers
     }
 
     /// Pending end-of-life events.

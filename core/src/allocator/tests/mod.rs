@@ -1,8 +1,9 @@
 //! Unit tests of the allocator's internals: the invariant checker is shown
 //! to fail on each kind of corruption (`corruption.rs`, `pool_corruption.rs`,
-//! `expandable_corruption.rs`), and each branch of
+//! `expandable_corruption.rs`, `compact_corruption.rs`), and each branch of
 //! the in-place split and merge fast paths is taken (`fast_paths.rs`).
 
+mod compact_corruption;
 mod corruption;
 mod expandable_corruption;
 mod fast_paths;
