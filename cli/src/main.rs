@@ -1,4 +1,5 @@
-//! `cachealloc`: replay, compare, plot, check and import allocation traces.
+//! `cachealloc`: replay, compare, plot, check, import and generate
+//! allocation traces.
 
 mod backend;
 mod cmd;
@@ -31,6 +32,8 @@ enum Command {
     Check(cmd::check::CheckArgs),
     /// Turn a PyTorch memory snapshot with its history into a trace.
     Import(cmd::import::ImportArgs),
+    /// Write a synthetic trace (a training loop on a new stream every step).
+    Generate(cmd::generate::GenerateArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(cmd::completions::CompletionsArgs),
 }
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Plot(a) => a.run(),
         Command::Check(a) => a.run(),
         Command::Import(a) => a.run(),
+        Command::Generate(a) => a.run(),
         Command::Completions(a) => a.run::<Cli>(),
     };
     ExitCode::from(status)

@@ -95,23 +95,34 @@ pub struct CompareRow {
 pub fn compare_table(rows: &[CompareRow], capacity: Option<u64>, find_min: bool) {
     let cap = capacity.map_or("unlimited".to_string(), human::bytes);
     println!(
-        "{:<32} {:<44} {:>8} {:>12} {:>12} {:>8} {:>6}{}",
+        "{:<32} {:<44} {:>8} {:>12} {:>12} {:>9} {:>6}{}",
         "trace",
         "config",
         "frag",
         "peak live",
         "peak resv",
-        "mallocs",
+        "dev calls",
         "OOMs",
-        if find_min { "  min capacity" } else { "" }
+        if find_min {
+            "  min capacity  min/live"
+        } else {
+            ""
+        }
     );
     for row in rows {
         let r = &row.report;
         let name = std::path::Path::new(&row.trace)
             .file_name()
             .map_or(row.trace.clone(), |f| f.to_string_lossy().into_owned());
+        let calls: i64 = r
+            .devices
+            .iter()
+            .map(|(_, s)| s.num_device_alloc + s.num_device_free)
+            .sum();
+        // The largest device's peak of live bytes: the device that must fit.
+        let live = r.device_peak_live.iter().copied().max().unwrap_or(0);
         println!(
-            "{:<32} {:<44} {:>8.3} {:>12} {:>12} {:>8} {:>6}{}",
+            "{:<32} {:<44} {:>8.3} {:>12} {:>12} {:>9} {:>6}{}",
             name,
             if row.conf.is_empty() {
                 "(default)"
@@ -121,13 +132,28 @@ pub fn compare_table(rows: &[CompareRow], capacity: Option<u64>, find_min: bool)
             r.fragmentation(),
             human::bytes(r.peak_live_bytes),
             human::bytes(r.peak_reserved_bytes),
-            r.stats().num_device_alloc,
+            calls,
             r.ooms,
-            row.min_capacity
-                .map_or(String::new(), |m| format!("  {:>12}", human::bytes(m)))
+            row.min_capacity.map_or(String::new(), |m| format!(
+                "  {:>12}  {:>8}",
+                human::bytes(m),
+                if live > 0 {
+                    format!("{:.4}", m as f64 / live as f64)
+                } else {
+                    "-".to_string()
+                }
+            ))
         );
     }
-    println!("(capacity: {cap}; frag = peak reserved / peak live)");
+    println!(
+        "(capacity: {cap}; frag = peak reserved / peak live; dev calls = device mallocs, \
+         maps, unmaps and frees{})",
+        if find_min {
+            "; min/live = min capacity / the largest device's peak live"
+        } else {
+            ""
+        }
+    );
 }
 
 /// `check`: one valid trace's statistics.

@@ -580,3 +580,63 @@ fn replay_on_the_stub_drivers_with_expandable_segments() {
         println!("{backend} (stub): the statistics equal the simulated device's");
     }
 }
+
+/// `generate fresh-streams` writes a valid trace; `compare` with the three
+/// policies prints one row each, with device calls and min capacity / live;
+/// the compact policy reserves a fraction of what PyTorch's does there.
+#[test]
+fn compare_three_policies_on_a_fresh_stream_trace() {
+    let t = scratch("generate").join("fresh-streams.jsonl.gz");
+    let t = t.to_str().unwrap();
+    let out = run(&[
+        "generate",
+        "fresh-streams",
+        t,
+        "--steps",
+        "12",
+        "--layers",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(run(&["check", t]).status.success());
+    let confs = ["", "expandable_segments:True", "policy:compact"];
+    let mut args = vec!["compare", "-q", "--min-capacity"];
+    for c in &confs {
+        args.extend(["--conf", c]);
+    }
+    args.push(t);
+    let out = run(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("dev calls") && text.contains("min/live"),
+        "{text}"
+    );
+    for c in ["(default)", "expandable_segments:True", "policy:compact"] {
+        assert_eq!(text.lines().filter(|l| l.contains(c)).count(), 1, "{text}");
+    }
+    args[1] = "--json";
+    let rows = json_lines(&run(&args));
+    let resv = |i: usize| rows[i]["peak_reserved_bytes"].as_u64().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(
+        resv(2) * 3 < resv(0),
+        "compact {} vs default {}",
+        resv(2),
+        resv(0)
+    );
+    assert!(
+        rows[2]["memory_stats"]["num_device_alloc"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}

@@ -46,6 +46,7 @@ mod replay_pools;
 mod report;
 mod run;
 mod snapshot;
+pub mod synthetic;
 mod writer;
 
 pub use against::{against, DeviceAgainst, Side};

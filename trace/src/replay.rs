@@ -54,6 +54,10 @@ pub struct Device<D: ReplayDevice = MockDevice> {
     pub alloc: Alloc<D>,
     /// Device streams by trace stream id (a trace uses a handful).
     streams: Vec<(u64, Stream<D>)>,
+    /// Requested bytes of its live allocations, and their peak.
+    pub live_bytes: u64,
+    /// The peak of `live_bytes`.
+    pub peak_live: u64,
 }
 
 impl<D: ReplayDevice> Device<D> {
@@ -174,6 +178,8 @@ impl<D: ReplayDevice> Replay<D> {
             index,
             alloc,
             streams: Vec::new(),
+            live_bytes: 0,
+            peak_live: 0,
         });
         Ok(self.devices.len() - 1)
     }
@@ -210,6 +216,9 @@ impl<D: ReplayDevice> Replay<D> {
             }
         }
         self.peak_live = self.live_bytes;
+        for d in &mut self.devices {
+            d.peak_live = d.live_bytes;
+        }
     }
 
     /// Reserved bytes over all devices now.
@@ -237,6 +246,7 @@ impl<D: ReplayDevice> Replay<D> {
             Event::Free { id } => {
                 if let Live::Served { dev, id, size } = self.live.free(id)? {
                     self.live_bytes -= size;
+                    self.devices[dev].live_bytes -= size;
                     if let Some(bid) = id {
                         self.devices[dev].alloc.free(bid).map_err(allocator_error)?;
                     }
@@ -286,6 +296,9 @@ impl<D: ReplayDevice> Replay<D> {
             Ok(x) => {
                 self.live_bytes = self.live_bytes.saturating_add(size);
                 self.peak_live = self.peak_live.max(self.live_bytes);
+                let d = &mut self.devices[dev];
+                d.live_bytes = d.live_bytes.saturating_add(size);
+                d.peak_live = d.peak_live.max(d.live_bytes);
                 Live::Served {
                     dev,
                     id: x.id,
@@ -316,6 +329,7 @@ impl<D: ReplayDevice> Replay<D> {
         }
         self.live_bytes = 0;
         for d in &mut self.devices {
+            d.live_bytes = 0;
             D::sync(d.alloc.backend_mut(), None).map_err(Reason::Device)?;
             d.alloc.release_all().map_err(allocator_error)?;
             for (_, s) in d.streams.drain(..) {

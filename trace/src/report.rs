@@ -28,6 +28,8 @@ pub struct Report {
     pub peak_reserved_bytes: u64,
     /// Per device: its index and statistics.
     pub devices: Vec<(u64, DeviceStats)>,
+    /// Per device (as `devices`): the peak of its live requested bytes.
+    pub device_peak_live: Vec<u64>,
     /// The private pools that exist at the end: (device, pool).
     pub pools: Vec<(u64, PoolInfo)>,
     /// Per device, how the recorded malloc addresses were used (with
@@ -46,8 +48,14 @@ pub struct Report {
 }
 
 impl Report {
-    /// `peak_reserved_bytes / peak_live_bytes`.
+    /// `peak_reserved_bytes / peak_live_bytes` (with several devices, the
+    /// sum of each device's peak reserved over the sum of each one's peak
+    /// live bytes).
     pub fn fragmentation(&self) -> f64 {
+        if self.device_peak_live.len() > 1 {
+            let live: u64 = self.device_peak_live.iter().sum();
+            return self.peak_reserved_bytes as f64 / live.max(1) as f64;
+        }
         if self.peak_live_bytes == 0 {
             if self.peak_reserved_bytes == 0 {
                 1.0
@@ -94,6 +102,7 @@ impl Report {
             "ooms": self.ooms,
             "memory_stats": stats_json(self.stats()),
             "peak_live_bytes": self.peak_live_bytes,
+            "device_peak_live_bytes": self.device_peak_live,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "fragmentation": self.fragmentation(),
             "num_device_alloc": self.devices.iter().map(|d| d.1.num_device_alloc).sum::<i64>(),

@@ -191,6 +191,7 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .iter()
             .map(|d| (d.index, *d.alloc.stats()))
             .collect(),
+        device_peak_live: r.devices.iter().map(|d| d.peak_live).collect(),
         pools: r
             .devices
             .iter()

@@ -5,6 +5,7 @@
 pub mod check;
 pub mod compare;
 pub mod completions;
+pub mod generate;
 pub mod import;
 pub mod plot;
 pub mod replay;
