@@ -17,7 +17,7 @@
 //!   cannot supply the segment.
 //! - [`conf`]: the config parser never panics and round-trips what it accepts.
 
-use crate::ops::CONFIGS;
+use crate::ops::FUZZ_CONFIGS;
 use crate::teardown;
 use arbitrary::{Arbitrary, Unstructured};
 use cachealloc_core::{
@@ -174,7 +174,7 @@ fn pool_id(pool: u8) -> MempoolId {
 /// the bytes run out (at most 1000), so every byte of a random input is used.
 #[derive(Debug)]
 pub struct FuzzInput {
-    /// Index into [`CONFIGS`].
+    /// Index into [`FUZZ_CONFIGS`].
     pub conf: u8,
     /// Capacity: (x + 2) x 2 MiB, or unlimited.
     pub capacity: Option<u8>,
@@ -220,11 +220,39 @@ struct Pending {
     capture_streams: BTreeSet<u64>,
 }
 
+/// A range freed on `stream`: until that stream is synchronized, another
+/// stream may use it only after waiting for it on the device (a
+/// `stream_wait_event` logged after the free). `waits` and `syncs` are the
+/// lengths of the mock's logs at the free.
+#[derive(Clone, Copy)]
+struct Released {
+    size: u64,
+    stream: u64,
+    waits: usize,
+    syncs: usize,
+}
+
+/// Whether work queued on `stream` from now on runs after the work of the
+/// stream that freed `r`, up to the free: some chain of device-side waits
+/// since the free leads from `r`'s stream to `stream` (waits are logged in
+/// order, a later wait sees what an earlier one made its stream wait for),
+/// or the host waited for a stream on such a chain.
+fn ordered_after(r: Released, stream: u64, waits: &[(u64, u64)], syncs: &[u64]) -> bool {
+    let mut seen = vec![r.stream];
+    for &(waiter, on) in &waits[r.waits..] {
+        if seen.contains(&on) && !seen.contains(&waiter) {
+            seen.push(waiter);
+        }
+    }
+    seen.contains(&stream) || syncs[r.syncs..].iter().any(|s| seen.contains(s))
+}
+
 /// The shadow model: live allocations and pending ranges, by address; the
 /// routing list and the pool of every segment seen.
 struct Shadow {
     live: BTreeMap<u64, Live>,
     pending: BTreeMap<u64, Pending>,
+    released: BTreeMap<u64, Released>,
     freed: Vec<BlockId>,
     /// (pool, streams mask, capture), newest last.
     routes: Vec<(MempoolId, u8, bool)>,
@@ -303,10 +331,21 @@ impl Shadow {
         });
     }
 
-    /// The allocation at `p` was freed: pending if other streams used it.
-    fn free(&mut self, p: u64) {
+    /// The allocation at `p` was freed: pending if other streams used it;
+    /// released by its stream (`logs`: the lengths of the mock's wait and
+    /// sync logs now).
+    fn free(&mut self, p: u64, logs: (usize, usize)) {
         if let Some(l) = self.live.remove(&p) {
             self.freed.push(l.alloc.id.expect("handle"));
+            self.released.insert(
+                p,
+                Released {
+                    size: l.alloc.size,
+                    stream: l.stream,
+                    waits: logs.0,
+                    syncs: logs.1,
+                },
+            );
             if !l.uses.is_empty() {
                 self.pending.insert(
                     p,
@@ -323,11 +362,51 @@ impl Shadow {
     /// The host waited for `stream` (all streams when `None`).
     fn sync(&mut self, stream: Option<u64>) {
         match stream {
-            None => self.pending.clear(),
-            Some(s) => self.pending.retain(|_, pe| {
-                pe.streams.remove(&s);
-                !pe.streams.is_empty()
-            }),
+            None => {
+                self.pending.clear();
+                self.released.clear();
+            }
+            Some(s) => {
+                self.pending.retain(|_, pe| {
+                    pe.streams.remove(&s);
+                    !pe.streams.is_empty()
+                });
+                self.released.retain(|_, r| r.stream != s);
+            }
+        }
+    }
+
+    /// A fresh allocation `a` on `stream` may take memory another stream
+    /// freed only once that stream was synchronized or `stream` waited for
+    /// it on the device since the free (the compact policy's hand-over; the
+    /// mock's logs say which). The ranges it takes are forgotten.
+    fn check_reuse(&mut self, a: &Allocation, stream: u64, waits: &[(u64, u64)], syncs: &[u64]) {
+        let (lo, hi) = (a.ptr.0, a.ptr.0 + a.size);
+        let overlapping: Vec<(u64, Released)> = self
+            .released
+            .range(..hi)
+            .filter(|(&p, r)| p + r.size > lo)
+            .map(|(&p, &r)| (p, r))
+            .collect();
+        for (p, r) in overlapping {
+            assert!(
+                r.stream == stream || ordered_after(r, stream, waits, syncs),
+                "{a:?} on stream {stream} takes memory freed on stream {} at {p:#x} with no wait for it",
+                r.stream
+            );
+            self.released.remove(&p);
+            if p < lo {
+                self.released.insert(p, Released { size: lo - p, ..r });
+            }
+            if p + r.size > hi {
+                self.released.insert(
+                    hi,
+                    Released {
+                        size: p + r.size - hi,
+                        ..r
+                    },
+                );
+            }
         }
     }
 
@@ -407,8 +486,8 @@ fn injected(e: &Error<MockError>) -> bool {
 /// pages (a new reservation maps exactly that): the device must lack them.
 fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, r: &OomReport, in_capture: bool) {
     let alloc_size = r.alloc_size;
-    let needed = if a.config().expandable_segments {
-        let page = if r.rounded <= 1 << 20 {
+    let needed = if a.config().maps_pages() {
+        let page = if r.rounded <= 1 << 20 || a.config().compact() {
             2 << 20
         } else {
             20 << 20
@@ -440,6 +519,9 @@ fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, r: &OomReport, in_c
     );
 }
 
+/// Run one input. With `CACHEALLOC_FUZZ_DEBUG` set, every op is printed
+/// with the hand-overs, device-side waits, stream synchronizations and
+/// routes so far (for reading a crash input).
 fn run(data: &[u8], mode: Mode) -> Coverage {
     let mut cov = Coverage {
         inputs: 1,
@@ -449,7 +531,7 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
     let Ok(input) = FuzzInput::arbitrary(&mut u) else {
         return cov;
     };
-    let conf = CONFIGS[input.conf as usize % CONFIGS.len()];
+    let conf = FUZZ_CONFIGS[input.conf as usize % FUZZ_CONFIGS.len()];
     let config = Config::parse(conf).unwrap_or(Config::DEFAULT);
     let mut capacity = input.capacity.map(|x| (x as u64 + 2) * 2 * MIB);
     if mode == Mode::NoFalseOom && capacity.is_none() {
@@ -464,11 +546,25 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
     let mut shadow = Shadow {
         live: BTreeMap::new(),
         pending: BTreeMap::new(),
+        released: BTreeMap::new(),
         freed: Vec::new(),
         routes: Vec::new(),
         segment_pool: BTreeMap::new(),
     };
+    let debug = std::env::var_os("CACHEALLOC_FUZZ_DEBUG").is_some();
+    if debug {
+        eprintln!("conf {conf:?} capacity {capacity:?} slots {slots}");
+    }
     for (n, op) in input.ops.iter().enumerate() {
+        if debug {
+            eprintln!(
+                "op {n}: {op:?}  [handovers {} waits {:?} syncs {:?} routes {:?}]",
+                a.stream_handovers(),
+                a.backend().stream_waits(),
+                a.backend().stream_synchronizations(),
+                shadow.routes
+            );
+        }
         let calls_before = a.backend().counters().total;
         let syncs = a.stats().num_sync_all_streams;
         let stream_syncs = a.backend().stream_synchronizations().len();
@@ -541,6 +637,8 @@ fn step(
                     cov.pool_allocs += !info.pool.is_default() as u64;
                     cov.while_pending += !sh.pending.is_empty() as u64;
                     sh.insert(x, bytes, stream);
+                    let m = a.backend();
+                    sh.check_reuse(&x, stream, m.stream_waits(), m.stream_synchronizations());
                     cov.allocs += 1;
                 }
                 Err(Error::TooLarge { .. }) => assert!(bytes >= 1 << 60),
@@ -578,7 +676,11 @@ fn step(
             match r {
                 Ok(()) => {
                     assert_eq!(offset, 0, "freeing an interior pointer succeeded");
-                    sh.free(p);
+                    let m = a.backend();
+                    sh.free(
+                        p,
+                        (m.stream_waits().len(), m.stream_synchronizations().len()),
+                    );
                     cov.frees += 1;
                 }
                 Err(Error::InteriorPointer { base, .. }) => {
@@ -640,9 +742,7 @@ fn step(
             Err(e) if injected(&e) => cov.injected += 1,
             // Unmapping the middle of a free expandable block leaves a
             // cached piece on each side: two slots.
-            Err(Error::MetadataExhausted { .. }) if a.config().expandable_segments => {
-                cov.exhausted += 1
-            }
+            Err(Error::MetadataExhausted { .. }) if a.config().maps_pages() => cov.exhausted += 1,
             Err(e) => panic!("empty_cache: {e}"),
         },
         FuzzOp::SetLimit { mib } => match mib {
@@ -705,9 +805,7 @@ fn step(
         FuzzOp::PoolEmptyCache { pool } => match a.empty_cache_pool(pool_id(pool)) {
             Ok(()) => {}
             Err(e) if injected(&e) => cov.injected += 1,
-            Err(Error::MetadataExhausted { .. }) if a.config().expandable_segments => {
-                cov.exhausted += 1
-            }
+            Err(Error::MetadataExhausted { .. }) if a.config().maps_pages() => cov.exhausted += 1,
             Err(e) => panic!("empty_cache_pool: {e}"),
         },
     }

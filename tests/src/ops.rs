@@ -69,6 +69,32 @@ pub const CONFIGS: &[&str] = &[
     "expandable_segments:True,roundup_power2_divisions:4",
 ];
 
+/// The config strings the fuzz targets draw from: [`CONFIGS`] and the
+/// compact policy (which the reference model does not know, so the
+/// differential test leaves it out).
+pub const FUZZ_CONFIGS: &[&str] = &[
+    "",
+    "",
+    "max_split_size_mb:40",
+    "max_split_size_mb:100",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]",
+    "max_split_size_mb:64,roundup_power2_divisions:2",
+    "garbage_collection_threshold:0.6",
+    "garbage_collection_threshold:0.8,max_split_size_mb:32",
+    "expandable_segments:True",
+    "expandable_segments:True",
+    "expandable_segments:True,max_split_size_mb:40",
+    "expandable_segments:True,garbage_collection_threshold:0.6",
+    "expandable_segments:True,roundup_power2_divisions:4",
+    "policy:compact",
+    "policy:compact",
+    "policy:compact",
+    "policy:compact,max_split_size_mb:40",
+    "policy:compact,garbage_collection_threshold:0.6",
+    "policy:compact,roundup_power2_divisions:4",
+];
+
 const MIB: u64 = 1 << 20;
 
 /// A request size skewed to the policy's boundaries.

@@ -129,6 +129,13 @@ impl<G: GpuApi> Workload<G> {
         self.live[n] = Some(a.malloc(size, G::default_stream()).map_err(text::<G>)?);
         Ok(())
     }
+
+    /// Allocate `size` bytes on the second stream into slot `n`.
+    fn malloc_s1(&mut self, a: &mut Alloc<G>, n: usize, size: u64) -> Result<(), String> {
+        let s1 = self.s1.ok_or("no stream")?;
+        self.live[n] = Some(a.malloc(size, s1).map_err(text::<G>)?);
+        Ok(())
+    }
 }
 
 /// One step of a workload: step number `k` on the allocator.
@@ -187,12 +194,34 @@ fn vm_step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result
     Ok(())
 }
 
+/// The steps of [`every_compact_call_can_fail`] (`policy:compact`): a free
+/// block unmapped to make room for a larger request (reclaim: a stream
+/// sync, unmaps), a block freed on the default stream taken by the second
+/// (an event recorded there and waited for on the device), `empty_cache`,
+/// a map again.
+fn compact_step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result<(), String> {
+    const MIB: u64 = 1 << 20;
+    match k {
+        0 => w.malloc(a, 0, 40 * MIB)?,
+        1 => w.malloc(a, 1, 4 * MIB)?,
+        2 => w.free(a, 0)?,
+        3 => w.malloc(a, 2, 60 * MIB)?, // reclaims the 40 MiB first
+        4 => w.free(a, 1)?,
+        5 => w.malloc_s1(a, 0, 8 * MIB)?,
+        6 => w.free(a, 2)?,
+        7 => w.malloc_s1(a, 1, 50 * MIB)?, // takes the 60 MiB block of stream 0
+        8 => a.empty_cache().map_err(text::<G>)?,
+        _ => w.malloc_s1(a, 2, MIB)?,
+    }
+    Ok(())
+}
+
 /// A failure injected at every driver call of a workload: the operation
 /// that made the failing call returns an error value (never a panic), the
 /// allocator stays consistent, and after clearing the fault and tearing
 /// down, nothing leaks. Returns the number of calls covered.
 pub fn every_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
-    let calls = inject_everywhere::<G>(stub, fault_code, "", true, 14, step::<G>);
+    let calls = inject_everywhere::<G>(stub, fault_code, "", true, 14, step::<G>, |_| Ok(()));
     println!(
         "{}: a failure at each of {calls} driver calls gave an error value",
         G::NAME
@@ -213,6 +242,10 @@ pub fn every_virtual_memory_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i3
         false,
         9,
         vm_step::<G>,
+        |a| match a.stats().num_device_free {
+            2.. => Ok(()),
+            n => Err(format!("{n} unmaps")),
+        },
     );
     println!(
         "{}: with expandable segments, a failure at each of {calls} driver calls gave an error value",
@@ -221,9 +254,38 @@ pub fn every_virtual_memory_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i3
     calls
 }
 
+/// [`every_call_can_fail`] under the compact policy: reclaim, cross-stream
+/// hand-over (`stream_wait_event`) and unmaps fail at every call too.
+pub fn every_compact_call_can_fail<G: GpuApi>(stub: &Stub, fault_code: i32) -> u64 {
+    let calls = inject_everywhere::<G>(
+        stub,
+        fault_code,
+        "policy:compact",
+        true,
+        10,
+        compact_step::<G>,
+        |a| {
+            let s = a.stats();
+            // The 40 MiB block unmapped before the 60 MiB one maps; the
+            // 60 MiB block handed from stream 0 to stream 1.
+            if a.stream_handovers() == 1 && s.num_device_free >= 1 && s.num_device_alloc >= 4 {
+                Ok(())
+            } else {
+                Err(format!("{} hand-overs, {s:?}", a.stream_handovers()))
+            }
+        },
+    );
+    println!(
+        "{}: under policy:compact, a failure at each of {calls} driver calls gave an error value",
+        G::NAME
+    );
+    calls
+}
+
 /// Run `steps` steps of a workload (`conf`; a second stream when
-/// `stream`) once without a fault, then once with a failure planted at each
-/// driver call it made; each run must end clean. The number of calls.
+/// `stream`) once without a fault (after which `did` checks it exercised
+/// what it is for), then once with a failure planted at each driver call it
+/// made; each run must end clean. The number of calls.
 fn inject_everywhere<G: GpuApi>(
     stub: &Stub,
     fault_code: i32,
@@ -231,6 +293,7 @@ fn inject_everywhere<G: GpuApi>(
     stream: bool,
     steps: usize,
     step: Step<G>,
+    did: fn(&Alloc<G>) -> Result<(), String>,
 ) -> u64 {
     let run = |fail_at: Option<u64>| -> Result<u64, String> {
         let mut a: Alloc<G> = DeviceAllocator::with_events(
@@ -263,6 +326,9 @@ fn inject_everywhere<G: GpuApi>(
         }
         let calls = stub.counters().calls - start;
         stub.clear_faults();
+        if fail_at.is_none() {
+            did(&a).map_err(|e| format!("the workload did not do what it is for: {e}"))?;
+        }
         let live: Vec<_> = w.live.iter().flatten().map(|x| x.ptr).collect();
         crate::release_everything(&mut a, live, |b| {
             G::synchronize(&b.inner, None).expect("synchronize")
@@ -397,6 +463,13 @@ macro_rules! stub_tests {
         fn stub_every_virtual_memory_call_can_fail() {
             if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
                 $crate::stub_suite::every_virtual_memory_call_can_fail::<$api>(&s, $unknown);
+            }
+        }
+
+        #[test]
+        fn stub_every_compact_call_can_fail() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_suite::every_compact_call_can_fail::<$api>(&s, $unknown);
             }
         }
 

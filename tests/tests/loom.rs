@@ -442,3 +442,67 @@ fn expandable_segments_grow_while_others_unmap() {
         assert!(n > 0, "no interleaving reached: {what}");
     }
 }
+
+/// The compact policy on a 6 MiB device (three 2 MiB pages): thread 1 frees
+/// 4 MiB it allocated on stream 1 while thread 2 asks for 4 MiB on stream 2
+/// and the main thread empties the cache. Stream 2 may get thread 1's
+/// memory only after waiting for stream 1 (a device-side wait of a
+/// hand-over, or the stream synchronize before an unmap). Across the
+/// interleavings a hand-over and a full device are both seen.
+static SAW_HANDOVER: AtomicUsize = AtomicUsize::new(0);
+static SAW_COMPACT_OOM: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn compact_hand_over_races_free_and_empty_cache() {
+    model("compact_hand_over_races_free_and_empty_cache", || {
+        let a = Arc::new(CachingAllocator::new(DeviceAllocator::with_events(
+            MockDevice::with_capacity(6 * MIB),
+            vec![BlockSlot::VACANT; 16],
+            Config::parse("policy:compact").unwrap(),
+        )));
+        let reg = Arc::new(Registry::default());
+        let t1 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                let x = try_malloc(&a, &reg, 4 * MIB, 1)?;
+                let range = (x.ptr.0, x.size);
+                free(&a, &reg, x);
+                Some(range)
+            })
+        };
+        let t2 = {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || try_malloc(&a, &reg, 4 * MIB, 2))
+        };
+        a.empty_cache().unwrap();
+        let x = t1.join().unwrap();
+        let y = t2.join().unwrap();
+        if let (Some((p, s)), Some(y)) = (x, &y) {
+            let overlap = y.ptr.0 < p + s && p < y.ptr.0 + y.size;
+            let waited = a.with(|d| {
+                let m = d.backend();
+                m.stream_waits().contains(&(2, 1)) || m.stream_synchronizations().contains(&1)
+            });
+            assert!(
+                !overlap || waited,
+                "stream 2 reused stream 1's memory unordered"
+            );
+        }
+        if a.with(|d| d.stream_handovers()) > 0 {
+            SAW_HANDOVER.fetch_add(1, Ordering::Relaxed);
+        }
+        if y.is_none() {
+            SAW_COMPACT_OOM.fetch_add(1, Ordering::Relaxed);
+        }
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, y.map(|v| v.ptr));
+    });
+    for (what, n) in [
+        ("a hand-over", &SAW_HANDOVER),
+        ("a full device", &SAW_COMPACT_OOM),
+    ] {
+        let n = n.load(Ordering::Relaxed);
+        println!("  {what}: {n} interleavings");
+        assert!(n > 0, "no interleaving reached: {what}");
+    }
+}

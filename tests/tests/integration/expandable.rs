@@ -89,7 +89,7 @@ fn the_real_expandable_recording_maps_what_pytorch_mapped() {
 }
 
 /// The simulated device with its virtual memory hidden.
-struct NoVirtualMemory(MockDevice);
+pub(crate) struct NoVirtualMemory(pub(crate) MockDevice);
 
 impl DeviceBackend for NoVirtualMemory {
     type Stream = u64;

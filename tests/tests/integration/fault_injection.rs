@@ -64,6 +64,32 @@ fn every_backend_call_of_every_expandable_scenario_can_fail_cleanly() {
     every_call_of_a_suite_can_fail_cleanly("expandable");
 }
 
+/// The same for every scenario of every suite under the compact policy
+/// (hand-overs' event records and device-side waits, reclaim's unmaps and
+/// the stream synchronizations before them fail too).
+#[test]
+fn every_backend_call_of_every_scenario_under_the_compact_policy_can_fail_cleanly() {
+    let all = crate::compact::compact_scenarios();
+    let mut checked = 0;
+    for sc in &all {
+        let (calls, _) = run_with_fault(sc, None).unwrap();
+        for i in 0..calls {
+            let (_, fired) =
+                run_with_fault(sc, Some(i)).unwrap_or_else(|e| panic!("{}: {e}", sc.name));
+            assert!(
+                fired,
+                "{}: the failure planted at call {i} never fired",
+                sc.name
+            );
+            checked += 1;
+        }
+    }
+    println!(
+        "{checked} injected failures over {} scenarios under policy:compact",
+        all.len()
+    );
+}
+
 /// A failure at every call index of every scenario of one suite.
 fn every_call_of_a_suite_can_fail_cleanly(suite: &str) {
     let all = scenario::load_suite(&bundled_testdata(), suite).unwrap();
@@ -114,7 +140,8 @@ fn every_backend_call_of_five_plus_scenarios_can_fail_cleanly() {
 }
 
 /// The same on generated multi-stream sequences with record_stream, syncs and
-/// a capacity: every call index (up to 400 per case).
+/// a capacity, with their config and under the compact policy: every call
+/// index (up to 400 per case).
 #[test]
 fn every_backend_call_of_generated_sequences_can_fail_cleanly() {
     let mut cases = 0;
@@ -132,69 +159,75 @@ fn every_backend_call_of_generated_sequences_can_fail_cleanly() {
             continue;
         }
         cases += 1;
-        let setup_calls = c.memory_fraction.is_some() as u64;
-        let calls =
-            (ops::replay(&c).unwrap().alloc().backend().counters().total - setup_calls).min(400);
-        for i in 0..calls {
-            let mut a = cachealloc_tests::allocator(
-                c.capacity,
-                cachealloc_core::Config::parse(&c.conf).unwrap(),
-                1 << 12,
-            );
-            if let Some(f) = c.memory_fraction {
-                a.set_memory_fraction(f).unwrap();
-            }
-            let abs = a.backend().counters().total + i;
-            a.backend_mut().fail_call(i);
-            let mut live = std::collections::HashMap::new();
-            let mut orphans = Vec::new();
-            let mut fired = false;
-            for op in &c.ops {
-                let before = a.backend().counters().total;
-                let ok = match *op {
-                    ops::Op::Alloc {
-                        id, size, stream, ..
-                    } => match a.malloc(size, stream) {
-                        Ok(x) => {
-                            // A free that failed leaves its id live; the trace may reuse it.
-                            if let Some(old) = live.insert(id, x.ptr) {
-                                orphans.push(old);
+        for conf in [c.conf.clone(), crate::compact::with_compact(&c.conf)] {
+            let c = ops::Case { conf, ..c.clone() };
+            let setup_calls = c.memory_fraction.is_some() as u64;
+            let calls = (ops::replay(&c).unwrap().alloc().backend().counters().total - setup_calls)
+                .min(400);
+            for i in 0..calls {
+                let mut a = cachealloc_tests::allocator(
+                    c.capacity,
+                    cachealloc_core::Config::parse(&c.conf).unwrap(),
+                    1 << 12,
+                );
+                if let Some(f) = c.memory_fraction {
+                    a.set_memory_fraction(f).unwrap();
+                }
+                let abs = a.backend().counters().total + i;
+                a.backend_mut().fail_call(i);
+                let mut live = std::collections::HashMap::new();
+                let mut orphans = Vec::new();
+                let mut fired = false;
+                for op in &c.ops {
+                    let before = a.backend().counters().total;
+                    let ok = match *op {
+                        ops::Op::Alloc {
+                            id, size, stream, ..
+                        } => match a.malloc(size, stream) {
+                            Ok(x) => {
+                                // A free that failed leaves its id live; the trace may reuse it.
+                                if let Some(old) = live.insert(id, x.ptr) {
+                                    orphans.push(old);
+                                }
+                                true
                             }
+                            Err(_) => false,
+                        },
+                        ops::Op::Free { id } => match live.get(&id) {
+                            Some(&p) => a.free_ptr(p).map(|_| live.remove(&id)).is_ok(),
+                            None => true,
+                        },
+                        ops::Op::RecordStream { id, stream } => live
+                            .get(&id)
+                            .is_none_or(|&p| a.record_stream_ptr(p, stream).is_ok()),
+                        ops::Op::Sync { stream } => {
+                            a.backend_mut().sync(stream);
                             true
                         }
-                        Err(_) => false,
-                    },
-                    ops::Op::Free { id } => match live.get(&id) {
-                        Some(&p) => a.free_ptr(p).map(|_| live.remove(&id)).is_ok(),
-                        None => true,
-                    },
-                    ops::Op::RecordStream { id, stream } => live
-                        .get(&id)
-                        .is_none_or(|&p| a.record_stream_ptr(p, stream).is_ok()),
-                    ops::Op::Sync { stream } => {
-                        a.backend_mut().sync(stream);
-                        true
+                        ops::Op::EmptyCache => a.empty_cache().is_ok(),
+                        // Generated cases make no pool ops (the pool scenarios
+                        // are injected above).
+                        _ => true,
+                    };
+                    if (before..a.backend().counters().total).contains(&abs) {
+                        fired = true;
+                        assert!(
+                            !ok,
+                            "seed {seed}: call {i} failed inside {op:?}, which reported success"
+                        );
                     }
-                    ops::Op::EmptyCache => a.empty_cache().is_ok(),
-                    // Generated cases make no pool ops (the pool scenarios
-                    // are injected above).
-                    _ => true,
-                };
-                if (before..a.backend().counters().total).contains(&abs) {
-                    fired = true;
-                    assert!(
-                        !ok,
-                        "seed {seed}: call {i} failed inside {op:?}, which reported success"
-                    );
+                    a.check_invariants()
+                        .unwrap_or_else(|v| panic!("seed {seed}, fault at {i}, after {op:?}: {v}"));
                 }
-                a.check_invariants()
-                    .unwrap_or_else(|v| panic!("seed {seed}, fault at {i}, after {op:?}: {v}"));
+                assert!(fired, "seed {seed}: fault at {i} never fired");
+                injected += 1;
+                teardown(&mut a, live.into_values().chain(orphans))
+                    .unwrap_or_else(|e| panic!("seed {seed}, fault at {i}: {e}"));
             }
-            assert!(fired, "seed {seed}: fault at {i} never fired");
-            injected += 1;
-            teardown(&mut a, live.into_values().chain(orphans))
-                .unwrap_or_else(|e| panic!("seed {seed}, fault at {i}: {e}"));
         }
     }
-    println!("{injected} injected failures over {cases} generated sequences");
+    println!(
+        "{injected} injected failures over {cases} generated sequences, each with its \
+         config and with policy:compact added"
+    );
 }

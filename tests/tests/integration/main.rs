@@ -7,6 +7,7 @@
 
 mod backend_conformance;
 mod checkpoint;
+mod compact;
 mod conformance;
 mod debug_prefix;
 mod differential;
