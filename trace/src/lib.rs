@@ -47,6 +47,7 @@ mod report;
 mod run;
 mod snapshot;
 pub mod synthetic;
+mod units;
 mod writer;
 
 pub use against::{against, DeviceAgainst, Side};
@@ -64,7 +65,8 @@ pub use replay::{Alloc, Device, Replay, REPLAY_POOLS};
 pub use report::Report;
 pub use run::{run, run_on, run_reader, run_reader_on, Observer, Options, Quiet};
 pub use snapshot::{
-    write_snapshot, AnnotationDict, BlockDict, Dropped, Frame, SegmentDict, SettingsDict,
-    SnapshotDict, TraceDict,
+    add_device, settings_dict, write_snapshot, AnnotationDict, BlockDict, Dropped, Frame,
+    SegmentDict, SettingsDict, SnapshotDict, SnapshotNames, TraceDict,
 };
+pub use units::parse_bytes;
 pub use writer::{event_json, TraceWriter};

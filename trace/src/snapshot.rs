@@ -196,31 +196,71 @@ pub struct SnapshotDict {
 /// the tool reports it).
 pub type Dropped = Vec<(u32, u64)>;
 
+/// Where a snapshot's names come from: the frames of a trace entry or an
+/// allocated block (from the opaque context the caller gave the entry), and
+/// the names of annotations (from their ids).
+pub trait SnapshotNames {
+    /// The frames of an entry of `action` whose context is `context`
+    /// (blocks use their last `alloc` entry's).
+    fn frames(&self, action: &str, context: u64) -> Vec<Frame>;
+    /// The name of annotation `id`.
+    fn annotation(&self, id: u64) -> String;
+}
+
+/// A replay's names: a frame naming the trace line, `annotation N`.
+struct TraceLines<'a>(&'a str);
+
+impl SnapshotNames for TraceLines<'_> {
+    fn frames(&self, action: &str, line: u64) -> Vec<Frame> {
+        if line == 0 {
+            return Vec::new();
+        }
+        vec![Frame {
+            name: action.to_string(),
+            filename: self.0.to_string(),
+            line,
+        }]
+    }
+
+    fn annotation(&self, id: u64) -> String {
+        format!("annotation {id}")
+    }
+}
+
+impl SnapshotDict {
+    /// An empty snapshot with the settings `settings` (`conf`: the settings
+    /// string as given).
+    pub fn new(settings: AllocatorSettings, conf: &str) -> Self {
+        SnapshotDict {
+            segments: Vec::new(),
+            device_traces: Vec::new(),
+            allocator_settings: settings_dict(settings, conf),
+            external_annotations: Vec::new(),
+        }
+    }
+}
+
 impl<D: ReplayDevice> Replay<D> {
     /// Take a snapshot of every device (each records its `snapshot` entry),
     /// naming `trace` in the frames; `conf` is the settings string as given.
     pub fn snapshot_dict(&mut self, trace: &str, conf: &str) -> (SnapshotDict, Dropped) {
-        let mut dict = SnapshotDict {
-            segments: Vec::new(),
-            device_traces: Vec::new(),
-            allocator_settings: settings(AllocatorSettings::DEFAULT, conf),
-            external_annotations: Vec::new(),
-        };
+        let mut dict = SnapshotDict::new(AllocatorSettings::DEFAULT, conf);
         let mut dropped = Vec::new();
         for (k, d) in self.devices.iter_mut().enumerate() {
             let snap = d.alloc.snapshot();
             if k == 0 {
-                dict.allocator_settings = settings(snap.settings, conf);
+                dict.allocator_settings = settings_dict(snap.settings, conf);
             }
             dropped.push((snap.device, snap.dropped));
-            add_device(&mut dict, snap, trace);
+            add_device(&mut dict, snap, &TraceLines(trace));
         }
         (dict, dropped)
     }
 }
 
-/// The settings dict.
-fn settings(s: AllocatorSettings, conf: &str) -> SettingsDict {
+/// The `allocator_settings` dict of `s` (`conf`: the settings string as
+/// given).
+pub fn settings_dict(s: AllocatorSettings, conf: &str) -> SettingsDict {
     let c = s.config;
     SettingsDict {
         conf: conf.to_string(),
@@ -244,45 +284,35 @@ fn settings(s: AllocatorSettings, conf: &str) -> SettingsDict {
     }
 }
 
-fn frame(name: &str, trace: &str, line: u64) -> Vec<Frame> {
-    if line == 0 {
-        return Vec::new();
-    }
-    vec![Frame {
-        name: name.to_string(),
-        filename: trace.to_string(),
-        line,
-    }]
-}
-
-/// Add one device's segments and history.
-fn add_device<St: Into<u64> + From<u64> + Copy>(
+/// Add one device's segments, history and annotations to `dict`, named by
+/// `names`.
+pub fn add_device<St: Into<u64> + From<u64> + Copy>(
     dict: &mut SnapshotDict,
     snap: Snapshot<'_, St>,
-    trace: &str,
+    names: &dyn SnapshotNames,
 ) {
     let device = snap.device;
     let idx = device as usize;
     if dict.device_traces.len() <= idx {
         dict.device_traces.resize_with(idx + 1, Vec::new);
     }
-    // The line of the last allocation at each address: the blocks' frames.
+    // The context of the last allocation at each address: the blocks' frames.
     let mut allocated_at: HashMap<u64, u64> = HashMap::new();
     for e in snap.history {
         match e.action {
             TraceAction::Alloc => {
                 allocated_at.insert(e.addr, e.context);
             }
-            TraceAction::UserDefined => dict.external_annotations.push(AnnotationDict {
-                name: format!("annotation {}", e.context),
-                stage: "START",
-                device,
-                time_us: e.time_us,
-            }),
+            TraceAction::UserDefined => {
+                dict.external_annotations.push(AnnotationDict {
+                    name: names.annotation(e.context),
+                    stage: "START",
+                    device,
+                    time_us: e.time_us,
+                });
+                continue;
+            }
             _ => {}
-        }
-        if e.action == TraceAction::UserDefined {
-            continue;
         }
         let oom = e.action == TraceAction::Oom;
         dict.device_traces[idx].push(TraceDict {
@@ -292,7 +322,7 @@ fn add_device<St: Into<u64> + From<u64> + Copy>(
             size: e.size,
             stream: e.stream,
             time_us: e.time_us,
-            frames: frame(e.action.as_str(), trace, e.context),
+            frames: names.frames(e.action.as_str(), e.context),
         });
     }
     for seg in snap.segments {
@@ -308,7 +338,7 @@ fn add_device<St: Into<u64> + From<u64> + Copy>(
                 } else {
                     allocated_at
                         .get(&b.address.0)
-                        .map_or(Vec::new(), |&l| frame("alloc", trace, l))
+                        .map_or(Vec::new(), |&c| names.frames("alloc", c))
                 },
             })
             .collect();
