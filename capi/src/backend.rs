@@ -1,0 +1,192 @@
+//! Dispatch over backends: [`DeviceOps`], what the C functions ask of one
+//! device's allocator, implemented once for the thread-safe
+//! `CachingAllocator` over any backend, and [`open`], which makes device
+//! `index` of the configured kind. Streams arrive as the C ABI's `void*`
+//! (`cudaStream_t`) and become the backend's stream from the pointer's value
+//! (the simulated device: the value itself; CUDA and HIP: the raw handle).
+
+use crate::error::Res;
+use crate::observers::FORWARD;
+use crate::settings::{BackendKind, Settings};
+use crate::snapshot::add_device;
+use cachealloc_core::{
+    BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
+    MempoolId, StreamFilter, TraceActions, TraceEntry,
+};
+use cachealloc_trace::SnapshotDict;
+
+/// Pending events a device can hold (frees of blocks used on other streams
+/// waiting for them, and idle events kept for reuse).
+pub(crate) const EVENTS: usize = 1024;
+
+/// Private pools (CUDA graphs) a device can hold at once.
+pub(crate) const POOLS: usize = 64;
+
+/// One device's allocator, unlocked.
+type Inner<B> = DeviceAllocator<B, Box<[BlockSlot]>, EVENTS, Box<[TraceEntry]>, POOLS>;
+
+/// One device's allocator.
+type Alloc<B> = CachingAllocator<B, Box<[BlockSlot]>, EVENTS, Box<[TraceEntry]>, POOLS>;
+
+/// What the C functions ask of one device. Streams are raw handle values.
+pub(crate) trait DeviceOps: Send + Sync {
+    /// Allocate; the address (0 for zero bytes).
+    fn malloc(&self, size: u64, stream: u64) -> Res<u64>;
+    /// Free the allocation starting at `ptr`.
+    fn free(&self, ptr: u64) -> Res<()>;
+    /// Whether `ptr` lies in one of this device's segments.
+    fn owns(&self, ptr: u64) -> bool;
+    /// `recordStream` of the allocation starting at `ptr`.
+    fn record_stream(&self, ptr: u64, stream: u64) -> Res<()>;
+    /// The segment holding `ptr`: base and size.
+    fn base_allocation(&self, ptr: u64) -> Res<(u64, u64)>;
+    /// `empty_cache`.
+    fn empty_cache(&self) -> Res<()>;
+    /// `set_per_process_memory_fraction`.
+    fn set_memory_fraction(&self, fraction: f64) -> Res<()>;
+    /// A copy of the statistics.
+    fn stats(&self) -> DeviceStats;
+    /// `reset_peak_memory_stats`.
+    fn reset_peak_stats(&self);
+    /// `reset_accumulated_memory_stats`.
+    fn reset_accumulated_stats(&self);
+    /// Cached bytes and the largest cached block.
+    fn cache_info(&self) -> CacheInfo;
+    /// `recordHistory` (`max_entries`: at most the storage).
+    fn record_history(&self, enabled: bool, max_entries: usize);
+    /// A `user_defined` history entry with context `id`.
+    fn record_annotation(&self, id: u64);
+    /// `beginAllocateToPool` with every stream routed, under PyTorch's
+    /// capture rules.
+    fn begin_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
+    /// `endAllocateToPool`.
+    fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
+    /// `releasePool`.
+    fn release_pool(&self, id: MempoolId) -> Res<()>;
+    /// Take a snapshot (it records its `snapshot` entry) into `dict`;
+    /// `names[id - 1]` is annotation `id`'s name.
+    fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]);
+}
+
+impl<B> DeviceOps for Alloc<B>
+where
+    B: DeviceBackend,
+    Alloc<B>: Send + Sync,
+{
+    fn malloc(&self, size: u64, stream: u64) -> Res<u64> {
+        CachingAllocator::malloc(self, size, B::Stream::from(stream))
+            .map(|a| a.ptr.0)
+            .map_err(|e| e.to_string())
+    }
+
+    fn free(&self, ptr: u64) -> Res<()> {
+        self.free_ptr(DevicePtr(ptr)).map_err(|e| e.to_string())
+    }
+
+    fn owns(&self, ptr: u64) -> bool {
+        CachingAllocator::owns(self, DevicePtr(ptr))
+    }
+
+    fn record_stream(&self, ptr: u64, stream: u64) -> Res<()> {
+        self.record_stream_ptr(DevicePtr(ptr), B::Stream::from(stream))
+            .map_err(|e| e.to_string())
+    }
+
+    fn base_allocation(&self, ptr: u64) -> Res<(u64, u64)> {
+        self.with(|a| a.base_allocation(DevicePtr(ptr)))
+            .map(|(base, size)| (base.0, size))
+            .map_err(|e| e.to_string())
+    }
+
+    fn empty_cache(&self) -> Res<()> {
+        CachingAllocator::empty_cache(self).map_err(|e| e.to_string())
+    }
+
+    fn set_memory_fraction(&self, fraction: f64) -> Res<()> {
+        self.with(|a| a.set_memory_fraction(fraction))
+            .map_err(|e| e.to_string())
+    }
+
+    fn stats(&self) -> DeviceStats {
+        CachingAllocator::stats(self)
+    }
+
+    fn reset_peak_stats(&self) {
+        self.with(|a| a.reset_peak_stats());
+    }
+
+    fn reset_accumulated_stats(&self) {
+        self.with(|a| a.reset_accumulated_stats());
+    }
+
+    fn cache_info(&self) -> CacheInfo {
+        CachingAllocator::cache_info(self)
+    }
+
+    fn record_history(&self, enabled: bool, max_entries: usize) {
+        self.with(|a| a.record_history(enabled, max_entries, false, TraceActions::NONE));
+    }
+
+    fn record_annotation(&self, id: u64) {
+        self.with(|a| a.record_annotation(id));
+    }
+
+    fn begin_allocate_to_pool(&self, id: MempoolId) -> Res<()> {
+        self.capture_begin(id, StreamFilter::All)
+            .map_err(|e| e.to_string())
+    }
+
+    fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()> {
+        CachingAllocator::end_allocate_to_pool(self, id).map_err(|e| e.to_string())
+    }
+
+    fn release_pool(&self, id: MempoolId) -> Res<()> {
+        CachingAllocator::release_pool(self, id).map_err(|e| e.to_string())
+    }
+
+    fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) {
+        self.with(|a| add_device(dict, a.snapshot(), names));
+    }
+}
+
+/// Address space between two simulated devices (their segments must not
+/// overlap: pointers are routed to the device that owns them).
+const MOCK_DEVICE_SPAN: u64 = 1 << 40;
+
+/// Open device `index` of the configured kind, with its allocator.
+pub(crate) fn open(s: &Settings, index: u32) -> Res<Box<dyn DeviceOps>> {
+    match s.backend {
+        BackendKind::Mock => {
+            let base = cachealloc_mock::DEVICE_BASE + u64::from(index) * MOCK_DEVICE_SPAN;
+            let device = cachealloc_mock::MockDevice::new(s.mock_capacity)
+                .with_ordinal(index)
+                .with_base(base);
+            Ok(allocator(s, device))
+        }
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let device = cachealloc_cuda::CudaBackend::new(index).map_err(|e| e.to_string())?;
+            Ok(allocator(s, device))
+        }
+        #[cfg(feature = "hip")]
+        BackendKind::Hip => {
+            let device = cachealloc_hip::HipBackend::new(index).map_err(|e| e.to_string())?;
+            Ok(allocator(s, device))
+        }
+    }
+}
+
+/// The allocator of `backend` (about 70 KiB, most of it the event queue),
+/// boxed, with the out-of-memory forwarder attached.
+fn allocator<B>(s: &Settings, backend: B) -> Box<dyn DeviceOps>
+where
+    B: DeviceBackend + 'static,
+    Alloc<B>: Send + Sync,
+{
+    let slots = vec![BlockSlot::VACANT; s.slots].into_boxed_slice();
+    let history = vec![TraceEntry::EMPTY; s.history].into_boxed_slice();
+    let mut inner = Inner::<B>::with_events_and_history(backend, slots, history, s.config);
+    // A fresh allocator has room for 4 observers: this cannot be refused.
+    let _ = inner.attach_out_of_memory_observer(&FORWARD);
+    Box::new(CachingAllocator::new(inner))
+}

@@ -1,0 +1,135 @@
+//! The last error of each thread, and [`guard`], the wrapper every exported
+//! function runs its body in: it clears the thread's last error, catches
+//! any panic (so none crosses the C boundary), and turns a failure into the
+//! function's failure value with the message kept for
+//! `cachealloc_last_error`.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_char, c_int, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// What a failing body returns: the message for `cachealloc_last_error`.
+pub(crate) type Res<T> = Result<T, String>;
+
+thread_local! {
+    /// The message of the last failure on this thread (`None`: the last
+    /// call succeeded).
+    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    /// Set by `cachealloc_debug_force_internal_error`: the next guarded call
+    /// on this thread panics inside its guard.
+    static PANIC_NEXT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Keep `msg` as this thread's last error (interior NULs become spaces).
+pub(crate) fn set_last_error(msg: &str) {
+    let text = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    // A thread being torn down has no last error any more: nothing to keep.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(text));
+}
+
+/// Forget this thread's last error.
+fn clear_last_error() {
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut e) = e.try_borrow_mut() {
+            if e.is_some() {
+                *e = None;
+            }
+        }
+    });
+}
+
+/// This thread's last error, or null: valid until the next call into the
+/// library on this thread (which clears or replaces it).
+fn last_error_ptr() -> *const c_char {
+    LAST_ERROR
+        .try_with(|e| {
+            e.try_borrow()
+                .ok()
+                .and_then(|e| e.as_ref().map(|c| c.as_ptr()))
+                .unwrap_or(std::ptr::null())
+        })
+        .unwrap_or(std::ptr::null())
+}
+
+/// Run `body` as exported function `name`: its value on success; on an
+/// error, or a panic, `failed`, with the message kept as the thread's last
+/// error (a panic's as "internal error in NAME: ...").
+#[inline]
+pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res<T>) -> T {
+    clear_last_error();
+    let run = AssertUnwindSafe(|| {
+        if PANIC_NEXT.try_with(Cell::take).unwrap_or(false) {
+            panic!("forced by cachealloc_debug_force_internal_error");
+        }
+        body()
+    });
+    match catch_unwind(run) {
+        Ok(Ok(value)) => value,
+        Ok(Err(msg)) => {
+            set_last_error(&msg);
+            failed
+        }
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            set_last_error(&format!("internal error in {name}: {what}"));
+            failed
+        }
+    }
+}
+
+/// The message of the last failed call on this thread, or NULL when the
+/// last call succeeded: every call clears it first, except this one,
+/// `cachealloc_version` and `cachealloc_debug_force_internal_error`. The
+/// string stays valid until the next call into cachealloc on this thread;
+/// copy it to keep it.
+#[no_mangle]
+pub extern "C" fn cachealloc_last_error() -> *const c_char {
+    last_error_ptr()
+}
+
+/// For tests of the error path: the next call into cachealloc on this
+/// thread panics inside its guard, and so fails as an internal error would
+/// (NULL or -1, with "internal error in FUNCTION: ..." in
+/// `cachealloc_last_error()`). Returns 0.
+#[no_mangle]
+pub extern "C" fn cachealloc_debug_force_internal_error() -> c_int {
+    PANIC_NEXT.try_with(|p| p.set(true)).map_or(-1, |()| 0)
+}
+
+/// [`guard`] for a function that returns a status: 0, or -1 on failure.
+#[inline]
+pub(crate) fn status(name: &'static str, body: impl FnOnce() -> Res<()>) -> c_int {
+    guard(name, -1, || body().map(|()| 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn last() -> Option<String> {
+        let p = last_error_ptr();
+        // SAFETY: a non-null pointer from `last_error_ptr` points at this
+        // thread's live CString, which nothing replaces before this read.
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn errors_are_kept_until_the_next_call_and_panics_are_caught() {
+        assert_eq!(guard("f", 0, || Ok(1)), 1);
+        assert_eq!(last(), None);
+        assert_eq!(guard("f", 0, || Err("bad\0thing".to_string())), 0);
+        assert_eq!(last().as_deref(), Some("bad thing"));
+        assert_eq!(status("f", || Ok(())), 0);
+        assert_eq!(last(), None);
+        assert_eq!(cachealloc_debug_force_internal_error(), 0);
+        assert_eq!(status("g", || Ok(())), -1);
+        let msg = last().unwrap_or_default();
+        assert!(msg.starts_with("internal error in g: forced"), "{msg}");
+        assert_eq!(status("g", || Ok(())), 0, "armed once only");
+    }
+}

@@ -1,0 +1,65 @@
+//! The memory history (PyTorch's `_record_memory_history`) and caller
+//! annotations: entries recorded at the points PyTorch records them, kept
+//! in each device's ring buffer (`CACHEALLOC_HISTORY_CAPACITY` entries at
+//! most), and written out by `cachealloc_snapshot`.
+
+use crate::error::status;
+use crate::registry;
+use crate::snapshot::names;
+use std::ffi::{c_char, c_int, CStr};
+
+/// Start (`enabled` nonzero) or stop recording the memory history of
+/// `device`; with -1, of every device created so far and of the devices
+/// created from now on. At most `max_entries` are kept (0: as many as the
+/// history's storage holds, `CACHEALLOC_HISTORY_CAPACITY`); when full, the
+/// oldest entry goes. Stopping empties the history, as in PyTorch: take the
+/// snapshot first. Returns 0, or -1.
+#[no_mangle]
+pub extern "C" fn cachealloc_record_history(
+    device: c_int,
+    enabled: c_int,
+    max_entries: usize,
+) -> c_int {
+    status("cachealloc_record_history", || {
+        let enabled = enabled != 0;
+        let max = if max_entries == 0 {
+            usize::MAX
+        } else {
+            max_entries
+        };
+        if device == -1 {
+            registry::for_all_and_new(
+                |d| d.record_history(enabled, max),
+                |new| new.history = enabled.then_some(max),
+            );
+        } else {
+            registry::device(device)?.record_history(enabled, max);
+        }
+        Ok(())
+    })
+}
+
+/// Record an annotation named `name` in the history of `device` (with -1,
+/// of every device created so far): a snapshot lists it under
+/// `external_annotations`, at its time. Recorded only while the history is.
+/// Returns 0, or -1.
+///
+/// # Safety
+///
+/// `name` is NULL (an error) or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_record_annotation(device: c_int, name: *const c_char) -> c_int {
+    status("cachealloc_record_annotation", || {
+        if name.is_null() {
+            return Err("cachealloc_record_annotation: name is NULL".to_string());
+        }
+        // SAFETY: the caller passes a NUL-terminated string (see # Safety).
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let devices = registry::selected(device)?;
+        let id = names().id(&name);
+        for (_, d) in devices {
+            d.record_annotation(id);
+        }
+        Ok(())
+    })
+}

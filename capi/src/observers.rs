@@ -1,0 +1,77 @@
+//! Out-of-memory observers: C callbacks told of every final out-of-memory
+//! on any device, existing or created later (PyTorch's
+//! `attachOutOfMemoryObserver`, which reaches only the devices that exist).
+//! Each device carries one [`Forward`] observer that calls them all.
+
+use crate::error::{guard, Res};
+use cachealloc_core::OutOfMemoryObserver;
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+/// An out-of-memory observer: `(device, alloc_size, device_total,
+/// device_free, user)`. `alloc_size` is the segment size that could not be
+/// had (PyTorch's second argument); `device_total` is the memory limit when
+/// a memory fraction is set, else the device's total memory (PyTorch's
+/// typedef calls it `device_total`, its Python wrapper `device_allocated`);
+/// `device_free` is the device's free memory then.
+#[allow(non_camel_case_types)]
+pub type cachealloc_oom_observer = Option<extern "C" fn(c_int, usize, usize, usize, *mut c_void)>;
+
+/// An observer and its user pointer (kept as an integer: it is the
+/// caller's, passed back untouched).
+#[derive(Clone, Copy)]
+struct Observer {
+    callback: extern "C" fn(c_int, usize, usize, usize, *mut c_void),
+    user: usize,
+}
+
+static OBSERVERS: Mutex<Vec<Observer>> = Mutex::new(Vec::new());
+
+fn observers() -> std::sync::MutexGuard<'static, Vec<Observer>> {
+    OBSERVERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The observer every device carries: calls the C observers.
+pub(crate) struct Forward;
+
+/// The one [`Forward`] (devices keep `&'static` observers).
+pub(crate) static FORWARD: Forward = Forward;
+
+impl OutOfMemoryObserver for Forward {
+    fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
+        // A copy: an observer may attach another without deadlocking.
+        let list = observers().clone();
+        for o in list {
+            (o.callback)(
+                device as c_int,
+                alloc_size as usize,
+                device_total as usize,
+                device_free as usize,
+                o.user as *mut c_void,
+            );
+        }
+    }
+}
+
+/// Attach an out-of-memory observer, called (with `user`) on every final
+/// out-of-memory of any device from now on, after the allocator gave up and
+/// before the failing allocation returns NULL.
+///
+/// The observer runs on the allocating thread while that device's
+/// allocator is locked (PyTorch unlocks first): it must not call into
+/// cachealloc, but for `cachealloc_last_error` and `cachealloc_version`.
+/// Returns 0, or -1 when `observer` is NULL.
+#[no_mangle]
+pub extern "C" fn cachealloc_attach_oom_observer(
+    observer: cachealloc_oom_observer,
+    user: *mut c_void,
+) -> c_int {
+    guard("cachealloc_attach_oom_observer", -1, || -> Res<c_int> {
+        let callback = observer.ok_or("cachealloc_attach_oom_observer: observer is NULL")?;
+        observers().push(Observer {
+            callback,
+            user: user as usize,
+        });
+        Ok(0)
+    })
+}

@@ -1,0 +1,207 @@
+//! PyTorch's `CUDAPluggableAllocator` entry points, with the exact C
+//! signatures PyTorch calls through (its `MallocFuncType` / `FreeFuncType`
+//! and the `set_*_fn` hooks): `cachealloc_alloc` and `cachealloc_free` for
+//! `CUDAPluggableAllocator(path, "cachealloc_alloc", "cachealloc_free")`,
+//! and the optional hooks (`set_init_fn`, `set_reset_fn`,
+//! `set_memory_fraction_fn`, `set_base_alloc_fn`, `set_record_stream_fn`,
+//! `set_begin_allocate_to_pool`, `set_end_allocate_to_pool_fn`,
+//! `set_release_pool`).
+
+use crate::error::{guard, status, Res};
+use crate::registry;
+use crate::settings::settings;
+use cachealloc_core::MempoolId;
+use std::ffi::{c_int, c_void};
+
+/// The raw value of a stream handle.
+fn stream_value(stream: *mut c_void) -> u64 {
+    stream as usize as u64
+}
+
+/// Allocate `size` bytes on `device` for use on `stream` (a `cudaStream_t`;
+/// NULL is the default stream). PyTorch's pluggable `alloc`.
+///
+/// Returns the device address, or NULL on failure with the reason in
+/// `cachealloc_last_error()` (out of memory: PyTorch's message, "CUDA out
+/// of memory. Tried to allocate ..."). A request of 0 bytes succeeds with
+/// NULL and no error, as PyTorch's own allocator does (PyTorch never frees
+/// a NULL data pointer; `cachealloc_free(NULL, ...)` is a no-op anyway).
+/// Thread-safe; the device's allocator is created at its first use.
+#[no_mangle]
+pub extern "C" fn cachealloc_alloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    guard("cachealloc_alloc", std::ptr::null_mut(), || {
+        let ptr = registry::device(device)?.malloc(size as u64, stream_value(stream))?;
+        Ok(ptr as usize as *mut c_void)
+    })
+}
+
+/// The body of the frees.
+fn free(ptr: *mut c_void, device: c_int) -> Res<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    registry::existing(device)
+        .map_err(|e| format!("free of {ptr:p}: {e}"))?
+        .free(ptr as usize as u64)
+        .map_err(|e| format!("free of {ptr:p} on device {device}: {e}"))
+}
+
+/// Free `ptr`, allocated on `device` by `cachealloc_alloc`. PyTorch's
+/// pluggable `free`, with its four parameters: `size` and `stream` are
+/// those of the allocation; the allocator knows both already and ignores
+/// them. If other streams used the memory (`cachealloc_record_stream`), it
+/// is reused only once their work queued so far is done. NULL is a no-op.
+///
+/// A bad free (a pointer not allocated here, a double free, the wrong
+/// device) changes nothing and leaves the reason in
+/// `cachealloc_last_error()`; `cachealloc_free_checked` also returns it.
+#[no_mangle]
+pub extern "C" fn cachealloc_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) {
+    let _ = (size, stream);
+    guard("cachealloc_free", (), || free(ptr, device));
+}
+
+/// `cachealloc_free` that returns 0, or -1 for a bad free (the reason in
+/// `cachealloc_last_error()`).
+#[no_mangle]
+pub extern "C" fn cachealloc_free_checked(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    let _ = (size, stream);
+    status("cachealloc_free_checked", || free(ptr, device))
+}
+
+/// PyTorch's `init` hook (`set_init_fn`): called with 0 when the pluggable
+/// allocator is made, then with the device count at CUDA's initialisation.
+/// Idempotent: it reads and checks the settings (errors go to
+/// `cachealloc_last_error()`); devices are created at their first use.
+#[no_mangle]
+pub extern "C" fn cachealloc_init(device_count: c_int) {
+    guard("cachealloc_init", (), || {
+        settings()?;
+        if usize::try_from(device_count).is_ok_and(|n| n > registry::MAX_DEVICES) {
+            return Err(format!(
+                "cachealloc_init: {device_count} devices, of which cachealloc can use the first {}",
+                registry::MAX_DEVICES
+            ));
+        }
+        Ok(())
+    });
+}
+
+/// PyTorch's `reset` hook (`set_reset_fn`, called by
+/// `torch.cuda.empty_cache()`): `empty_cache` on every device created so
+/// far (`cachealloc_empty_cache(-1)`).
+#[no_mangle]
+pub extern "C" fn cachealloc_reset() {
+    guard("cachealloc_reset", (), || {
+        registry::each(-1, |d| d.empty_cache())
+    });
+}
+
+/// PyTorch's `memory_fraction` hook (`set_memory_fraction_fn`,
+/// `torch.cuda.set_per_process_memory_fraction`): from now on no new
+/// segment may take `device`'s reserved memory above `fraction` (0 to 1) of
+/// its total memory. Errors go to `cachealloc_last_error()`.
+#[no_mangle]
+pub extern "C" fn cachealloc_set_memory_fraction(fraction: f64, device: c_int) {
+    guard("cachealloc_set_memory_fraction", (), || {
+        registry::device(device)?
+            .set_memory_fraction(fraction)
+            .map_err(|e| format!("cachealloc_set_memory_fraction({fraction}): {e}"))
+    });
+}
+
+/// PyTorch's `base_alloc` hook (`set_base_alloc_fn`, `getBaseAllocation`):
+/// the base of the segment (device allocation) that holds `ptr`, with its
+/// size written to `*size`. NULL on failure (the reason in
+/// `cachealloc_last_error()`; `*size` untouched).
+///
+/// # Safety
+///
+/// `size` is NULL (an error) or points to a writable `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_base_alloc(ptr: *mut c_void, size: *mut usize) -> *mut c_void {
+    guard("cachealloc_base_alloc", std::ptr::null_mut(), || {
+        if size.is_null() {
+            return Err("cachealloc_base_alloc: size is NULL".to_string());
+        }
+        let (base, bytes) =
+            registry::owner(ptr as usize as u64)?.base_allocation(ptr as usize as u64)?;
+        // SAFETY: `size` is non-null and points to a writable size_t (see # Safety).
+        unsafe { size.write(bytes as usize) };
+        Ok(base as usize as *mut c_void)
+    })
+}
+
+/// PyTorch's `record_stream` hook (`set_record_stream_fn`,
+/// `Tensor.record_stream`): the allocation at `ptr` is used on `stream`
+/// too; once freed, its memory is reused only after the work queued on
+/// `stream` until the free is done. Errors (a pointer not allocated here)
+/// go to `cachealloc_last_error()`.
+#[no_mangle]
+pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void) {
+    guard("cachealloc_record_stream", (), || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let p = ptr as usize as u64;
+        registry::owner(p)?.record_stream(p, stream_value(stream))
+    });
+}
+
+/// PyTorch's `begin_allocate_to_pool` hook (`set_begin_allocate_to_pool`,
+/// called by CUDA graph capture and `_cuda_beginAllocateToPool`): create
+/// private pool `(id0, id1)` (or add a user to it) and send `device`'s
+/// requests to it until `cachealloc_end_allocate_to_pool`.
+///
+/// `filter` is PyTorch's `std::function<bool(cudaStream_t)>`, passed as a
+/// pointer that C cannot call: it is ignored, and every stream of the
+/// device is routed to the pool while it is active (an all-streams filter).
+/// PyTorch's capture rules hold meanwhile: no event is queried, and a freed
+/// block that other streams used waits for the end of the routing.
+/// Errors (already routing to this pool, too many pools) go to
+/// `cachealloc_last_error()`.
+#[no_mangle]
+pub extern "C" fn cachealloc_begin_allocate_to_pool(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    filter: *const c_void,
+) {
+    let _ = filter;
+    guard("cachealloc_begin_allocate_to_pool", (), || {
+        registry::device(device)?.begin_allocate_to_pool(MempoolId(id0, id1))
+    });
+}
+
+/// PyTorch's `end_allocate_to_pool` hook (`set_end_allocate_to_pool_fn`):
+/// stop sending `device`'s requests to pool `(id0, id1)`. The pool's
+/// `MempoolId_t` (a `std::pair` of two `unsigned long long`, passed by
+/// value) arrives as the two integers. Errors (not routing to that pool) go
+/// to `cachealloc_last_error()`.
+#[no_mangle]
+pub extern "C" fn cachealloc_end_allocate_to_pool(device: c_int, id0: u64, id1: u64) {
+    guard("cachealloc_end_allocate_to_pool", (), || {
+        registry::device(device)?.end_allocate_to_pool(MempoolId(id0, id1))
+    });
+}
+
+/// PyTorch's `release_pool` hook (`set_release_pool`, `CUDAGraph::reset`):
+/// one user less of pool `(id0, id1)`; once it has none, the next
+/// `empty_cache` returns its memory and deletes it. Errors go to
+/// `cachealloc_last_error()`.
+#[no_mangle]
+pub extern "C" fn cachealloc_release_pool(device: c_int, id0: u64, id1: u64) {
+    guard("cachealloc_release_pool", (), || {
+        registry::device(device)?.release_pool(MempoolId(id0, id1))
+    });
+}

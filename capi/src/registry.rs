@@ -1,0 +1,117 @@
+//! The process-wide devices: one allocator per device index (up to
+//! [`MAX_DEVICES`]), created at its first use from the settings, and never
+//! dropped (the process keeps its allocators, as PyTorch does). Creation is
+//! serialized by one lock; a failed creation (no driver, no such device) is
+//! reported and tried again at the next use. Reading a created device takes
+//! no lock.
+
+use crate::backend::{open, DeviceOps};
+use crate::error::Res;
+use crate::settings::settings;
+use std::ffi::c_int;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// The most devices a process can use.
+pub(crate) const MAX_DEVICES: usize = 64;
+
+static DEVICES: [OnceLock<Box<dyn DeviceOps>>; MAX_DEVICES] =
+    [const { OnceLock::new() }; MAX_DEVICES];
+
+/// What creation starts a device with: whether history is recorded, and
+/// how many entries it keeps (see `cachealloc_record_history` with -1).
+#[derive(Clone, Copy)]
+pub(crate) struct NewDevice {
+    pub(crate) history: Option<usize>,
+}
+
+/// Held while a device is created (and while the settings for new devices
+/// change, so that no device misses them).
+static CREATING: Mutex<NewDevice> = Mutex::new(NewDevice { history: None });
+
+fn creating() -> MutexGuard<'static, NewDevice> {
+    CREATING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The index of device `device`, if it is one.
+fn index(device: c_int) -> Res<usize> {
+    usize::try_from(device)
+        .ok()
+        .filter(|&d| d < MAX_DEVICES)
+        .ok_or_else(|| format!("device {device}: expected 0 to {}", MAX_DEVICES - 1))
+}
+
+/// Device `device`, created now if this is its first use.
+pub(crate) fn device(device: c_int) -> Res<&'static dyn DeviceOps> {
+    let i = index(device)?;
+    if let Some(d) = DEVICES[i].get() {
+        return Ok(d.as_ref());
+    }
+    let new = creating();
+    if let Some(d) = DEVICES[i].get() {
+        return Ok(d.as_ref());
+    }
+    let d = open(settings()?, i as u32).map_err(|e| format!("device {device}: {e}"))?;
+    if let Some(max) = new.history {
+        d.record_history(true, max);
+    }
+    Ok(DEVICES[i].get_or_init(|| d).as_ref())
+}
+
+/// Device `device` if it has been created.
+pub(crate) fn existing(device: c_int) -> Res<&'static dyn DeviceOps> {
+    let i = index(device)?;
+    DEVICES[i]
+        .get()
+        .map(|d| d.as_ref())
+        .ok_or_else(|| format!("device {device} has allocated nothing"))
+}
+
+/// The devices created so far, with their indices.
+pub(crate) fn created() -> impl Iterator<Item = (c_int, &'static dyn DeviceOps)> {
+    DEVICES
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| d.get().map(|d| (i as c_int, d.as_ref())))
+}
+
+/// `device` (created if new), or with -1 every device created so far.
+pub(crate) fn selected(device: c_int) -> Res<Vec<(c_int, &'static dyn DeviceOps)>> {
+    if device == -1 {
+        Ok(created().collect())
+    } else {
+        Ok(vec![(device, self::device(device)?)])
+    }
+}
+
+/// Run `f` on `device` (created if new), or with -1 on every device
+/// created so far; all of them even when one fails, whose error is
+/// returned (the first one's).
+pub(crate) fn each(device: c_int, f: impl Fn(&dyn DeviceOps) -> Res<()>) -> Res<()> {
+    let mut first = Ok(());
+    for (i, d) in selected(device)? {
+        if let Err(e) = f(d) {
+            if first.is_ok() {
+                first = Err(format!("device {i}: {e}"));
+            }
+        }
+    }
+    first
+}
+
+/// The created device whose segments contain `ptr`.
+pub(crate) fn owner(ptr: u64) -> Res<&'static dyn DeviceOps> {
+    created()
+        .map(|(_, d)| d)
+        .find(|d| d.owns(ptr))
+        .ok_or_else(|| format!("pointer {ptr:#x} was not allocated by cachealloc"))
+}
+
+/// Run `f` on every created device and on the settings new devices start
+/// with, with creation held off (so no device misses the change).
+pub(crate) fn for_all_and_new(f: impl Fn(&dyn DeviceOps), new: impl FnOnce(&mut NewDevice)) {
+    let mut guard = creating();
+    new(&mut guard);
+    for (_, d) in created() {
+        f(d);
+    }
+}

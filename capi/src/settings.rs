@@ -1,0 +1,177 @@
+//! The process's settings, read from the environment once, at first use:
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `CACHEALLOC_BACKEND` | `cuda`, `hip` or `mock` | `cuda` |
+//! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | `PYTORCH_CUDA_ALLOC_CONF` (on HIP: `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_CUDA_ALLOC_CONF`) |
+//! | `CACHEALLOC_MOCK_CAPACITY` | the simulated device's size: bytes, or with a unit (`4GiB`) | unlimited |
+//! | `CACHEALLOC_SLOTS` | block slots per device (88 bytes of host memory each, one per block) | 1048576 |
+//! | `CACHEALLOC_HISTORY_CAPACITY` | most memory-history entries a device can keep | 131072 |
+
+use crate::error::Res;
+use cachealloc_core::Config;
+use std::sync::OnceLock;
+
+/// Which kind of device the process's allocators run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BackendKind {
+    /// The simulated device of `cachealloc-mock`.
+    Mock,
+    /// NVIDIA GPUs through the CUDA driver.
+    #[cfg(feature = "cuda")]
+    Cuda,
+    /// AMD GPUs through HIP.
+    #[cfg(feature = "hip")]
+    Hip,
+}
+
+/// The settings.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) backend: BackendKind,
+    /// The settings string as given (snapshots show it).
+    pub(crate) conf_text: String,
+    pub(crate) config: Config,
+    pub(crate) mock_capacity: Option<u64>,
+    pub(crate) slots: usize,
+    pub(crate) history: usize,
+}
+
+/// Block slots per device unless `CACHEALLOC_SLOTS` says otherwise.
+pub(crate) const DEFAULT_SLOTS: usize = 1 << 20;
+
+/// History entries per device unless `CACHEALLOC_HISTORY_CAPACITY` says otherwise.
+pub(crate) const DEFAULT_HISTORY: usize = 1 << 17;
+
+/// The settings (read once; an error in them is kept and reported by
+/// every call that needs a device).
+pub(crate) fn settings() -> Res<&'static Settings> {
+    static SETTINGS: OnceLock<Res<Settings>> = OnceLock::new();
+    SETTINGS
+        .get_or_init(|| read(&|name| std::env::var(name).ok()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The settings from `env` (a variable's value, if set).
+fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
+    let backend = backend(env("CACHEALLOC_BACKEND").as_deref())?;
+    let conf_names: &[&str] = match backend {
+        #[cfg(feature = "hip")]
+        BackendKind::Hip => &[
+            "CACHEALLOC_CONF",
+            "PYTORCH_HIP_ALLOC_CONF",
+            "PYTORCH_CUDA_ALLOC_CONF",
+        ],
+        _ => &["CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"],
+    };
+    let conf_text = conf_names.iter().find_map(|n| env(n)).unwrap_or_default();
+    let config = Config::parse(&conf_text).map_err(|e| format!("{e} (in {conf_text:?})"))?;
+    let mock_capacity = match env("CACHEALLOC_MOCK_CAPACITY") {
+        Some(s) if !s.trim().is_empty() => Some(
+            cachealloc_trace::parse_bytes(&s)
+                .map_err(|e| format!("CACHEALLOC_MOCK_CAPACITY: {e}"))?,
+        ),
+        _ => None,
+    };
+    let count = |name: &str, default: usize| -> Res<usize> {
+        match env(name) {
+            Some(s) if !s.trim().is_empty() => match s.trim().parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{name}: expected a positive count, got {s:?}")),
+            },
+            _ => Ok(default),
+        }
+    };
+    let slots = count("CACHEALLOC_SLOTS", DEFAULT_SLOTS)?;
+    if slots > u32::MAX as usize {
+        return Err(format!("CACHEALLOC_SLOTS: at most {} slots", u32::MAX));
+    }
+    Ok(Settings {
+        backend,
+        conf_text,
+        config,
+        mock_capacity,
+        slots,
+        history: count("CACHEALLOC_HISTORY_CAPACITY", DEFAULT_HISTORY)?,
+    })
+}
+
+/// The backend a `CACHEALLOC_BACKEND` value names.
+fn backend(name: Option<&str>) -> Res<BackendKind> {
+    let name = name.map(str::trim).filter(|n| !n.is_empty());
+    match name.unwrap_or("cuda").to_ascii_lowercase().as_str() {
+        "mock" => Ok(BackendKind::Mock),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(BackendKind::Cuda),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => Err("CACHEALLOC_BACKEND=cuda: this library was built without the `cuda` feature (CACHEALLOC_BACKEND=mock for the simulated device)".to_string()),
+        #[cfg(feature = "hip")]
+        "hip" => Ok(BackendKind::Hip),
+        #[cfg(not(feature = "hip"))]
+        "hip" => Err("CACHEALLOC_BACKEND=hip: this library was built without the `hip` feature (cargo build -p cachealloc-capi --features hip)".to_string()),
+        other => Err(format!(
+            "CACHEALLOC_BACKEND={other:?}: expected cuda, hip or mock"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Res<Settings> {
+        read(&|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let s = with(&[("CACHEALLOC_BACKEND", "mock")]).unwrap();
+        assert_eq!(s.backend, BackendKind::Mock);
+        assert_eq!(
+            (s.slots, s.history, s.mock_capacity),
+            (DEFAULT_SLOTS, DEFAULT_HISTORY, None)
+        );
+        let s = with(&[
+            ("CACHEALLOC_BACKEND", "MOCK"),
+            ("CACHEALLOC_MOCK_CAPACITY", "4GiB"),
+            ("CACHEALLOC_SLOTS", "4096"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"),
+        ])
+        .unwrap();
+        assert_eq!((s.mock_capacity, s.slots), (Some(4 << 30), 4096));
+        assert_eq!(s.config.max_split_size, 64 << 20);
+        let s = with(&[
+            ("CACHEALLOC_BACKEND", "mock"),
+            ("CACHEALLOC_CONF", "expandable_segments:True"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"),
+        ])
+        .unwrap();
+        assert!(s.config.expandable_segments, "CACHEALLOC_CONF wins");
+        assert_eq!(s.config.max_split_size, u64::MAX);
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_variable() {
+        let e = with(&[("CACHEALLOC_BACKEND", "tpu")]).unwrap_err();
+        assert!(e.contains("CACHEALLOC_BACKEND"), "{e}");
+        let e = with(&[
+            ("CACHEALLOC_BACKEND", "mock"),
+            ("CACHEALLOC_MOCK_CAPACITY", "lots"),
+        ])
+        .unwrap_err();
+        assert!(e.contains("CACHEALLOC_MOCK_CAPACITY"), "{e}");
+        let e = with(&[("CACHEALLOC_BACKEND", "mock"), ("CACHEALLOC_SLOTS", "0")]).unwrap_err();
+        assert!(e.contains("CACHEALLOC_SLOTS"), "{e}");
+        let e = with(&[
+            ("CACHEALLOC_BACKEND", "mock"),
+            ("CACHEALLOC_CONF", "bogus:1"),
+        ])
+        .unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

@@ -1,0 +1,462 @@
+/*
+ * The C ABI of libcachealloc, from C, as PyTorch and C runtimes use it.
+ * Built and run by capi/tests/capi.rs:
+ *
+ *   abi_test MODE ITERATIONS SNAPSHOT_DIR
+ *
+ * MODE is `mock` (CACHEALLOC_BACKEND=mock, CACHEALLOC_MOCK_CAPACITY=1GiB)
+ * or `cuda` (CACHEALLOC_BACKEND=cuda on the project's stub driver, whose
+ * capacity this program sets to 1 GiB; it has no CUDA runtime to create
+ * streams with, so every stream is the default one). It prints
+ * `stat KEY VALUE` for every statistic after the fixed sequence of
+ * `sequence()` (the Rust side replays the same sequence on the allocator
+ * and compares), `ok WHAT` per check, and exits 1 at the first failure.
+ */
+#define _GNU_SOURCE
+#include "cachealloc.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* PyTorch's function types (c10/cuda/CUDAPluggableAllocator: MallocFuncType,
+ * FreeFuncType and the set_*_fn hooks), with cudaStream_t as the C ABI
+ * passes it. Every entry point is assigned to them: with -Wall -Werror a
+ * signature that differs does not compile. */
+typedef void *cudaStream_t;
+typedef void *(*MallocFuncType)(size_t, int, cudaStream_t);
+typedef void (*FreeFuncType)(void *, size_t, int, cudaStream_t);
+typedef void (*InitFnType)(int);
+typedef void (*ResetFnType)(void);
+typedef void (*MemoryFractionFnType)(double, int);
+typedef void *(*BaseAllocFnType)(void *, size_t *);
+typedef void (*RecordStreamFnType)(void *, cudaStream_t);
+/* (int device, MempoolId_t id, std::function<bool(cudaStream_t)> filter):
+ * the pair arrives as two integers, the std::function as a pointer. */
+typedef void (*BeginAllocateToPoolFnType)(int, uint64_t, uint64_t, const void *);
+typedef void (*EndAllocateToPoolFnType)(int, uint64_t, uint64_t);
+typedef void (*ReleasePoolFnType)(int, uint64_t, uint64_t);
+
+static const MallocFuncType alloc_fn = cachealloc_alloc;
+static const FreeFuncType free_fn = cachealloc_free;
+static const InitFnType init_fn = cachealloc_init;
+static const ResetFnType reset_fn = cachealloc_reset;
+static const MemoryFractionFnType memory_fraction_fn = cachealloc_set_memory_fraction;
+static const BaseAllocFnType base_alloc_fn = cachealloc_base_alloc;
+static const RecordStreamFnType record_stream_fn = cachealloc_record_stream;
+static const BeginAllocateToPoolFnType begin_fn = cachealloc_begin_allocate_to_pool;
+static const EndAllocateToPoolFnType end_fn = cachealloc_end_allocate_to_pool;
+static const ReleasePoolFnType release_fn = cachealloc_release_pool;
+
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+
+static int cuda_mode;
+static cudaStream_t side_stream; /* the second stream of the sequence */
+
+#define FAIL(...)                                                                  \
+    do {                                                                           \
+        fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                       \
+        fprintf(stderr, __VA_ARGS__);                                              \
+        fprintf(stderr, " (last error: %s)\n", last_error());                      \
+        exit(1);                                                                   \
+    } while (0)
+#define CHECK(cond, ...)                                                           \
+    do {                                                                           \
+        if (!(cond)) FAIL(__VA_ARGS__);                                            \
+    } while (0)
+
+static const char *last_error(void) {
+    const char *e = cachealloc_last_error();
+    return e ? e : "(none)";
+}
+
+static int no_error(void) { return cachealloc_last_error() == NULL; }
+
+static int error_has(const char *text) {
+    const char *e = cachealloc_last_error();
+    return e && strstr(e, text);
+}
+
+/* ------------------------------------------------------------ statistics */
+
+typedef struct {
+    const char *key;
+    int64_t value;
+    int found;
+} stat_query;
+
+static void find_stat(const char *key, int64_t value, void *user) {
+    stat_query *q = user;
+    if (strcmp(key, q->key) == 0) {
+        q->value = value;
+        q->found = 1;
+    }
+}
+
+static int64_t stat(int device, const char *key) {
+    stat_query q = {key, 0, 0};
+    CHECK(cachealloc_memory_stats(device, find_stat, &q) == 0, "memory_stats(%d)", device);
+    CHECK(q.found, "no statistic %s", key);
+    return q.value;
+}
+
+static void print_stat(const char *key, int64_t value, void *user) {
+    (void)user;
+    printf("stat %s %lld\n", key, (long long)value);
+}
+
+/* ---------------------------------------------------------- OOM observer */
+
+typedef struct {
+    int calls, device;
+    size_t alloc_size, device_total, device_free;
+} oom_seen;
+
+static void on_oom(int device, size_t alloc_size, size_t device_total, size_t device_free,
+                   void *user) {
+    oom_seen *s = user;
+    s->calls++;
+    s->device = device;
+    s->alloc_size = alloc_size;
+    s->device_total = device_total;
+    s->device_free = device_free;
+}
+
+static oom_seen ooms;
+
+/* ------------------------------------------------------- the stub driver */
+
+typedef struct {
+    uint64_t live_allocations, live_bytes, live_events, live_streams, retained_contexts,
+        bad_handles, calls, injected, live_reservations, live_physical, live_mappings;
+} stub_counters;
+
+static void *stub_symbol(const char *name) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    CHECK(lib, "cannot open the stub libcuda.so.1: %s", dlerror());
+    void *f = dlsym(lib, name);
+    CHECK(f, "libcuda.so.1 is not the stub driver (no %s)", name);
+    return f;
+}
+
+/* -------------------------------------------------------------- sequence */
+
+/* The fixed sequence whose statistics are compared with the allocator's
+ * own (capi/tests/capi.rs, `sequence`: keep the two the same). */
+static void sequence(void) {
+    void *nothing = alloc_fn(0, 0, NULL);
+    CHECK(nothing == NULL && no_error(), "alloc of 0 bytes: NULL without an error");
+    free_fn(NULL, 0, 0, NULL);
+    CHECK(no_error(), "free of NULL is a no-op");
+
+    void *small = alloc_fn(1000, 0, NULL);
+    CHECK(small && no_error(), "alloc 1000");
+    void *large = alloc_fn(30 * MIB, 0, NULL);
+    CHECK(large && no_error(), "alloc 30 MiB");
+    void *side = alloc_fn(1000, 0, side_stream);
+    CHECK(side && side != small, "alloc 1000 on the side stream");
+    record_stream_fn(small, side_stream);
+    CHECK(no_error(), "record_stream");
+
+    size_t seg = 0;
+    void *base = base_alloc_fn((char *)large + 4096, &seg);
+    CHECK(base == large && seg >= 30 * MIB, "base_alloc: %p (%zu bytes) for %p", base, seg, large);
+    CHECK(cachealloc_record_annotation(0, "after the first allocations") == 0, "annotation");
+
+    free_fn(small, 1000, 0, NULL);
+    CHECK(no_error(), "free 1000");
+    free_fn(large, 30 * MIB, 0, NULL);
+    CHECK(no_error(), "free 30 MiB");
+    void *again = alloc_fn(30 * MIB, 0, NULL);
+    CHECK(again == large, "the cached 30 MiB block is reused: %p, not %p", again, large);
+
+    void *oom = alloc_fn(2 * GIB, 0, NULL);
+    CHECK(oom == NULL, "2 GiB on a 1 GiB device fails");
+    CHECK(error_has("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"),
+          "PyTorch's out-of-memory message");
+    CHECK(ooms.calls == 1 && ooms.device == 0 && ooms.alloc_size == 2 * GIB &&
+              ooms.device_total == GIB && ooms.device_free <= GIB,
+          "the OOM observer: %d calls, device %d, %zu, %zu, %zu", ooms.calls, ooms.device,
+          ooms.alloc_size, ooms.device_total, ooms.device_free);
+    printf("ok out of memory: %s\n", last_error());
+
+    free_fn(side, 1000, 0, side_stream);
+    free_fn(again, 30 * MIB, 0, NULL);
+    CHECK(no_error(), "frees");
+    CHECK(cachealloc_empty_cache(0) == 0, "empty_cache");
+}
+
+/* --------------------------------------------------------------- threads */
+
+#define THREADS 8
+#define LIVE_PER_THREAD 4
+
+typedef struct {
+    uintptr_t lo, hi;
+} interval;
+
+/* The live allocations of all threads: an allocation is here from just
+ * after its alloc returned to just before its free, so two that overlap
+ * here overlapped in the allocator. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static interval live[THREADS * LIVE_PER_THREAD];
+static int nlive;
+
+static void live_insert(void *p, size_t size) {
+    uintptr_t lo = (uintptr_t)p, hi = lo + size;
+    pthread_mutex_lock(&live_lock);
+    for (int i = 0; i < nlive; i++)
+        if (lo < live[i].hi && live[i].lo < hi)
+            FAIL("[%#lx, %#lx) overlaps the live [%#lx, %#lx)", (unsigned long)lo,
+                 (unsigned long)hi, (unsigned long)live[i].lo, (unsigned long)live[i].hi);
+    live[nlive].lo = lo;
+    live[nlive].hi = hi;
+    nlive++;
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void live_remove(void *p) {
+    pthread_mutex_lock(&live_lock);
+    for (int i = 0; i < nlive; i++)
+        if (live[i].lo == (uintptr_t)p) {
+            live[i] = live[--nlive];
+            pthread_mutex_unlock(&live_lock);
+            return;
+        }
+    FAIL("%p is not live", p);
+}
+
+typedef struct {
+    int index;
+    long iterations;
+    long allocations; /* of more than 0 bytes */
+} worker;
+
+static uint64_t xorshift(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static void *work(void *arg) {
+    worker *w = arg;
+    uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->index + 1);
+    cudaStream_t stream = cuda_mode ? NULL : (cudaStream_t)(uintptr_t)(0x1000 + 0x10 * w->index);
+    void *ptr[LIVE_PER_THREAD] = {0};
+    size_t size[LIVE_PER_THREAD] = {0};
+    for (long i = 0; i < w->iterations; i++) {
+        int k = (int)(xorshift(&rng) % LIVE_PER_THREAD);
+        if (ptr[k]) {
+            live_remove(ptr[k]);
+            CHECK(cachealloc_free_checked(ptr[k], size[k], 0, stream) == 0, "free");
+            ptr[k] = NULL;
+        }
+        uint64_t r = xorshift(&rng);
+        size_t n = r % 64 == 0   ? 0
+                   : r % 16 == 1 ? (size_t)(r >> 8) % (24 * MIB) + 1
+                   : r % 4 == 2  ? (size_t)(r >> 8) % (4 * MIB) + 1
+                                 : (size_t)(r >> 8) % MIB + 1;
+        void *p = alloc_fn(n, 0, stream);
+        if (n == 0) {
+            CHECK(p == NULL && no_error(), "alloc of 0 bytes");
+            continue;
+        }
+        CHECK(p != NULL, "alloc of %zu bytes in thread %d", n, w->index);
+        w->allocations++;
+        live_insert(p, n);
+        ptr[k] = p;
+        size[k] = n;
+    }
+    for (int k = 0; k < LIVE_PER_THREAD; k++)
+        if (ptr[k]) {
+            live_remove(ptr[k]);
+            free_fn(ptr[k], size[k], 0, stream);
+            CHECK(no_error(), "free");
+        }
+    return NULL;
+}
+
+static void threads(long iterations) {
+    int64_t before = stat(0, "allocation.all.allocated");
+    pthread_t t[THREADS];
+    worker w[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (worker){i, iterations, 0};
+        CHECK(pthread_create(&t[i], NULL, work, &w[i]) == 0, "pthread_create");
+    }
+    long total = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        total += w[i].allocations;
+    }
+    CHECK(nlive == 0, "%d allocations left live", nlive);
+    CHECK(stat(0, "allocation.all.allocated") - before == total,
+          "allocations counted: %lld, made: %ld",
+          (long long)(stat(0, "allocation.all.allocated") - before), total);
+    CHECK(stat(0, "allocation.all.current") == 0 && stat(0, "allocated_bytes.all.current") == 0,
+          "nothing allocated after the threads");
+    printf("ok threads: %d x %ld alloc/free pairs, %ld allocations, no overlap\n", THREADS,
+           iterations, total);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s mock|cuda ITERATIONS SNAPSHOT_DIR\n", argv[0]);
+        return 2;
+    }
+    cuda_mode = strcmp(argv[1], "cuda") == 0;
+    long iterations = atol(argv[2]);
+    const char *dir = argv[3];
+    side_stream = cuda_mode ? NULL : (cudaStream_t)(uintptr_t)0x10;
+
+    if (cuda_mode) {
+        void (*set_capacity)(uint64_t) = (void (*)(uint64_t))stub_symbol("cachealloc_stub_set_capacity");
+        set_capacity(GIB);
+    }
+
+    const char *version = cachealloc_version();
+    CHECK(version && version[0], "version");
+    init_fn(0);
+    init_fn(1);
+    init_fn(1);
+    CHECK(no_error(), "init(0), init(1) twice");
+    CHECK(cachealloc_attach_oom_observer(on_oom, &ooms) == 0, "attach_oom_observer");
+    CHECK(cachealloc_attach_oom_observer(NULL, NULL) == -1 && error_has("NULL"),
+          "a NULL observer is refused");
+    /* Before any device exists: applies to the devices created later. */
+    CHECK(cachealloc_record_history(-1, 1, 0) == 0, "record_history(-1)");
+    printf("ok cachealloc %s\n", version);
+
+    sequence();
+    CHECK(cachealloc_memory_stats(0, print_stat, NULL) == 0, "memory_stats");
+    size_t cached = 1, largest = 1;
+    CHECK(cachealloc_cache_info(0, &cached, &largest) == 0 && cached == 0 && largest == 0,
+          "nothing cached after empty_cache: %zu, %zu", cached, largest);
+    printf("ok sequence\n");
+
+    /* Statistics calls. */
+    CHECK(cachealloc_memory_stats(0, NULL, NULL) == -1 && error_has("NULL"), "NULL callback");
+    CHECK(cachealloc_memory_stats(64, print_stat, NULL) == -1 && error_has("device 64"),
+          "device 64 is out of range");
+    CHECK(stat(0, "num_ooms") == 1, "one OOM");
+    CHECK(cachealloc_reset_accumulated_stats(0) == 0 && stat(0, "num_ooms") == 0,
+          "reset_accumulated_stats");
+    void *p = alloc_fn(5 * MIB, 0, NULL);
+    free_fn(p, 5 * MIB, 0, NULL);
+    CHECK(stat(0, "allocated_bytes.all.peak") > 0, "a peak");
+    CHECK(cachealloc_reset_peak_stats(0) == 0 && stat(0, "allocated_bytes.all.peak") == 0,
+          "reset_peak_stats");
+    printf("ok statistics\n");
+
+    /* Memory fraction. */
+    memory_fraction_fn(0.25, 0);
+    CHECK(no_error(), "set_memory_fraction(0.25)");
+    p = alloc_fn(300 * MIB, 0, NULL);
+    CHECK(p == NULL && error_has("out of memory") && error_has("allowed"),
+          "300 MiB above a quarter of 1 GiB");
+    CHECK(ooms.calls == 2 && ooms.device_total == GIB / 4, "the observer sees the limit");
+    memory_fraction_fn(2.0, 0);
+    CHECK(cachealloc_last_error() != NULL, "a fraction of 2 is refused");
+    memory_fraction_fn(1.0, 0);
+    p = alloc_fn(300 * MIB, 0, NULL);
+    CHECK(p != NULL, "300 MiB under the whole device");
+    free_fn(p, 300 * MIB, 0, NULL);
+    printf("ok memory fraction\n");
+
+    /* Private pools (CUDA graphs): requests go to pool (1, 0) while routed. */
+    begin_fn(0, 1, 0, NULL);
+    CHECK(no_error(), "begin_allocate_to_pool");
+    begin_fn(0, 1, 0, NULL);
+    CHECK(error_has("already recording"), "a second begin on the same pool");
+    void *in_pool = alloc_fn(1000, 0, NULL);
+    end_fn(0, 1, 0);
+    CHECK(in_pool && no_error(), "end_allocate_to_pool");
+    end_fn(0, 1, 0);
+    CHECK(error_has("not currently recording"), "a second end");
+    void *outside = alloc_fn(1000, 0, NULL);
+    CHECK(outside && no_error(), "alloc after the pool");
+    printf("ok pools\n");
+
+    /* Snapshots, with the pool's block and the default pool's live. */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/snapshot.json", dir);
+    CHECK(cachealloc_snapshot(-1, path) == 0, "snapshot %s", path);
+    snprintf(path, sizeof path, "%s/snapshot.pickle", dir);
+    CHECK(cachealloc_snapshot(0, path) == 0, "snapshot %s", path);
+    CHECK(cachealloc_snapshot(0, "/nonexistent-dir/x.pickle") == -1 &&
+              error_has("/nonexistent-dir/x.pickle"),
+          "a snapshot that cannot be written");
+    CHECK(cachealloc_snapshot(0, NULL) == -1, "a NULL path");
+    free_fn(in_pool, 1000, 0, NULL);
+    free_fn(outside, 1000, 0, NULL);
+    release_fn(0, 1, 0);
+    CHECK(no_error(), "release_pool");
+    reset_fn();
+    CHECK(no_error(), "reset");
+    printf("ok snapshots\n");
+
+    /* Bad frees: an error text, no crash, nothing changed. */
+    int64_t allocated = stat(0, "allocation.all.current");
+    free_fn((void *)(uintptr_t)0xdead0000, 16, 0, NULL);
+    CHECK(error_has("0xdead0000"), "a free of a pointer not allocated here");
+    CHECK(cachealloc_free_checked((void *)(uintptr_t)0xdead0000, 16, 0, NULL) == -1,
+          "free_checked says so too");
+    p = alloc_fn(4096, 0, NULL);
+    free_fn(p, 4096, 0, NULL);
+    CHECK(no_error(), "free");
+    CHECK(cachealloc_free_checked(p, 4096, 0, NULL) == -1 && cachealloc_last_error(),
+          "a double free");
+    printf("ok double free: %s\n", last_error());
+    CHECK(cachealloc_free_checked(p, 4096, 5, NULL) == -1 && error_has("device 5"),
+          "a free on a device never used");
+    record_stream_fn((void *)(uintptr_t)0xdead0000, NULL);
+    CHECK(error_has("not allocated by cachealloc"), "record_stream of a pointer not ours");
+    size_t seg = 7;
+    CHECK(base_alloc_fn((void *)(uintptr_t)0xdead0000, &seg) == NULL && seg == 7,
+          "base_alloc of a pointer not ours");
+    CHECK(stat(0, "allocation.all.current") == allocated, "nothing changed");
+    printf("ok bad frees\n");
+
+    /* A forced internal error (a panic inside the library) comes back as
+     * NULL or -1 with a message, and the library goes on working. */
+    CHECK(cachealloc_debug_force_internal_error() == 0, "arm");
+    p = alloc_fn(1000, 0, NULL);
+    CHECK(p == NULL && error_has("internal error in cachealloc_alloc"), "alloc: NULL");
+    printf("ok internal error: %s\n", last_error());
+    cachealloc_debug_force_internal_error();
+    stat_query q = {"allocation.all.current", 0, 0};
+    CHECK(cachealloc_memory_stats(0, find_stat, &q) == -1 &&
+              error_has("internal error in cachealloc_memory_stats"),
+          "memory_stats: -1");
+    p = alloc_fn(1000, 0, NULL);
+    CHECK(p && no_error(), "alloc after the internal errors");
+    free_fn(p, 1000, 0, NULL);
+    printf("ok internal errors\n");
+
+    threads(iterations);
+    CHECK(cachealloc_empty_cache(-1) == 0, "empty_cache(-1)");
+
+    if (cuda_mode) {
+        stub_counters c;
+        void (*counters)(stub_counters *) =
+            (void (*)(stub_counters *))stub_symbol("cachealloc_stub_counters");
+        counters(&c);
+        CHECK(c.live_allocations == 0 && c.bad_handles == 0 && c.live_events == 0,
+              "the stub driver holds %llu allocations, %llu events, saw %llu bad handles",
+              (unsigned long long)c.live_allocations, (unsigned long long)c.live_events,
+              (unsigned long long)c.bad_handles);
+        printf("ok stub driver: nothing held, no bad handle, %llu driver calls\n",
+               (unsigned long long)c.calls);
+    }
+    printf("abi_test: all checks passed\n");
+    return 0;
+}

@@ -1,0 +1,530 @@
+//! The C library from outside, as C programs and PyTorch see it:
+//!
+//! - `header`: `include/cachealloc.h` is what cbindgen makes of the sources
+//!   (`CACHEALLOC_BLESS=1` rewrites it);
+//! - `c_abi_on_the_simulated_device`: `tests/c/abi_test.c`, compiled with
+//!   the system C compiler (`-Wall -Wextra -Werror`, every entry point
+//!   assigned to PyTorch's function types) against the header and linked
+//!   with the cdylib cargo built for this test, runs with
+//!   `CACHEALLOC_BACKEND=mock`: sizes 0 / 1000 / 30 MiB, record_stream, out
+//!   of memory with PyTorch's message, the hooks, snapshots, bad frees, a
+//!   forced internal error, 8 threads of random alloc/free pairs checked
+//!   for overlap; its statistics must equal those of the same sequence run
+//!   on the allocator here, and its snapshot must pass the project's
+//!   snapshot checker;
+//! - `c_abi_on_the_cuda_stub`: the same program on the CUDA backend, over
+//!   the project's stub `libcuda.so.1`;
+//! - `cpp_pool_hooks_through_std_function`: the pool hooks called the way
+//!   PyTorch's bindings call them (`reinterpret_cast` to
+//!   `void(*)(int, std::pair<unsigned long long, unsigned long long>)`,
+//!   wrapped in `std::function`);
+//! - `readme_example`: `examples/hello.c`, built and run with the README's
+//!   commands.
+
+use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
+use cachealloc_mock::MockDevice;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The folder of the cdylib cargo built for this test (`libcachealloc.so`
+/// beside the test executable, in `deps/`).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable");
+    let deps = exe.parent().expect("its folder").to_path_buf();
+    for dir in [deps.clone(), deps.join("..")] {
+        if dir.join("libcachealloc.so").exists() {
+            return dir;
+        }
+    }
+    panic!(
+        "no libcachealloc.so beside {} (cargo builds the cdylib for integration tests)",
+        exe.display()
+    );
+}
+
+/// A scratch folder of its own for test `name`.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("capi")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    dir
+}
+
+/// Run `cmd`, failing the test with its output unless it succeeds.
+fn run(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{text}",
+        out.status
+    );
+    out
+}
+
+/// Compile C (or C++ with `cxx`) `source` into `out`, against the header
+/// and the library.
+fn compile(source: &Path, out: &Path, cxx: bool) {
+    let (var, default, std) = if cxx {
+        ("CXX", "c++", "-std=c++17")
+    } else {
+        ("CC", "cc", "-std=c11")
+    };
+    let compiler = std::env::var(var).unwrap_or_else(|_| default.to_string());
+    let lib = lib_dir();
+    let mut cmd = Command::new(&compiler);
+    cmd.args([std, "-Wall", "-Werror", "-g", "-pthread"]);
+    if !cxx {
+        cmd.arg("-Wextra");
+    }
+    cmd.arg("-I")
+        .arg(manifest_dir().join("include"))
+        .arg(source)
+        .arg("-o")
+        .arg(out)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lcachealloc", "-ldl"]);
+    run(&mut cmd, &format!("compiling {}", source.display()));
+}
+
+/// A command for `exe` with the settings cleared, then `backend`'s.
+fn program(exe: &Path, backend: &str) -> Command {
+    let mut cmd = Command::new(exe);
+    for v in [
+        "CACHEALLOC_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_HIP_ALLOC_CONF",
+        "CACHEALLOC_SLOTS",
+        "CACHEALLOC_HISTORY_CAPACITY",
+        "CACHEALLOC_MOCK_CAPACITY",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.env("CACHEALLOC_BACKEND", backend);
+    // A smaller arena than the default (the test needs few blocks).
+    cmd.env("CACHEALLOC_SLOTS", "65536");
+    cmd
+}
+
+// ------------------------------------------------------------------ header
+
+/// The header cbindgen makes of the sources with `cbindgen.toml`.
+fn generated_header() -> String {
+    let dir = manifest_dir();
+    let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(dir.join("src/lib.rs"))
+        .generate()
+        .expect("cbindgen parses the sources");
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    String::from_utf8(out).expect("UTF-8")
+}
+
+#[test]
+fn header() {
+    let path = manifest_dir().join("include/cachealloc.h");
+    let fresh = generated_header();
+    if std::env::var_os("CACHEALLOC_BLESS").is_some() {
+        std::fs::write(&path, &fresh).expect("write the header");
+        return;
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    if current != fresh {
+        let (line, (was, now)) = current
+            .lines()
+            .chain(std::iter::repeat(""))
+            .zip(fresh.lines().chain(std::iter::repeat("")))
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .unwrap_or((0, ("", "")));
+        panic!(
+            "{} is not what cbindgen makes of the sources (line {}: {was:?}, now {now:?}); \
+             refresh it with\n  CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi header",
+            path.display(),
+            line + 1
+        );
+    }
+    // Every exported function is declared, after its comment.
+    let lines: Vec<&str> = fresh.lines().collect();
+    for name in [
+        "cachealloc_alloc",
+        "cachealloc_free",
+        "cachealloc_init",
+        "cachealloc_reset",
+        "cachealloc_snapshot",
+        "cachealloc_last_error",
+    ] {
+        let at = lines
+            .iter()
+            .position(|l| {
+                !l.starts_with([' ', '/']) && l.contains(&format!(" {name}("))
+                    || l.contains(&format!("*{name}("))
+            })
+            .unwrap_or_else(|| panic!("{name} is not declared"));
+        assert!(
+            at > 0 && lines[at - 1].ends_with("*/"),
+            "{name} has no comment"
+        );
+    }
+}
+
+/// The functions the header declares.
+fn declared_functions(header: &str) -> Vec<String> {
+    let mut names: Vec<String> = header
+        .lines()
+        .filter(|l| !l.starts_with([' ', '/', '#', '}', 't']) && l.ends_with(");"))
+        .filter_map(|l| {
+            let name = l.split('(').next()?.rsplit([' ', '*']).next()?;
+            Some(name.to_string())
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_library_exports_what_the_header_declares() {
+    let header =
+        std::fs::read_to_string(manifest_dir().join("include/cachealloc.h")).expect("the header");
+    let declared = declared_functions(&header);
+    assert!(declared.len() >= 20, "{declared:?}");
+    let lib = lib_dir().join("libcachealloc.so");
+    let out = match Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        _ => {
+            println!("no nm on this machine: skipped");
+            return;
+        }
+    };
+    let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (kind, name) = (f.nth(1)?, f.next()?);
+            (kind == "T").then(|| name.to_string())
+        })
+        .collect();
+    exported.sort();
+    assert_eq!(exported, declared, "nm -D --defined-only {}", lib.display());
+}
+
+// ------------------------------------------------------------- the C test
+
+/// The sequence of `sequence()` in abi_test.c, on the allocator directly:
+/// its statistics.
+fn sequence_stats(side_stream: u64) -> BTreeMap<String, i64> {
+    let slots = vec![BlockSlot::VACANT; 1 << 16].into_boxed_slice();
+    let mut a = DeviceAllocator::new(MockDevice::with_capacity(GIB), slots, Config::DEFAULT);
+    assert!(a.malloc(0, 0).expect("0 bytes").id.is_none());
+    let small = a.malloc(1000, 0).expect("small").id.expect("id");
+    let large = a.malloc(30 * MIB, 0).expect("large");
+    let side = a.malloc(1000, side_stream).expect("side").id.expect("id");
+    a.record_stream(small, side_stream).expect("record_stream");
+    a.free(small).expect("free small");
+    a.free(large.id.expect("id")).expect("free large");
+    let again = a.malloc(30 * MIB, 0).expect("again");
+    assert_eq!(again.ptr, large.ptr);
+    assert!(a.malloc(2 * GIB, 0).is_err());
+    a.free(side).expect("free side");
+    a.free(again.id.expect("id")).expect("free again");
+    a.empty_cache().expect("empty_cache");
+    let mut stats = BTreeMap::new();
+    a.stats().for_each(|k, v| {
+        stats.insert(k.to_string(), v);
+    });
+    stats
+}
+
+/// The `stat KEY VALUE` lines of the program's output.
+fn printed_stats(stdout: &str) -> BTreeMap<String, i64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("stat "))
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("stat KEY VALUE");
+            (k.to_string(), v.parse().expect("a number"))
+        })
+        .collect()
+}
+
+/// Build abi_test.c into `dir`.
+fn build_abi_test(dir: &Path) -> PathBuf {
+    let exe = dir.join("abi_test");
+    compile(&manifest_dir().join("tests/c/abi_test.c"), &exe, false);
+    exe
+}
+
+/// Check the output of abi_test: its statistics against the allocator's.
+fn check_abi_output(out: &Output, side_stream: u64) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains("abi_test: all checks passed"), "{stdout}");
+    let printed = printed_stats(&stdout);
+    let expected = sequence_stats(side_stream);
+    assert_eq!(printed.len(), expected.len(), "every memory_stats key");
+    assert_eq!(
+        printed, expected,
+        "the C library's statistics are the allocator's"
+    );
+    assert_eq!(printed["num_ooms"], 1);
+    assert!(printed["num_device_alloc"] >= 2);
+    stdout
+}
+
+#[test]
+fn c_abi_on_the_simulated_device() {
+    let dir = scratch("mock");
+    let exe = build_abi_test(&dir);
+    let out = run(
+        program(&exe, "mock")
+            .env("CACHEALLOC_MOCK_CAPACITY", "1GiB")
+            .args(["mock", "100000"])
+            .arg(&dir),
+        "abi_test on the simulated device",
+    );
+    let stdout = check_abi_output(&out, 0x10);
+    print!("{stdout}");
+
+    // The snapshots: the pool's segment, the history (cold start: every
+    // segment's allocation is in it), the annotation.
+    let json = std::fs::read_to_string(dir.join("snapshot.json")).expect("snapshot.json");
+    let snap: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let segments = snap["segments"].as_array().expect("segments");
+    assert!(segments
+        .iter()
+        .any(|s| s["segment_pool_id"] == serde_json::json!([1, 0])));
+    let trace = snap["device_traces"][0]
+        .as_array()
+        .expect("device 0's trace");
+    let actions: Vec<&str> = trace.iter().filter_map(|e| e["action"].as_str()).collect();
+    for a in [
+        "alloc",
+        "free_requested",
+        "segment_alloc",
+        "oom",
+        "snapshot",
+    ] {
+        assert!(actions.contains(&a), "{a} in {actions:?}");
+    }
+    assert_eq!(
+        snap["external_annotations"][0]["name"],
+        "after the first allocations"
+    );
+    assert_eq!(snap["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"], "");
+    let checker = manifest_dir().join("../tests/snapshot_check.py");
+    match Command::new("python3").arg("--version").output() {
+        Ok(o) if o.status.success() => {
+            let out = run(
+                Command::new("python3")
+                    .arg(&checker)
+                    .arg(dir.join("snapshot.pickle")),
+                "snapshot_check.py",
+            );
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+        }
+        _ => println!("no python3: the snapshot checker did not run"),
+    }
+}
+
+#[test]
+fn c_abi_on_the_cuda_stub() {
+    let Some(stub) = cachealloc_tests::stub::StubKind::Cuda.dir() else {
+        println!("the stub drivers are built on Linux only: skipped");
+        return;
+    };
+    let dir = scratch("cuda");
+    let exe = build_abi_test(&dir);
+    let mut path = stub.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let out = run(
+        program(&exe, "cuda")
+            .env("LD_LIBRARY_PATH", path)
+            .args(["cuda", "100000"])
+            .arg(&dir),
+        "abi_test on the CUDA stub driver",
+    );
+    // The same sequence on the default stream only: the simulated device's
+    // statistics with the side stream being stream 0.
+    let stdout = check_abi_output(&out, 0);
+    assert!(stdout.contains("ok stub driver: nothing held"), "{stdout}");
+    print!("{stdout}");
+}
+
+#[test]
+fn a_bad_setting_is_an_error_not_a_crash() {
+    let dir = scratch("bad-setting");
+    let src = dir.join("bad.c");
+    std::fs::write(
+        &src,
+        r#"#include "cachealloc.h"
+#include <stdio.h>
+#include <string.h>
+/* bad EXPECTED: the first alloc fails with EXPECTED in the message, and so
+ * does every call that needs a device. */
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    void *p = cachealloc_alloc(1000, 0, NULL);
+    const char *e = cachealloc_last_error();
+    if (p != NULL || e == NULL || !strstr(e, argv[1])) return 1;
+    printf("%s\n", e);
+    if (cachealloc_empty_cache(0) != -1 || !strstr(cachealloc_last_error(), argv[1])) return 1;
+    return 0;
+}
+"#,
+    )
+    .expect("write");
+    let exe = dir.join("bad");
+    compile(&src, &exe, false);
+    for (backend, conf, expected) in [
+        ("mock", "bogus:1", "bogus"),
+        ("mock", "max_split_size_mb:x", "max_split_size_mb"),
+        ("tpu", "", "CACHEALLOC_BACKEND"),
+    ] {
+        let out = run(
+            program(&exe, backend)
+                .env("CACHEALLOC_CONF", conf)
+                .arg(expected),
+            &format!("CACHEALLOC_BACKEND={backend} CACHEALLOC_CONF={conf}"),
+        );
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+// -------------------------------------------------------------------- C++
+
+#[test]
+fn cpp_pool_hooks_through_std_function() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        println!("no C++ compiler ({cxx}) on this machine: skipped");
+        return;
+    }
+    let dir = scratch("cpp");
+    let src = dir.join("pool_hooks.cpp");
+    std::fs::write(&src, CPP_POOL_HOOKS).expect("write");
+    let exe = dir.join("pool_hooks");
+    compile(&src, &exe, true);
+    let out = run(&mut program(&exe, "mock"), "the C++ pool-hook test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("pool hooks: ok"), "{stdout}");
+}
+
+/// PyTorch's bindings (`_cuda_customAllocator`'s `set_*` setters) take a
+/// hook's address as an integer, `reinterpret_cast` it to the hook's C++
+/// type and keep it in a `std::function`.
+const CPP_POOL_HOOKS: &str = r#"
+#include "cachealloc.h"
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <utility>
+
+typedef void *cudaStream_t;
+typedef unsigned long long CaptureId_t;
+typedef std::pair<CaptureId_t, CaptureId_t> MempoolId_t;
+
+static bool error_has(const char *text) {
+    const char *e = cachealloc_last_error();
+    return e && std::strstr(e, text);
+}
+
+#define CHECK(c) do { if (!(c)) { std::printf("FAIL line %d: %s (%s)\n", __LINE__, #c, \
+    cachealloc_last_error() ? cachealloc_last_error() : "no error"); return 1; } } while (0)
+
+int main() {
+    uintptr_t begin_addr = reinterpret_cast<uintptr_t>(&cachealloc_begin_allocate_to_pool);
+    uintptr_t end_addr = reinterpret_cast<uintptr_t>(&cachealloc_end_allocate_to_pool);
+    uintptr_t release_addr = reinterpret_cast<uintptr_t>(&cachealloc_release_pool);
+    std::function<void(int, MempoolId_t, std::function<bool(cudaStream_t)>)> begin_fn =
+        reinterpret_cast<void (*)(int, MempoolId_t, std::function<bool(cudaStream_t)>)>(begin_addr);
+    std::function<void(int, MempoolId_t)> end_fn =
+        reinterpret_cast<void (*)(int, MempoolId_t)>(end_addr);
+    std::function<void(int, MempoolId_t)> release_fn =
+        reinterpret_cast<void (*)(int, MempoolId_t)>(release_addr);
+
+    MempoolId_t id{7, 3};
+    begin_fn(0, id, [](cudaStream_t) { return true; });
+    CHECK(cachealloc_last_error() == nullptr);
+    // The hook received (0, 7, 3): the pool is routed to, so a second begin
+    // with the same id from C is refused, naming it.
+    cachealloc_begin_allocate_to_pool(0, 7, 3, nullptr);
+    CHECK(error_has("already recording to mempool_id (7, 3)"));
+    void *p = cachealloc_alloc(1000, 0, nullptr);
+    CHECK(p != nullptr);
+    end_fn(0, id);
+    CHECK(cachealloc_last_error() == nullptr);
+    // Ended: a second end from C is refused.
+    cachealloc_end_allocate_to_pool(0, 7, 3);
+    CHECK(error_has("not currently recording to mempool_id (7, 3)"));
+    cachealloc_free(p, 1000, 0, nullptr);
+    release_fn(0, id);
+    CHECK(cachealloc_last_error() == nullptr);
+    std::printf("pool hooks: ok\n");
+    return 0;
+}
+"#;
+
+// ----------------------------------------------------------------- README
+
+/// The README's commands for examples/hello.c, run with the test's build
+/// of the library (the README builds it with `--release`).
+#[test]
+fn readme_example() {
+    let readme = std::fs::read_to_string(manifest_dir().join("../README.md")).expect("README");
+    for line in [
+        "cargo build --release -p cachealloc-capi",
+        "gcc -Icapi/include capi/examples/hello.c -Ltarget/release -lcachealloc -o hello",
+        "CACHEALLOC_BACKEND=mock LD_LIBRARY_PATH=target/release ./hello",
+    ] {
+        assert!(
+            readme.contains(line),
+            "the README's \"Use from C\" has `{line}`"
+        );
+    }
+    let source = manifest_dir().join("examples/hello.c");
+    let text = std::fs::read_to_string(&source).expect("hello.c");
+    assert!(
+        readme.contains(&format!("```c\n{text}```")),
+        "the README shows examples/hello.c as it is"
+    );
+    let dir = scratch("hello");
+    let exe = dir.join("hello");
+    compile(&source, &exe, false);
+    let out = run(&mut program(&exe, "mock"), "examples/hello.c");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        stdout.contains("allocated_bytes.all.current = 1048576"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("reserved_bytes.all.current = 0"),
+        "{stdout}"
+    );
+}
