@@ -1,0 +1,107 @@
+"""cachealloc: PyTorch's CUDA caching allocator (a Rust port), as a
+pluggable allocator for torch and as a library of its own.
+
+    import torch, cachealloc
+    cachealloc.install()            # before any CUDA use
+    ...                             # train as usual
+    print(cachealloc.memory_summary())
+    cachealloc.snapshot("snap.pickle")   # for pytorch.org/memory_viz
+
+With a pluggable allocator installed, torch's own ``torch.cuda.memory_stats``,
+``memory_allocated``, ``memory_summary``, ``reset_peak_memory_stats``,
+``_record_memory_history`` and ``_dump_snapshot`` raise; this package has
+them under the same names, with the same keys and values
+(``memory_stats``, ``memory_allocated``, ``max_memory_allocated``,
+``memory_reserved``, ``max_memory_reserved``, ``reset_peak_memory_stats``,
+``reset_accumulated_memory_stats``, ``memory_summary``, ``empty_cache``,
+``set_per_process_memory_fraction``, ``caching_allocator_alloc`` /
+``caching_allocator_delete``), plus ``record_history``,
+``record_annotation``, ``snapshot``, ``cache_info`` and
+``attach_oom_observer``. ``import cachealloc`` never needs torch; only
+``install()`` does.
+
+The library (``libcachealloc.so``, shipped inside the wheel; see
+``library_path()``) reads its settings from the environment once, at its
+first call, so set them before:
+
+CACHEALLOC_BACKEND
+    ``cuda`` (default), ``hip`` (a library built with the ``hip`` feature)
+    or ``mock``: a simulated device, for trying the API without a GPU
+    (``install()`` refuses it: its addresses are not real memory).
+CACHEALLOC_CONF
+    the allocator's settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax, e.g.
+    ``max_split_size_mb:128,expandable_segments:True`` (default:
+    ``PYTORCH_CUDA_ALLOC_CONF``).
+CACHEALLOC_MOCK_CAPACITY
+    the simulated device's size, in bytes or with a unit (``4GiB``);
+    unlimited by default.
+CACHEALLOC_SLOTS
+    block slots per device (88 bytes of host memory each; default 1048576).
+CACHEALLOC_HISTORY_CAPACITY
+    most memory-history entries kept per device (default 131072).
+CACHEALLOC_LIB
+    where to find libcachealloc.so when this package has no bundled copy
+    (a source checkout); also read by the wheel build.
+
+Failures of the library raise ``CacheallocError`` (a RuntimeError) with
+the library's message (``cachealloc_last_error()``).
+"""
+
+from ._lib import CacheallocError, library_path, version
+from .stats import (
+    CacheInfo,
+    attach_oom_observer,
+    cache_info,
+    caching_allocator_alloc,
+    caching_allocator_delete,
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    record_annotation,
+    record_history,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+    snapshot,
+)
+from .torch_glue import install, installed
+
+try:
+    from importlib.metadata import PackageNotFoundError, version as _dist_version
+
+    try:
+        __version__ = _dist_version("cachealloc")
+    except PackageNotFoundError:
+        __version__ = "0+unknown"
+except ImportError:  # Python < 3.8
+    __version__ = "0+unknown"
+
+__all__ = [
+    "CacheInfo",
+    "CacheallocError",
+    "attach_oom_observer",
+    "cache_info",
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "empty_cache",
+    "install",
+    "installed",
+    "library_path",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "record_annotation",
+    "record_history",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
+    "snapshot",
+    "version",
+]

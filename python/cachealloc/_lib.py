@@ -1,0 +1,143 @@
+"""Loading libcachealloc.so with ctypes, and the prototype of every function
+of its C header (capi/include/cachealloc.h).
+
+The library is looked for, in order:
+
+1. next to this file (the copy a wheel ships);
+2. ``$CACHEALLOC_LIB`` (a path to a built ``libcachealloc.so``);
+3. ``target/release`` then ``target/debug`` of the source checkout this
+   package sits in (``python/cachealloc`` of the cachealloc repository).
+
+Every function of the header is declared below with its C types, so a wrong
+call raises ``ctypes.ArgumentError`` instead of corrupting memory.
+"""
+
+import ctypes
+import os
+import threading
+from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint64, c_void_p
+
+LIBRARY_NAME = "libcachealloc.so"
+
+#: ``typedef void (*cachealloc_stat_callback)(const char*, int64_t, void*)``
+STAT_CALLBACK = ctypes.CFUNCTYPE(None, c_char_p, c_int64, c_void_p)
+
+#: ``typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*)``
+OOM_OBSERVER = ctypes.CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_void_p)
+
+#: name: (restype, argtypes), in the header's order.
+PROTOTYPES = {
+    "cachealloc_version": (c_char_p, []),
+    "cachealloc_last_error": (c_char_p, []),
+    "cachealloc_debug_force_internal_error": (c_int, []),
+    "cachealloc_record_history": (c_int, [c_int, c_int, c_size_t]),
+    "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),
+    "cachealloc_attach_oom_observer": (c_int, [OOM_OBSERVER, c_void_p]),
+    "cachealloc_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+    "cachealloc_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+    "cachealloc_free_checked": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
+    "cachealloc_init": (None, [c_int]),
+    "cachealloc_reset": (None, []),
+    "cachealloc_set_memory_fraction": (None, [c_double, c_int]),
+    "cachealloc_base_alloc": (c_void_p, [c_void_p, POINTER(c_size_t)]),
+    "cachealloc_record_stream": (None, [c_void_p, c_void_p]),
+    "cachealloc_begin_allocate_to_pool": (None, [c_int, c_uint64, c_uint64, c_void_p]),
+    "cachealloc_end_allocate_to_pool": (None, [c_int, c_uint64, c_uint64]),
+    "cachealloc_release_pool": (None, [c_int, c_uint64, c_uint64]),
+    "cachealloc_snapshot": (c_int, [c_int, c_char_p]),
+    "cachealloc_memory_stats": (c_int, [c_int, STAT_CALLBACK, c_void_p]),
+    "cachealloc_reset_peak_stats": (c_int, [c_int]),
+    "cachealloc_reset_accumulated_stats": (c_int, [c_int]),
+    "cachealloc_empty_cache": (c_int, [c_int]),
+    "cachealloc_cache_info": (c_int, [c_int, POINTER(c_size_t), POINTER(c_size_t)]),
+}
+
+
+class CacheallocError(RuntimeError):
+    """A call into libcachealloc failed; the message is ``cachealloc_last_error()``."""
+
+
+def _candidates():
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, LIBRARY_NAME)
+    given = os.environ.get("CACHEALLOC_LIB")
+    if given:
+        yield os.path.abspath(given)
+    root = os.path.dirname(os.path.dirname(here))
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(root, "target")
+    for profile in ("release", "debug"):
+        yield os.path.join(target, profile, LIBRARY_NAME)
+
+
+def library_path():
+    """The absolute path of the libcachealloc.so this package uses (the one
+    ``torch.cuda.memory.CUDAPluggableAllocator`` is given by ``install()``)."""
+    tried = []
+    for path in _candidates():
+        if os.path.isfile(path):
+            return path
+        tried.append(path)
+    raise OSError(
+        "cachealloc: %s not found (looked at: %s). Install the cachealloc wheel, "
+        "or build it with `cargo build --release -p cachealloc-capi` and set "
+        "CACHEALLOC_LIB to its path." % (LIBRARY_NAME, ", ".join(tried))
+    )
+
+
+_LOCK = threading.Lock()
+_LIB = None
+
+
+def lib():
+    """The loaded library (a ``ctypes.CDLL``, every prototype declared),
+    loaded at the first call."""
+    global _LIB
+    if _LIB is None:
+        with _LOCK:
+            if _LIB is None:
+                loaded = ctypes.CDLL(library_path())
+                for name, (restype, argtypes) in PROTOTYPES.items():
+                    fn = getattr(loaded, name)
+                    fn.restype = restype
+                    fn.argtypes = argtypes
+                _LIB = loaded
+    return _LIB
+
+
+def address(name):
+    """The address of exported function ``name``, as PyTorch takes it
+    (``ctypes.cast(getattr(lib, name), ctypes.c_void_p).value``)."""
+    value = ctypes.cast(getattr(lib(), name), c_void_p).value
+    if not value:
+        raise CacheallocError("cachealloc: %s has no address" % name)
+    return value
+
+
+def last_error():
+    """The message of the last failed call on this thread, or None."""
+    msg = lib().cachealloc_last_error()
+    return None if msg is None else msg.decode("utf-8", "replace")
+
+
+def fail(what):
+    """A CacheallocError for a failed call, with the library's message."""
+    msg = last_error()
+    return CacheallocError("%s failed: %s" % (what, msg or "no message from the library"))
+
+
+def check(status, what):
+    """Raise for a nonzero status; ``what`` names the call."""
+    if status != 0:
+        raise fail(what)
+
+
+def check_void(what):
+    """Raise if the void call just made on this thread left an error."""
+    msg = last_error()
+    if msg is not None:
+        raise CacheallocError("%s failed: %s" % (what, msg))
+
+
+def version():
+    """The C library's version, e.g. ``"0.1.0"``."""
+    return lib().cachealloc_version().decode("ascii")

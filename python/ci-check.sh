@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The Python package, as a user gets it: build the wheel (pip wheel python/,
+# which runs cargo build --release -p cachealloc-capi), install it into a
+# fresh virtual environment, and run python/tests/ from outside the source
+# tree against the installed copy, on the simulated device (no torch, no
+# GPU). Ends with one line: "python: N passed, M failed[, K skipped]".
+#
+#   bash python/ci-check.sh           (PYTHON=python3.12 to pick the interpreter)
+#
+# Idempotent: everything it makes goes to a temporary directory, removed at
+# the end. Needs python3 with venv and pip, cargo, and PyPI (the build's
+# setuptools and wheel).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+python="${PYTHON:-python3}"
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/cachealloc-python.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+unset CACHEALLOC_LIB PYTHONPATH
+
+echo "== wheel (pip wheel python/)"
+(cd "$root" && "$python" -m pip wheel -q --no-deps python/ -w "$tmp/dist")
+wheel="$(ls "$tmp"/dist/cachealloc-*.whl)"
+echo "built $(basename "$wheel")"
+case "$wheel" in
+  *-any.whl) echo "FAIL: the wheel is tagged for any platform, but it ships libcachealloc.so"; exit 1 ;;
+esac
+"$python" - "$wheel" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+if "cachealloc/libcachealloc.so" not in names:
+    sys.exit("FAIL: libcachealloc.so is not in the wheel: %s" % names)
+PY
+
+echo "== fresh venv, pip install the wheel"
+venv="$tmp/venv"
+if "$python" -m venv "$venv" 2>"$tmp/venv.err"; then
+  "$venv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
+else
+  # A Python without ensurepip (Debian's without python3-venv): a venv
+  # without pip, installed into by this pip.
+  cat "$tmp/venv.err"
+  echo "(no ensurepip: a venv without pip, installed into with $python -m pip --python)"
+  rm -rf "$venv"
+  "$python" -m venv --without-pip "$venv"
+  "$python" -m pip --python "$venv/bin/python" install -q --no-deps --no-index "$wheel"
+fi
+
+echo "== the installed package is the one imported"
+cd "$tmp"   # not the source tree: nothing of python/ on sys.path
+"$venv/bin/python" - "$venv" <<'PY'
+import os, sys
+import cachealloc
+venv = os.path.realpath(sys.argv[1]) + os.sep
+for what in (cachealloc.__file__, cachealloc.library_path()):
+    if not os.path.realpath(what).startswith(venv):
+        sys.exit("FAIL: %s is not inside the venv %s" % (what, venv))
+print("cachealloc %s from %s" % (cachealloc.__version__, os.path.dirname(cachealloc.__file__)))
+print("library %s (version %s)" % (cachealloc.library_path(), cachealloc.version()))
+PY
+
+echo "== python/tests (unittest, simulated device)"
+CACHEALLOC_EXPECT_PREFIX="$venv" "$venv/bin/python" - "$root/python/tests" <<'PY'
+import sys, unittest
+start = sys.argv[1]
+suite = unittest.defaultTestLoader.discover(start, pattern="test_*.py", top_level_dir=start)
+result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+skipped = len(result.skipped)
+passed = result.testsRun - failed - skipped
+sys.stdout.flush()
+print("python: %d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
+sys.exit(0 if failed == 0 and passed > 0 else 1)
+PY

@@ -1,0 +1,558 @@
+"""cachealloc's Python package on the simulated device (no torch, no GPU).
+
+    bash python/ci-check.sh                          (the wheel, in a fresh venv)
+    cd python && python3 -m unittest discover -s tests  (the source tree, with
+                                  ../target/release/libcachealloc.so built)
+
+The library reads its settings once per process: this module sets them
+before its first call (the simulated device, 1 GiB per device), and every
+test uses a device of its own, so that the tests do not see each other's
+statistics.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+import unittest
+from ctypes import POINTER, c_double, c_int, c_size_t, c_uint64, c_void_p
+from unittest import mock
+
+os.environ["CACHEALLOC_BACKEND"] = "mock"
+os.environ["CACHEALLOC_MOCK_CAPACITY"] = "1GiB"
+os.environ["CACHEALLOC_CONF"] = ""
+os.environ["CACHEALLOC_SLOTS"] = "65536"
+os.environ["CACHEALLOC_HISTORY_CAPACITY"] = "4096"
+
+import cachealloc  # noqa: E402
+from cachealloc import _lib  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# PyTorch's own prototypes for the pluggable ABI (torch/cuda/memory.py) ...
+_ALLOC_FN = ctypes.CFUNCTYPE(c_void_p, c_size_t, c_int, c_void_p)
+_FREE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_size_t, c_int, c_void_p)
+# ... and the hooks' function types (torch/csrc/cuda/Module.cpp's setters),
+# the pool id (a std::pair of two unsigned long long) as two integers.
+_INIT_FN = ctypes.CFUNCTYPE(None, c_int)
+_RESET_FN = ctypes.CFUNCTYPE(None)
+_FRACTION_FN = ctypes.CFUNCTYPE(None, c_double, c_int)
+_BASE_ALLOC_FN = ctypes.CFUNCTYPE(c_void_p, c_void_p, POINTER(c_size_t))
+_RECORD_STREAM_FN = ctypes.CFUNCTYPE(None, c_void_p, c_void_p)
+_BEGIN_POOL_FN = ctypes.CFUNCTYPE(None, c_int, c_uint64, c_uint64, c_void_p)
+_POOL_FN = ctypes.CFUNCTYPE(None, c_int, c_uint64, c_uint64)
+
+
+def torch_style(name, prototype):
+    """What torch does with a name: CDLL(path), then the function's address
+    through ctypes.cast, here rebuilt as a callable of `prototype`."""
+    handle = ctypes.CDLL(cachealloc.library_path())
+    addr = ctypes.cast(getattr(handle, name), c_void_p).value
+    assert addr, name
+    return prototype(addr)
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """File descriptor 2 to /dev/null meanwhile (what the library writes there)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+_next_device = [0]
+_device_lock = threading.Lock()
+
+
+def fresh_device():
+    """A device no other test has used."""
+    with _device_lock:
+        d = _next_device[0]
+        _next_device[0] += 1
+    assert d < 64
+    return d
+
+
+def stat_keys():
+    """Every key of torch.cuda.memory_stats(), sorted."""
+    keys = []
+    for stat in ["active", "active_bytes", "allocated_bytes", "allocation", "inactive_split",
+                 "inactive_split_bytes", "requested_bytes", "reserved_bytes", "segment"]:
+        for pool in ["all", "large_pool", "small_pool"]:
+            for part in ["allocated", "current", "freed", "peak"]:
+                keys.append("%s.%s.%s" % (stat, pool, part))
+    keys += ["max_split_size", "num_alloc_retries", "num_device_alloc", "num_device_free",
+             "num_ooms", "num_sync_all_streams"]
+    for stat in ["oversize_allocations", "oversize_segments"]:
+        for part in ["allocated", "current", "freed", "peak"]:
+            keys.append("%s.%s" % (stat, part))
+    return sorted(keys)
+
+
+class Library(unittest.TestCase):
+    def test_library_is_found_and_versioned(self):
+        path = cachealloc.library_path()
+        self.assertTrue(os.path.isfile(path), path)
+        self.assertEqual(os.path.basename(path), "libcachealloc.so")
+        self.assertRegex(cachealloc.version(), r"^\d+\.\d+\.\d+")
+        where = os.environ.get("CACHEALLOC_EXPECT_PREFIX")
+        if where:  # ci-check.sh: the installed wheel's copy, not the source tree's
+            self.assertTrue(os.path.realpath(path).startswith(os.path.realpath(where) + os.sep), path)
+            self.assertTrue(os.path.realpath(cachealloc.__file__).startswith(os.path.realpath(where) + os.sep))
+
+    def test_every_header_function_has_a_prototype(self):
+        header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "capi", "include",
+                              "cachealloc.h")
+        if not os.path.isfile(header):
+            self.skipTest("no capi/include/cachealloc.h beside these tests")
+        with open(header, encoding="utf-8") as f:
+            declared = re.findall(r"\b(cachealloc_\w+)\(", f.read())
+        self.assertTrue(declared)
+        self.assertEqual(sorted(set(declared)), sorted(_lib.PROTOTYPES))
+        for name in _lib.PROTOTYPES:
+            fn = getattr(_lib.lib(), name)
+            self.assertIsNotNone(fn.argtypes, name)
+
+    def test_import_needs_no_torch(self):
+        code = ("import sys; import cachealloc; assert 'torch' not in sys.modules, 'torch imported'; "
+                "sys.modules['torch'] = None; "  # any later `import torch` fails
+                "s = cachealloc.memory_stats(0); assert s['allocation.all.current'] == 0; "
+                "print(cachealloc.installed())")
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             universal_newlines=True)
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, "False"), out.stdout)
+
+
+class PluggableAbi(unittest.TestCase):
+    def test_alloc_free_from_threads_through_torch_prototypes(self):
+        alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
+        free = torch_style("cachealloc_free", _FREE_FN)
+        d = fresh_device()
+        threads, per_thread, errors = 8, 400, []
+        live, live_lock = set(), threading.Lock()
+
+        def worker(t):
+            try:
+                stream = c_void_p(0x1000 + t)  # any value names a stream on the mock
+                mine = []
+                for i in range(per_thread):
+                    size = (i % 13 + 1) * 4096 * (1 + t % 3) + (MiB * 3 if i % 7 == 0 else 0)
+                    p = alloc(size, d, stream)
+                    if p is None:
+                        errors.append("NULL: %s" % cachealloc._lib.last_error())
+                        return
+                    with live_lock:
+                        if p in live:
+                            errors.append("address %#x handed out twice" % p)
+                        live.add(p)
+                    mine.append((p, size))
+                    if len(mine) > 20:
+                        q, qsize = mine.pop(0)
+                        with live_lock:
+                            live.discard(q)
+                        free(q, qsize, d, stream)
+                for q, qsize in mine:
+                    with live_lock:
+                        live.discard(q)
+                    free(q, qsize, d, stream)
+            except Exception as e:  # pragma: no cover
+                errors.append(repr(e))
+
+        pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        self.assertEqual(errors, [])
+        s = cachealloc.memory_stats(d)
+        self.assertEqual(s["allocation.all.allocated"], threads * per_thread)
+        self.assertEqual(s["allocation.all.freed"], threads * per_thread)
+        self.assertEqual(s["allocation.all.current"], 0)
+        self.assertEqual(s["allocated_bytes.all.current"], 0)
+        self.assertGreater(s["reserved_bytes.all.current"], 0)
+        cachealloc.empty_cache(d)
+        self.assertEqual(cachealloc.memory_reserved(d), 0)
+
+    def test_zero_bytes_and_null_free(self):
+        alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
+        free = torch_style("cachealloc_free", _FREE_FN)
+        d = fresh_device()
+        self.assertIsNone(alloc(0, d, None))
+        self.assertIsNone(_lib.last_error())
+        free(None, 0, d, None)
+        self.assertIsNone(_lib.last_error())
+
+    def test_bad_free_is_reported(self):
+        lib = _lib.lib()
+        d = fresh_device()
+        p = lib.cachealloc_alloc(MiB, d, None)
+        self.assertTrue(p)
+        self.assertEqual(lib.cachealloc_free_checked(p, MiB, d, None), 0)
+        self.assertEqual(lib.cachealloc_free_checked(p, MiB, d, None), -1)
+        self.assertTrue(_lib.last_error())
+        lib.cachealloc_free(p + 64, MiB, d, None)
+        self.assertTrue(_lib.last_error())
+
+    def test_hooks_through_torch_prototypes(self):
+        alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
+        free = torch_style("cachealloc_free", _FREE_FN)
+        init = torch_style("cachealloc_init", _INIT_FN)
+        reset = torch_style("cachealloc_reset", _RESET_FN)
+        fraction = torch_style("cachealloc_set_memory_fraction", _FRACTION_FN)
+        base_alloc = torch_style("cachealloc_base_alloc", _BASE_ALLOC_FN)
+        record_stream = torch_style("cachealloc_record_stream", _RECORD_STREAM_FN)
+        begin = torch_style("cachealloc_begin_allocate_to_pool", _BEGIN_POOL_FN)
+        end = torch_style("cachealloc_end_allocate_to_pool", _POOL_FN)
+        release = torch_style("cachealloc_release_pool", _POOL_FN)
+        d = fresh_device()
+
+        init(0)
+        init(4)
+        self.assertIsNone(_lib.last_error())
+
+        p = alloc(1000, d, None)
+        self.assertTrue(p)
+        size = c_size_t(0)
+        base = base_alloc(c_void_p(p + 100), ctypes.byref(size))
+        self.assertEqual(base, p)  # the first block of its segment
+        self.assertEqual(size.value, 2 * MiB)  # a small segment
+        record_stream(p, c_void_p(0x77))
+        self.assertIsNone(_lib.last_error())
+        free(p, 1000, d, None)
+
+        begin(d, 1, 0, None)
+        self.assertIsNone(_lib.last_error())
+        q = alloc(4 * MiB, d, c_void_p(0x55))
+        self.assertTrue(q)
+        end(d, 1, 0)
+        self.assertIsNone(_lib.last_error())
+        end(d, 1, 0)
+        self.assertTrue(_lib.last_error())  # not routing to that pool any more
+        free(q, 4 * MiB, d, c_void_p(0x55))
+        release(d, 1, 0)
+        self.assertIsNone(_lib.last_error())
+        reset()
+        self.assertEqual(cachealloc.memory_reserved(d), 0)
+
+        fraction(0.25, d)  # of the 1 GiB simulated device
+        self.assertIsNone(_lib.last_error())
+        self.assertIsNone(alloc(512 * MiB, d, None))
+        self.assertIn("out of memory", _lib.last_error())
+        r = alloc(64 * MiB, d, None)
+        self.assertTrue(r)
+        free(r, 64 * MiB, d, None)
+
+
+class Stats(unittest.TestCase):
+    def test_keys_and_values(self):
+        lib = _lib.lib()
+        d = fresh_device()
+        s = cachealloc.memory_stats(d)
+        self.assertIsInstance(s, dict)
+        self.assertEqual(list(s), stat_keys())
+        self.assertTrue(all(v == 0 for k, v in s.items() if k != "max_split_size"))
+        self.assertEqual(s["max_split_size"], -1)
+
+        small = lib.cachealloc_alloc(MiB, d, None)  # small pool: a 2 MiB segment
+        large = lib.cachealloc_alloc(3 * MiB, d, None)  # large pool: a 20 MiB segment
+        self.assertTrue(small and large)
+        s = cachealloc.memory_stats(d)
+        self.assertEqual(s["allocation.all.current"], 2)
+        self.assertEqual(s["allocation.small_pool.current"], 1)
+        self.assertEqual(s["allocation.large_pool.current"], 1)
+        self.assertEqual(s["allocated_bytes.all.current"], 4 * MiB)
+        self.assertEqual(s["requested_bytes.all.current"], 4 * MiB)
+        self.assertEqual(s["segment.all.current"], 2)
+        self.assertEqual(s["num_device_alloc"], 2)
+        self.assertEqual(s["reserved_bytes.all.current"], 22 * MiB)
+        self.assertEqual(s["reserved_bytes.all.peak"], 22 * MiB)
+        self.assertEqual(cachealloc.memory_allocated(d), 4 * MiB)
+        self.assertEqual(cachealloc.memory_reserved(d), 22 * MiB)
+        self.assertEqual(cachealloc.memory_allocated("cuda:%d" % d), 4 * MiB)
+
+        lib.cachealloc_free(small, MiB, d, None)
+        lib.cachealloc_free(large, 3 * MiB, d, None)
+        self.assertEqual(cachealloc.memory_allocated(d), 0)
+        self.assertEqual(cachealloc.max_memory_allocated(d), 4 * MiB)
+        self.assertEqual(cachealloc.cache_info(d), cachealloc.CacheInfo(22 * MiB, 20 * MiB))
+        cachealloc.empty_cache()  # every device
+        s = cachealloc.memory_stats(d)
+        self.assertEqual(s["reserved_bytes.all.current"], 0)
+        self.assertEqual(s["reserved_bytes.all.peak"], 22 * MiB)
+        self.assertEqual(s["num_device_free"], 2)
+        self.assertEqual(cachealloc.max_memory_reserved(d), 22 * MiB)
+        self.assertEqual(cachealloc.cache_info(d), (0, 0))
+
+        cachealloc.reset_peak_memory_stats(d)
+        self.assertEqual(cachealloc.max_memory_reserved(d), 0)
+        self.assertEqual(cachealloc.max_memory_allocated(d), 0)
+        self.assertEqual(cachealloc.memory_stats(d)["num_device_alloc"], 2)
+        cachealloc.reset_accumulated_memory_stats(d)
+        s = cachealloc.memory_stats(d)
+        self.assertEqual((s["num_device_alloc"], s["num_device_free"], s["allocation.all.allocated"]), (0, 0, 0))
+
+    def test_summary(self):
+        lib = _lib.lib()
+        d = fresh_device()
+        p = lib.cachealloc_alloc(300 * MiB, d, None)  # shown as 307200 KiB: torch's rule
+        self.assertTrue(p)
+        text = cachealloc.memory_summary(d)
+        lines = text.splitlines()
+        self.assertTrue(all(len(line) == 77 for line in lines), [len(line) for line in lines])
+        self.assertIn("device ID %d" % d, text)
+        for row in ["Allocated memory", "Active memory", "Requested memory", "GPU reserved memory",
+                    "Allocations", "GPU reserved segments", "from large pool", "Oversize allocations"]:
+            self.assertIn(row, text)
+        self.assertRegex(text, r"Allocated memory\s+\|\s+307200 KiB \|\s+307200 KiB \|\s+307200 KiB \|\s+0 B  ")
+        short = cachealloc.memory_summary(d, abbreviated=True)
+        self.assertNotIn("from large pool", short)
+        lib.cachealloc_free(p, 300 * MiB, d, None)
+
+    def test_bad_device_raises_with_the_library_message(self):
+        with self.assertRaises(RuntimeError) as cm:
+            cachealloc.memory_stats(99)
+        self.assertIn("device 99", str(cm.exception))
+        self.assertIsInstance(cm.exception, cachealloc.CacheallocError)
+        with self.assertRaises(ValueError):
+            cachealloc.memory_stats(-1)
+        with self.assertRaises(RuntimeError):
+            cachealloc.set_per_process_memory_fraction(1.5, fresh_device())
+
+    def test_internal_error_is_a_runtime_error(self):
+        d = fresh_device()
+        self.assertEqual(_lib.lib().cachealloc_debug_force_internal_error(), 0)
+        with quiet_stderr(), self.assertRaises(RuntimeError) as cm:  # the panic's report
+            cachealloc.memory_stats(d)
+        self.assertIn("internal error", str(cm.exception))
+        cachealloc.memory_stats(d)  # and back to normal
+
+
+class CachingAllocatorAlloc(unittest.TestCase):
+    def test_alloc_and_delete(self):
+        d = fresh_device()
+
+        class Stream:  # what torch.cuda.Stream offers
+            cuda_stream = 0x99
+
+        p = cachealloc.caching_allocator_alloc(3 * MiB, device=d, stream=Stream())
+        q = cachealloc.caching_allocator_alloc(1000, device="cuda:%d" % d)
+        self.assertTrue(p and q and p != q)
+        self.assertEqual(cachealloc.memory_allocated(d), 3 * MiB + 1024)
+        snap = cachealloc.snapshot(device=d)
+        streams = {s["address"]: s["stream"] for s in snap["segments"]}
+        self.assertIn(0x99, streams.values())
+        cachealloc.caching_allocator_delete(p)
+        cachealloc.caching_allocator_delete(q)
+        self.assertEqual(cachealloc.memory_allocated(d), 0)
+        with self.assertRaises(ValueError):
+            cachealloc.caching_allocator_delete(p)
+        self.assertEqual(cachealloc.caching_allocator_alloc(0, device=d), 0)
+        cachealloc.caching_allocator_delete(0)
+        with self.assertRaisesRegex(RuntimeError, "out of memory"):
+            cachealloc.caching_allocator_alloc(4 * GiB, device=d)
+
+
+class HistoryAndSnapshot(unittest.TestCase):
+    def test_snapshot_pickle_and_json(self):
+        lib = _lib.lib()
+        d = fresh_device()
+        cachealloc.record_history(True, max_entries=1000, device=d)
+        p = lib.cachealloc_alloc(5 * MiB, d, None)
+        cachealloc.record_annotation("step 1", device=d)
+        q = lib.cachealloc_alloc(1000, d, None)
+        lib.cachealloc_free(q, 1000, d, None)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "snap.pickle")
+            self.assertIsNone(cachealloc.snapshot(path, device=d))
+            with open(path, "rb") as f:
+                snap = pickle.load(f)
+            self.assertIn("segments", snap)
+            self.assertIn("device_traces", snap)
+            self.assertEqual({s["device"] for s in snap["segments"]}, {d})
+            self.assertEqual(sum(s["total_size"] for s in snap["segments"]), 22 * MiB)
+            traces = snap["device_traces"][d]
+            actions = [t["action"] for t in traces]
+            self.assertIn("alloc", actions)
+            self.assertIn("free_requested", actions)
+            self.assertIn("segment_alloc", actions)
+            self.assertTrue(any(a.get("name") == "step 1" for a in snap.get("external_annotations", [])),
+                            snap.get("external_annotations"))
+
+            jpath = os.path.join(tmp, "snap.json")
+            cachealloc.snapshot(jpath, device=d)
+            with open(jpath, encoding="utf-8") as f:
+                js = json.load(f)
+            self.assertEqual(len(js["segments"]), len(snap["segments"]))
+
+            with self.assertRaises(RuntimeError):
+                cachealloc.snapshot(os.path.join(tmp, "no", "such", "dir.pickle"), device=d)
+        self.assertEqual(cachealloc.snapshot(device=d)["segments"], snap["segments"])
+        cachealloc.record_history(False, device=d)
+        lib.cachealloc_free(p, 5 * MiB, d, None)
+
+
+class OutOfMemory(unittest.TestCase):
+    def test_oom_gives_null_and_the_message(self):
+        alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
+        d = fresh_device()
+        seen = []
+        cachealloc.attach_oom_observer(lambda *args: seen.append(args))
+        self.assertIsNone(alloc(2 * GiB, d, None))
+        msg = _lib.last_error()
+        self.assertIn("out of memory", msg)
+        # The message is per thread, and stays until the next call on this one.
+        other = []
+        t = threading.Thread(target=lambda: other.append(_lib.last_error()))
+        t.start()
+        t.join()
+        self.assertEqual(other, [None])
+        self.assertEqual(_lib.last_error(), msg)
+        self.assertEqual(cachealloc.memory_stats(d)["num_ooms"], 1)
+        self.assertIsNone(_lib.last_error())  # that call succeeded
+        mine = [a for a in seen if a[0] == d]
+        self.assertEqual(len(mine), 1, seen)
+        self.assertEqual(mine[0][1], 2 * GiB)
+        self.assertEqual(mine[0][2], GiB)
+
+
+def fake_torch(cuda_available, initialized=False):
+    """Stand-in torch, torch.cuda and torch.cuda.memory modules that record
+    what install() does with them."""
+    torch = types.ModuleType("torch")
+    torch.__fake__ = True
+    cuda = types.ModuleType("torch.cuda")
+    memory = types.ModuleType("torch.cuda.memory")
+    torch.cuda = cuda
+    cuda.memory = memory
+    cuda.is_available = lambda: cuda_available
+    cuda.is_initialized = lambda: initialized
+    calls = []
+
+    class Inner:
+        pass
+
+    for setter, _ in cachealloc.torch_glue.HOOKS:
+        if setter != "set_release_pool":  # an older torch, without one of them
+            setattr(Inner, setter, (lambda s: lambda self, addr: calls.append((s, addr)))(setter))
+
+    class CUDAPluggableAllocator:
+        def __init__(self, path, alloc_name, free_name):
+            calls.append(("CUDAPluggableAllocator", path, alloc_name, free_name))
+            self._inner = Inner()
+
+        def allocator(self):
+            return self._inner
+
+    memory.CUDAPluggableAllocator = CUDAPluggableAllocator
+    memory.change_current_allocator = lambda a: calls.append(("change_current_allocator", a))
+    modules = {"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory}
+    return modules, calls
+
+
+class Install(unittest.TestCase):
+    def test_without_torch_raises_import_error_naming_torch(self):
+        with mock.patch.dict(sys.modules, {"torch": None, "torch.cuda": None, "torch.cuda.memory": None}):
+            with self.assertRaises(ImportError) as cm:
+                cachealloc.install()
+        self.assertIn("torch", str(cm.exception))
+        self.assertFalse(cachealloc.installed())
+
+    def test_without_cuda_raises_runtime_error(self):
+        modules, calls = fake_torch(cuda_available=False)
+        with mock.patch.dict(sys.modules, modules):
+            with self.assertRaises(RuntimeError) as cm:
+                cachealloc.install()
+        self.assertIn("is_available", str(cm.exception))
+        self.assertEqual(calls, [])
+        self.assertFalse(cachealloc.installed())
+
+    def test_after_cuda_init_or_on_the_mock_raises_runtime_error(self):
+        modules, calls = fake_torch(cuda_available=True, initialized=True)
+        with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules):
+            with self.assertRaisesRegex(RuntimeError, "before any CUDA use"):
+                cachealloc.install()
+        modules, calls = fake_torch(cuda_available=True)
+        with mock.patch.dict(sys.modules, modules):
+            with self.assertRaisesRegex(RuntimeError, "mock"):
+                cachealloc.install()
+        self.assertEqual(calls, [])
+
+    def test_with_cuda_sets_every_hook_then_swaps(self):
+        from cachealloc import torch_glue
+
+        modules, calls = fake_torch(cuda_available=True)
+        # The library read CACHEALLOC_BACKEND=mock already; install() only looks at the variable.
+        with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules), \
+                mock.patch.object(torch_glue, "_INSTALLED", None):
+            a = cachealloc.install()
+            self.assertIs(cachealloc.install(), a)  # once
+            self.assertTrue(cachealloc.installed())
+        self.assertEqual(calls[0], ("CUDAPluggableAllocator", cachealloc.library_path(), "cachealloc_alloc",
+                                    "cachealloc_free"))
+        handle = ctypes.CDLL(cachealloc.library_path())
+        expected = [(setter, ctypes.cast(getattr(handle, c_name), c_void_p).value)
+                    for setter, c_name in torch_glue.HOOKS if setter != "set_release_pool"]
+        self.assertEqual(calls[1:-1], expected)
+        self.assertEqual(calls[-1], ("change_current_allocator", a))
+        self.assertFalse(cachealloc.installed())
+
+    def test_real_torch_without_cuda(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        if torch.cuda.is_available():
+            self.skipTest("CUDA is available: installing would change this process's allocator")
+        with self.assertRaises(RuntimeError):
+            cachealloc.install()
+
+    def test_real_torch_takes_every_hook(self):
+        """A CUDA build of torch, no GPU: in a child process (the swap is for
+        the process's life) install() with is_available forced true. Real
+        torch must accept the library, have every setter of HOOKS, and then
+        refuse a second swap, since its allocator is now ours."""
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        if not hasattr(torch._C, "_cuda_customAllocator"):
+            self.skipTest("this torch has no CUDA support (CUDAPluggableAllocator needs one)")
+        child = (
+            "import torch, cachealloc\n"
+            "from cachealloc import torch_glue\n"
+            "torch.cuda.is_available = lambda: True\n"
+            "a = cachealloc.install()\n"
+            "inner = a.allocator()\n"
+            "missing = [s for s, _ in torch_glue.HOOKS if not hasattr(inner, s)]\n"
+            "assert not missing, missing\n"
+            "try:\n"
+            "    torch.cuda.memory.change_current_allocator(a)\n"
+            "    raise SystemExit('a second swap was accepted')\n"
+            "except RuntimeError as e:\n"
+            "    assert 'already initialized' in str(e), e\n"
+            "print('hooks', len(torch_glue.HOOKS), 'torch', torch.__version__)\n"
+        )
+        env = dict(os.environ, CACHEALLOC_BACKEND="cuda", PYTHONWARNINGS="ignore")
+        r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("hooks 8", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
