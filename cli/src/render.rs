@@ -58,6 +58,14 @@ pub fn replay_summary(r: &Report) {
         "  retries         {}   OOMs {}",
         s.num_alloc_retries, r.ooms
     );
+    let used: u64 = r.slots.iter().map(|s| u64::from(s.1)).sum();
+    let had: u64 = r.slots.iter().map(|s| u64::from(s.2)).sum();
+    println!(
+        "  block slots     {} used of {} ({} of host metadata at 88 bytes each)",
+        human::count(used),
+        human::count(had),
+        human::bytes(used * 88)
+    );
     for (d, p) in &r.pools {
         println!(
             "  private pool    [{}, {}] on device {d}: {} segments, {} reserved (peak {}), use count {}",

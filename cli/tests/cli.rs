@@ -640,3 +640,37 @@ fn compare_three_policies_on_a_fresh_stream_trace() {
             > 0
     );
 }
+
+/// A trace with more live blocks than the replay's first storage has slots
+/// replays anyway: the storage doubles as needed and the report says how
+/// many slots were used. With `--slots` the storage is fixed, and running
+/// out names the option.
+#[test]
+fn the_replay_grows_its_slots_unless_told_a_number() {
+    let t = scratch("scale").join("scale.jsonl.gz");
+    let t = t.to_str().unwrap();
+    let out = run(&[
+        "generate", "scale", "--blocks", "150000", "--order", "random", t,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&["replay", "--json", t]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = &json_lines(&out)[0];
+    let used = v["slots_used"].as_u64().unwrap();
+    assert!(used > 150_000, "{v}");
+    assert!(v["slots_capacity"].as_u64().unwrap() >= used);
+    assert_eq!(v["memory_stats"]["allocation.all.allocated"], 150_000);
+    assert_eq!(v["memory_stats"]["allocation.all.current"], 0);
+
+    let out = run(&["replay", "--slots", "1000", t]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("block metadata exhausted") && err.contains("--slots"),
+        "{err}"
+    );
+}

@@ -274,6 +274,12 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
         )
     }
 
+    /// Put `storage` in place of the storage in use (which it must extend:
+    /// same blocks, more slots) and return the old one.
+    pub(crate) fn replace_storage(&mut self, storage: S) -> S {
+        core::mem::replace(&mut self.storage, storage)
+    }
+
     /// Test support: point the free-slot list's head elsewhere.
     #[cfg(test)]
     pub(crate) fn set_free_head(&mut self, i: u32) {

@@ -14,7 +14,7 @@ use crate::liveness::Liveness;
 use crate::pool_rules::PoolRules;
 use crate::run::Options;
 use cachealloc_core::{
-    BlockId, BlockSlot, DeviceAllocator, DeviceBackend, TraceActions, TraceEntry,
+    BlockId, BlockSlot, DeviceAllocator, DeviceBackend, Error, TraceActions, TraceEntry,
 };
 use cachealloc_mock::MockDevice;
 
@@ -60,7 +60,18 @@ pub struct Device<D: ReplayDevice = MockDevice> {
     pub peak_live: u64,
 }
 
+/// An error of the allocator a replay drives.
+pub(crate) type AllocError<D> = Error<<<D as ReplayDevice>::Backend as DeviceBackend>::Error>;
+
 impl<D: ReplayDevice> Device<D> {
+    /// Twice the block slots (`capacity`: those it has now).
+    #[cold]
+    fn grow_slots(&mut self, capacity: u32) {
+        let bigger = vec![BlockSlot::VACANT; (capacity as usize).max(1) * 2].into_boxed_slice();
+        // Larger by construction: the old storage is given back.
+        let _ = self.alloc.grow_storage(bigger);
+    }
+
     #[inline]
     pub(crate) fn stream(&mut self, id: u64) -> Result<Stream<D>, Reason> {
         if let Some(&(_, s)) = self.streams.iter().find(|(k, _)| *k == id) {
@@ -184,6 +195,25 @@ impl<D: ReplayDevice> Replay<D> {
         Ok(self.devices.len() - 1)
     }
 
+    /// Run `op` on device `dev`'s allocator; when it fails for lack of block
+    /// slots (which changes nothing) and the options allow it, give the
+    /// device twice as many and run it again.
+    #[inline]
+    pub(crate) fn with_room<T>(
+        &mut self,
+        dev: usize,
+        mut op: impl FnMut(&mut Device<D>) -> Result<T, AllocError<D>>,
+    ) -> Result<T, AllocError<D>> {
+        loop {
+            match op(&mut self.devices[dev]) {
+                Err(Error::MetadataExhausted { capacity }) if self.opts.grow_slots => {
+                    self.devices[dev].grow_slots(capacity)
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// The trace line of the next event (with history on, the entries it
     /// makes carry it as their context).
     #[inline]
@@ -275,8 +305,9 @@ impl<D: ReplayDevice> Replay<D> {
                 if !self.devices.is_empty() {
                     self.empty_caches_since_init += 1;
                 }
-                for d in &mut self.devices {
-                    d.alloc.empty_cache().map_err(allocator_error)?;
+                for dev in 0..self.devices.len() {
+                    self.with_room(dev, |d| d.alloc.empty_cache())
+                        .map_err(allocator_error)?;
                 }
             }
             pool_op => self.apply_pool_op(pool_op)?,
@@ -292,7 +323,7 @@ impl<D: ReplayDevice> Replay<D> {
         self.allocs += 1;
         let dev = self.device(device)?;
         let s = self.devices[dev].stream(stream)?;
-        let live = match self.devices[dev].alloc.malloc(size, s) {
+        let live = match self.with_room(dev, |d| d.alloc.malloc(size, s)) {
             Ok(x) => {
                 self.live_bytes = self.live_bytes.saturating_add(size);
                 self.peak_live = self.peak_live.max(self.live_bytes);
@@ -308,6 +339,12 @@ impl<D: ReplayDevice> Replay<D> {
             Err(e) if e.is_out_of_memory() => {
                 self.ooms += 1;
                 Live::OutOfMemory
+            }
+            Err(e @ Error::MetadataExhausted { .. }) => {
+                return Err(Reason::Allocator(format!(
+                    "{e}: the replay's slots are fixed (--slots); raise them, or leave --slots \
+                     out and the replay doubles them whenever they run out"
+                )))
             }
             Err(e) => return Err(allocator_error(e)),
         };

@@ -67,7 +67,11 @@ impl<D: ReplayDevice> Replay<D> {
                 }
             }
             Event::PoolRelease { .. } => d.alloc.release_pool(id),
-            Event::PoolEmptyCache { .. } => d.alloc.empty_cache_pool(id),
+            Event::PoolEmptyCache { .. } => {
+                return self
+                    .with_room(k, |d| d.alloc.empty_cache_pool(id))
+                    .map_err(allocator_error)
+            }
             _ => Ok(()),
         };
         r.map_err(allocator_error)

@@ -35,6 +35,9 @@ pub struct Report {
     /// Per device, how the recorded malloc addresses were used (with
     /// `Options::real_addresses`; empty otherwise).
     pub real_addresses: Vec<(u64, RealAddressUse)>,
+    /// Block slots per device: (device, the most in use at once, the
+    /// storage's slots at the end).
+    pub slots: Vec<(u64, u32, u32)>,
     /// The snapshot, when asked for, and the trace entries each device's
     /// history dropped.
     pub snapshot: Option<(SnapshotDict, Dropped)>,
@@ -107,6 +110,8 @@ impl Report {
             "fragmentation": self.fragmentation(),
             "num_device_alloc": self.devices.iter().map(|d| d.1.num_device_alloc).sum::<i64>(),
             "num_device_free": self.devices.iter().map(|d| d.1.num_device_free).sum::<i64>(),
+            "slots_used": self.slots.iter().map(|s| u64::from(s.1)).sum::<u64>(),
+            "slots_capacity": self.slots.iter().map(|s| u64::from(s.2)).sum::<u64>(),
             "replay_seconds": self.replay_seconds,
             "parse_seconds": self.parse_seconds,
             "total_seconds": self.total_seconds,

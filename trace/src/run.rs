@@ -24,8 +24,11 @@ pub struct Options {
     /// `set_per_process_memory_fraction` on each device when it is created
     /// (needs a capacity).
     pub memory_fraction: Option<f64>,
-    /// Block slots per device.
+    /// Block slots per device at the start.
     pub slots: usize,
+    /// Whether a device whose slots run out gets twice as many (the event
+    /// is retried) instead of failing with "metadata exhausted".
+    pub grow_slots: bool,
     /// Trace entries of memory history kept per device (0: no history).
     pub history: usize,
     /// Whether the report carries a snapshot (taken at the end, or where
@@ -49,6 +52,7 @@ impl Default for Options {
             capacity: None,
             memory_fraction: None,
             slots: 1 << 17,
+            grow_slots: true,
             history: 0,
             snapshot: false,
             real_addresses: false,
@@ -192,6 +196,11 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .map(|d| (d.index, *d.alloc.stats()))
             .collect(),
         device_peak_live: r.devices.iter().map(|d| d.peak_live).collect(),
+        slots: r
+            .devices
+            .iter()
+            .map(|d| (d.index, d.alloc.slots_high_water(), d.alloc.slot_capacity()))
+            .collect(),
         pools: r
             .devices
             .iter()

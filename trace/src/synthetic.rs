@@ -9,6 +9,10 @@
 //! and frees everything of the step. Sizes vary a little from step to step
 //! (a batch whose length changes), from a seeded generator, so the trace is
 //! the same for the same arguments.
+//!
+//! [`scale`]: N small blocks allocated, then all freed in random, allocation
+//! or reverse order: the allocator's metadata at the size of a big workload
+//! (millions of live blocks), for the scale benchmark.
 
 use crate::event::Event;
 
@@ -114,6 +118,59 @@ pub fn fresh_streams(steps: u64, layers: u64, seed: u64) -> Synthetic {
     Synthetic { header, events }
 }
 
+/// The order in which [`scale`] frees its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeOrder {
+    /// A random permutation (from the seed).
+    Random,
+    /// The order of allocation (first in, first out).
+    Forward,
+    /// The reverse order (last in, first out).
+    Reverse,
+}
+
+/// `blocks` allocations of 512 B to 64 KiB (sizes from `seed`) on stream 0,
+/// all live at once, then all freed in `order`.
+pub fn scale(blocks: u64, order: FreeOrder, seed: u64) -> Synthetic {
+    let mut rng = Rng(seed);
+    let mut events = Vec::with_capacity(2 * blocks as usize);
+    for id in 0..blocks {
+        let size = rng.range(1, 128) * 512;
+        events.push(Event::Alloc {
+            id,
+            size,
+            stream: 0,
+            device: 0,
+        });
+    }
+    let mut ids: Vec<u64> = (0..blocks).collect();
+    match order {
+        FreeOrder::Forward => {}
+        FreeOrder::Reverse => ids.reverse(),
+        FreeOrder::Random => {
+            for i in (1..ids.len()).rev() {
+                let j = rng.range(0, i as u64) as usize;
+                ids.swap(i, j);
+            }
+        }
+    }
+    events.extend(ids.into_iter().map(|id| Event::Free { id }));
+    let header = serde_json::json!({
+        "format": "cachealloc-trace",
+        "version": 1,
+        "source": format!(
+            "synthetic: {blocks} blocks of 512 B to 64 KiB allocated, then freed in {} order; seed {seed}",
+            match order {
+                FreeOrder::Random => "random",
+                FreeOrder::Forward => "allocation",
+                FreeOrder::Reverse => "reverse",
+            }
+        ),
+        "device_capacity": null,
+    });
+    Synthetic { header, events }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +189,28 @@ mod tests {
         }
         assert_eq!(live.len(), 4 * 4, "the model's tensors stay");
         assert_eq!(fresh_streams(3, 4, 1).events, s.events, "deterministic");
+    }
+
+    #[test]
+    fn scale_frees_each_block_once_in_the_order_asked() {
+        for order in [FreeOrder::Random, FreeOrder::Forward, FreeOrder::Reverse] {
+            let s = scale(1000, order, 7);
+            let frees: Vec<u64> = s
+                .events
+                .iter()
+                .filter_map(|e| match *e {
+                    Event::Free { id } => Some(id),
+                    _ => None,
+                })
+                .collect();
+            let mut sorted = frees.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..1000).collect::<Vec<_>>());
+            match order {
+                FreeOrder::Forward => assert_eq!(frees, sorted),
+                FreeOrder::Reverse => assert!(frees.iter().rev().eq(sorted.iter())),
+                FreeOrder::Random => assert_ne!(frees, sorted),
+            }
+        }
     }
 }

@@ -9,6 +9,20 @@ use clap::{Args, ValueEnum};
 pub enum Workload {
     /// A training loop with every step on a new stream (weights on stream 0).
     FreshStreams,
+    /// --blocks small blocks (512 B to 64 KiB) all live, then freed in
+    /// --order (the scale benchmark).
+    Scale,
+}
+
+/// The order `scale` frees its blocks in.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Order {
+    /// A random permutation.
+    Random,
+    /// Allocation order.
+    Forward,
+    /// Reverse allocation order.
+    Reverse,
 }
 
 /// Write a synthetic trace.
@@ -28,6 +42,12 @@ pub struct GenerateArgs {
     /// Seed of the sizes.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Blocks (scale).
+    #[arg(long, default_value_t = 100_000)]
+    blocks: u64,
+    /// Free order (scale).
+    #[arg(long, value_enum, default_value = "random")]
+    order: Order,
 }
 
 impl GenerateArgs {
@@ -35,6 +55,15 @@ impl GenerateArgs {
     pub fn run(self) -> u8 {
         let s = match self.workload {
             Workload::FreshStreams => synthetic::fresh_streams(self.steps, self.layers, self.seed),
+            Workload::Scale => synthetic::scale(
+                self.blocks,
+                match self.order {
+                    Order::Random => synthetic::FreeOrder::Random,
+                    Order::Forward => synthetic::FreeOrder::Forward,
+                    Order::Reverse => synthetic::FreeOrder::Reverse,
+                },
+                self.seed,
+            ),
         };
         let written = TraceWriter::create(&self.out, &s.header).and_then(|mut w| {
             for e in &s.events {

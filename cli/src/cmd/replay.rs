@@ -29,9 +29,10 @@ pub struct ReplayArgs {
     /// The device.
     #[arg(long, value_enum, default_value = "mock")]
     backend: Backend,
-    /// Block metadata slots per device.
-    #[arg(long, default_value_t = 1 << 17)]
-    slots: usize,
+    /// Block metadata slots per device, fixed (88 bytes each). Without it the
+    /// replay starts with 131072 and doubles them whenever they run out.
+    #[arg(long)]
+    slots: Option<usize>,
     /// Write PyTorch's memory snapshot of the replay (its final state and its
     /// whole history) for pytorch.org/memory_viz: a pickle, or JSON if the
     /// name ends in .json. One trace at a time.
@@ -81,7 +82,8 @@ impl ReplayArgs {
         let opts = match options(&self.conf, self.capacity) {
             Ok(o) => Options {
                 memory_fraction: self.memory_fraction,
-                slots: self.slots,
+                slots: self.slots.unwrap_or(o.slots),
+                grow_slots: self.slots.is_none(),
                 real_addresses: self.real_addresses,
                 ..o
             },

@@ -22,6 +22,7 @@ mod malloc;
 mod pools;
 mod release;
 mod split;
+mod storage;
 #[cfg(test)]
 mod tests;
 
@@ -430,6 +431,12 @@ where
     /// Block slots in use (blocks that exist).
     pub fn slots_in_use(&self) -> u32 {
         self.arena.in_use()
+    }
+
+    /// The most block slots ever in use at once (freed slots are reused
+    /// before new ones are touched): how much storage this run needed.
+    pub fn slots_high_water(&self) -> u32 {
+        self.arena.high_water()
     }
 
     /// Live allocations.

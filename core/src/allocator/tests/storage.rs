@@ -1,0 +1,68 @@
+//! Growing the slot storage ([`DeviceAllocator::grow_storage`]): every
+//! block keeps its slot, handle and pointer; the live-pointer index is
+//! rebuilt for the new bucket count; a pending free still completes.
+
+use super::super::DeviceAllocator;
+use crate::arena::BlockSlot;
+use crate::config::Config;
+use crate::testing::TinyBackend;
+use crate::Error;
+use std::vec;
+use std::vec::Vec;
+
+type Growing = DeviceAllocator<TinyBackend, Vec<BlockSlot>, 8>;
+
+#[test]
+fn blocks_survive_a_larger_storage() {
+    let mut t: Growing = DeviceAllocator::with_events(
+        TinyBackend::default(),
+        vec![BlockSlot::VACANT; 8],
+        Config::DEFAULT,
+    );
+    let mut live = Vec::new();
+    loop {
+        match t.malloc(4096 + 512 * live.len() as u64, 0) {
+            Ok(a) => live.push(a),
+            Err(Error::MetadataExhausted { capacity }) => {
+                assert_eq!(capacity, 8);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // A pending free across the move.
+    let pending = live.pop().unwrap();
+    t.record_stream(pending.id.unwrap(), 1).unwrap();
+    t.free(pending.id.unwrap()).unwrap();
+    let before = *t.stats();
+
+    assert!(
+        t.grow_storage(vec![BlockSlot::VACANT; 8]).is_err(),
+        "not larger"
+    );
+    let old = t.grow_storage(vec![BlockSlot::VACANT; 1000]).unwrap();
+    assert_eq!((old.len(), t.slot_capacity()), (8, 1000));
+    t.check_invariants().unwrap();
+    assert_eq!(t.stats().allocation, before.allocation);
+
+    // Pointers and handles still name the same blocks.
+    for a in &live {
+        let info = t.allocation_info_ptr(a.ptr).unwrap();
+        assert_eq!(info.allocation_id, a.allocation_id);
+    }
+    let more: Vec<_> = (0..50)
+        .map(|k| t.malloc(512 * (k + 1), 0).unwrap())
+        .collect();
+    t.check_invariants().unwrap();
+    for (k, a) in live.iter().chain(&more).enumerate() {
+        if k % 2 == 0 {
+            t.free_ptr(a.ptr).unwrap();
+        } else {
+            t.free(a.id.unwrap()).unwrap();
+        }
+    }
+    t.empty_cache().unwrap();
+    t.check_invariants().unwrap();
+    assert_eq!(t.stats().allocation.all().current, 0);
+    assert_eq!(t.stats().segment.all().current, 0);
+}
