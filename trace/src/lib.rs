@@ -39,6 +39,7 @@ mod liveness;
 mod min_capacity;
 mod parse;
 mod peak;
+mod pipeline;
 mod pool_rules;
 mod reader;
 mod replay;

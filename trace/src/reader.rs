@@ -5,32 +5,33 @@
 use crate::error::{Reason, TraceError};
 use crate::event::{Event, Header};
 use crate::parse::{parse_event, parse_header};
-use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
-use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Counts the bytes read from the file (compressed bytes for `.gz`).
 struct Counting<R: ?Sized> {
-    count: Rc<Cell<u64>>,
+    count: Arc<AtomicU64>,
     inner: R,
 }
 
 impl<R: Read + ?Sized> Read for Counting<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.count.set(self.count.get() + n as u64);
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }
 
-/// A trace opened for streaming.
+/// A trace opened for streaming (`Send`: a replay parses on a second
+/// thread).
 pub struct TraceReader {
     path: String,
-    reader: Box<dyn BufRead>,
+    reader: Box<dyn BufRead + Send>,
     line: u64,
     buf: Vec<u8>,
-    bytes: Rc<Cell<u64>>,
+    bytes: Arc<AtomicU64>,
     file_len: u64,
     /// The header.
     pub header: Header,
@@ -57,7 +58,7 @@ impl TraceReader {
 
     fn from_read(
         path: &str,
-        inner: Box<dyn Read>,
+        inner: Box<dyn Read + Send>,
         gzip: bool,
         file_len: u64,
     ) -> Result<TraceReader, TraceError> {
@@ -66,7 +67,7 @@ impl TraceReader {
             line,
             reason,
         };
-        let bytes = Rc::new(Cell::new(0));
+        let bytes = Arc::new(AtomicU64::new(0));
         let counting = Counting {
             inner,
             count: bytes.clone(),
@@ -78,7 +79,7 @@ impl TraceReader {
         } else {
             (1 << 18, 1 << 16)
         };
-        let reader: Box<dyn BufRead> = if gzip {
+        let reader: Box<dyn BufRead + Send> = if gzip {
             Box::new(BufReader::with_capacity(
                 outer,
                 flate2::read::MultiGzDecoder::new(BufReader::with_capacity(raw, counting)),
@@ -119,7 +120,7 @@ impl TraceReader {
 
     /// Bytes of the file read so far, and its size.
     pub fn progress(&self) -> (u64, u64) {
-        (self.bytes.get(), self.file_len)
+        (self.bytes.load(Ordering::Relaxed), self.file_len)
     }
 
     fn next_line(&mut self) -> Result<Option<&[u8]>, TraceError> {

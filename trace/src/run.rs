@@ -5,6 +5,7 @@
 use crate::device::ReplayDevice;
 use crate::error::{Reason, TraceError};
 use crate::event::Event;
+use crate::pipeline::for_each_chunk;
 use crate::reader::TraceReader;
 use crate::replay::Replay;
 use crate::report::Report;
@@ -78,10 +79,9 @@ pub struct Quiet;
 
 impl<D: ReplayDevice> Observer<D> for Quiet {}
 
-const CHUNK: usize = 4096;
-
-/// Replay the trace at `path`, streaming it in chunks of events: each chunk
-/// is read and parsed, then applied, so the two costs are timed apart.
+/// Replay the trace at `path`, streaming it in chunks of events: a chunk is
+/// read and parsed (on a second thread for a large file, while the previous
+/// one is applied), then applied; the two costs are timed apart.
 pub fn run<O: Observer>(
     path: &str,
     opts: &Options,
@@ -112,7 +112,7 @@ pub fn run_on<D: ReplayDevice, O: Observer<D>>(
 
 /// [`run_on`] on an opened trace.
 pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
-    mut reader: TraceReader,
+    reader: TraceReader,
     opts: &Options,
     obs: &mut O,
 ) -> Result<(Report, Replay<D>), TraceError> {
@@ -137,48 +137,37 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
         ));
     }
     let t0 = Instant::now();
-    let mut chunk: Vec<(u64, Event)> = Vec::with_capacity(CHUNK);
     let (mut parse, mut alloc) = (0f64, 0f64);
     let mut index = 0u64;
-    let mut done = false;
-    while !done {
-        let tp = Instant::now();
-        chunk.clear();
-        while chunk.len() < CHUNK {
-            match reader.next_event() {
-                None => {
-                    done = true;
-                    break;
-                }
-                Some(Ok(e)) => chunk.push(e),
-                Some(Err(e)) => {
-                    // Apply what came before the bad line first: its errors come first.
-                    for &(line, ev) in &chunk {
-                        apply(&mut r, &reader, line, ev)?;
-                    }
-                    return Err(e);
-                }
+    let source = reader.header.source.clone();
+    for_each_chunk(reader, |p| {
+        parse += p.seconds;
+        if let Some(e) = &p.error {
+            // Apply what came before the bad line first: its errors come first.
+            for &(line, ev) in &p.events {
+                apply(&mut r, &path, line, ev)?;
             }
+            return Err(e.clone());
         }
         let ta = Instant::now();
-        parse += (ta - tp).as_secs_f64();
-        for &(line, ev) in &chunk {
-            apply(&mut r, &reader, line, ev)?;
+        let mut stop = false;
+        for &(line, ev) in &p.events {
+            apply(&mut r, &path, line, ev)?;
             obs.after_event(index, &r);
             if obs.stop_after(index) {
-                done = true;
+                stop = true;
                 break;
             }
             index += 1;
         }
         alloc += ta.elapsed().as_secs_f64();
-        let (read, total) = reader.progress();
-        obs.progress(read, total);
-    }
-    r.finish().map_err(|e| reader.error(0, e))?;
+        obs.progress(p.read.0, p.read.1);
+        Ok(stop)
+    })?;
+    r.finish().map_err(|e| file_error(&path, e))?;
     let report = Report {
-        trace: path,
-        source: reader.header.source.clone(),
+        trace: path.clone(),
+        source,
         conf: opts.conf.clone(),
         capacity: r.capacity(),
         events: r.events,
@@ -212,15 +201,13 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .filter_map(|d| Some((d.index, D::real_address_use(d.alloc.backend())?)))
             .filter(|_| opts.real_addresses)
             .collect(),
-        snapshot: opts
-            .snapshot
-            .then(|| r.snapshot_dict(reader.path(), &opts.conf)),
+        snapshot: opts.snapshot.then(|| r.snapshot_dict(&path, &opts.conf)),
         total_seconds: t0.elapsed().as_secs_f64(),
         parse_seconds: parse,
         replay_seconds: alloc,
     };
     if !D::SIMULATED {
-        r.release().map_err(|e| reader.error(0, e))?;
+        r.release().map_err(|e| file_error(&path, e))?;
     }
     Ok((report, r))
 }
@@ -228,10 +215,23 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
 #[inline]
 fn apply<D: ReplayDevice>(
     r: &mut Replay<D>,
-    reader: &TraceReader,
+    path: &str,
     line: u64,
     ev: Event,
 ) -> Result<(), TraceError> {
     r.set_line(line);
-    r.apply(ev).map_err(|e| reader.error(line, e))
+    r.apply(ev).map_err(|reason| TraceError {
+        path: path.to_string(),
+        line,
+        reason,
+    })
+}
+
+/// An error of the trace as a whole.
+fn file_error(path: &str, reason: Reason) -> TraceError {
+    TraceError {
+        path: path.to_string(),
+        line: 0,
+        reason,
+    }
 }
