@@ -11,8 +11,9 @@
  *                                (default: PYTORCH_CUDA_ALLOC_CONF), e.g.
  *                                "max_split_size_mb:128,expandable_segments:True"
  *   CACHEALLOC_MOCK_CAPACITY     the simulated device's size: bytes or with a unit (4GiB)
- *   CACHEALLOC_SLOTS             block slots per device (88 bytes of host memory each,
- *                                one per block; default 1048576)
+ *   CACHEALLOC_SLOTS             block slots a device starts with (88 bytes of host memory
+ *                                each, one per block; doubled whenever they run out;
+ *                                default 65536)
  *   CACHEALLOC_HISTORY_CAPACITY  most memory-history entries per device (default 131072)
  *
  * Streams are `void *`: pass a cudaStream_t (hipStream_t on HIP) as it is;

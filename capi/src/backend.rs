@@ -11,7 +11,7 @@ use crate::settings::{BackendKind, Settings};
 use crate::snapshot::add_device;
 use cachealloc_core::{
     BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-    MempoolId, StreamFilter, TraceActions, TraceEntry,
+    Error, MempoolId, StreamFilter, TraceActions, TraceEntry,
 };
 use cachealloc_trace::SnapshotDict;
 
@@ -74,7 +74,7 @@ where
     Alloc<B>: Send + Sync,
 {
     fn malloc(&self, size: u64, stream: u64) -> Res<u64> {
-        CachingAllocator::malloc(self, size, B::Stream::from(stream))
+        self.with(|a| with_room(a, |a| a.malloc(size, B::Stream::from(stream))))
             .map(|a| a.ptr.0)
             .map_err(|e| e.to_string())
     }
@@ -99,7 +99,8 @@ where
     }
 
     fn empty_cache(&self) -> Res<()> {
-        CachingAllocator::empty_cache(self).map_err(|e| e.to_string())
+        self.with(|a| with_room(a, |a| a.empty_cache()))
+            .map_err(|e| e.to_string())
     }
 
     fn set_memory_fraction(&self, fraction: f64) -> Res<()> {
@@ -149,6 +150,25 @@ where
     }
 }
 
+/// Run `op` on `a`; when it fails for lack of block slots (which changes
+/// nothing), move the blocks into twice as many slots and run it again, so
+/// a process never fails for want of metadata while it has host memory.
+fn with_room<B: DeviceBackend, T>(
+    a: &mut Inner<B>,
+    mut op: impl FnMut(&mut Inner<B>) -> Result<T, Error<B::Error>>,
+) -> Result<T, Error<B::Error>> {
+    loop {
+        match op(a) {
+            Err(Error::MetadataExhausted { capacity }) => {
+                let bigger = vec![BlockSlot::VACANT; (capacity as usize).max(1) * 2];
+                // Larger by construction: the old storage comes back.
+                let _ = a.grow_storage(bigger.into_boxed_slice());
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Address space between two simulated devices (their segments must not
 /// overlap: pointers are routed to the device that owns them).
 const MOCK_DEVICE_SPAN: u64 = 1 << 40;
@@ -189,4 +209,34 @@ where
     // A fresh allocator has room for 4 observers: this cannot be refused.
     let _ = inner.attach_out_of_memory_observer(&FORWARD);
     Box::new(CachingAllocator::new(inner))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachealloc_core::Config;
+
+    /// A device that starts with 8 slots serves 2,000 live blocks: its
+    /// storage doubles as they run out, and everything frees cleanly.
+    #[test]
+    fn slots_grow_as_blocks_need_them() {
+        let s = Settings {
+            backend: BackendKind::Mock,
+            conf_text: String::new(),
+            config: Config::DEFAULT,
+            mock_capacity: None,
+            slots: 8,
+            history: 0,
+        };
+        let d = open(&s, 5).expect("a simulated device");
+        let ptrs: Vec<u64> = (0..2000u64)
+            .map(|k| d.malloc(512 * (1 + k % 100), 0).expect("room grows"))
+            .collect();
+        assert_eq!(d.stats().allocation.all().current, 2000);
+        for p in ptrs {
+            d.free(p).expect("free");
+        }
+        d.empty_cache().expect("empty_cache");
+        assert_eq!(d.stats().reserved_bytes.all().current, 0);
+    }
 }

@@ -5,7 +5,7 @@
 //! | `CACHEALLOC_BACKEND` | `cuda`, `hip` or `mock` | `cuda` |
 //! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | `PYTORCH_CUDA_ALLOC_CONF` (on HIP: `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_CUDA_ALLOC_CONF`) |
 //! | `CACHEALLOC_MOCK_CAPACITY` | the simulated device's size: bytes, or with a unit (`4GiB`) | unlimited |
-//! | `CACHEALLOC_SLOTS` | block slots per device (88 bytes of host memory each, one per block) | 1048576 |
+//! | `CACHEALLOC_SLOTS` | block slots per device to start with (88 bytes of host memory each, one per block; doubled whenever they run out) | 65536 |
 //! | `CACHEALLOC_HISTORY_CAPACITY` | most memory-history entries a device can keep | 131072 |
 
 use crate::error::Res;
@@ -37,8 +37,9 @@ pub(crate) struct Settings {
     pub(crate) history: usize,
 }
 
-/// Block slots per device unless `CACHEALLOC_SLOTS` says otherwise.
-pub(crate) const DEFAULT_SLOTS: usize = 1 << 20;
+/// Block slots a device starts with unless `CACHEALLOC_SLOTS` says
+/// otherwise (doubled whenever they run out).
+pub(crate) const DEFAULT_SLOTS: usize = 1 << 16;
 
 /// History entries per device unless `CACHEALLOC_HISTORY_CAPACITY` says otherwise.
 pub(crate) const DEFAULT_HISTORY: usize = 1 << 17;
