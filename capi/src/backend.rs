@@ -11,7 +11,7 @@ use crate::settings::{BackendKind, Settings};
 use crate::snapshot::add_device;
 use cachealloc_core::{
     BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-    Error, MempoolId, StreamFilter, TraceActions, TraceEntry,
+    MempoolId, StreamFilter, TraceActions, TraceEntry,
 };
 use cachealloc_trace::SnapshotDict;
 
@@ -74,7 +74,7 @@ where
     Alloc<B>: Send + Sync,
 {
     fn malloc(&self, size: u64, stream: u64) -> Res<u64> {
-        self.with(|a| with_room(a, |a| a.malloc(size, B::Stream::from(stream))))
+        self.with(|a| a.with_growing_storage(|a| a.malloc(size, B::Stream::from(stream)), twice))
             .map(|a| a.ptr.0)
             .map_err(|e| e.to_string())
     }
@@ -99,7 +99,7 @@ where
     }
 
     fn empty_cache(&self) -> Res<()> {
-        self.with(|a| with_room(a, |a| a.empty_cache()))
+        self.with(|a| a.with_growing_storage(|a| a.empty_cache(), twice))
             .map_err(|e| e.to_string())
     }
 
@@ -150,23 +150,9 @@ where
     }
 }
 
-/// Run `op` on `a`; when it fails for lack of block slots (which changes
-/// nothing), move the blocks into twice as many slots and run it again, so
-/// a process never fails for want of metadata while it has host memory.
-fn with_room<B: DeviceBackend, T>(
-    a: &mut Inner<B>,
-    mut op: impl FnMut(&mut Inner<B>) -> Result<T, Error<B::Error>>,
-) -> Result<T, Error<B::Error>> {
-    loop {
-        match op(a) {
-            Err(Error::MetadataExhausted { capacity }) => {
-                let bigger = vec![BlockSlot::VACANT; (capacity as usize).max(1) * 2];
-                // Larger by construction: the old storage comes back.
-                let _ = a.grow_storage(bigger.into_boxed_slice());
-            }
-            other => return other,
-        }
-    }
+/// Twice the slots of a storage that has `capacity`.
+fn twice(capacity: u32) -> Box<[BlockSlot]> {
+    vec![BlockSlot::VACANT; (capacity as usize).max(1) * 2].into_boxed_slice()
 }
 
 /// Address space between two simulated devices (their segments must not

@@ -63,15 +63,13 @@ pub struct Device<D: ReplayDevice = MockDevice> {
 /// An error of the allocator a replay drives.
 pub(crate) type AllocError<D> = Error<<<D as ReplayDevice>::Backend as DeviceBackend>::Error>;
 
-impl<D: ReplayDevice> Device<D> {
-    /// Twice the block slots (`capacity`: those it has now).
-    #[cold]
-    fn grow_slots(&mut self, capacity: u32) {
-        let bigger = vec![BlockSlot::VACANT; (capacity as usize).max(1) * 2].into_boxed_slice();
-        // Larger by construction: the old storage is given back.
-        let _ = self.alloc.grow_storage(bigger);
-    }
+/// Twice the block slots of a storage that has `capacity`.
+#[cold]
+fn twice(capacity: u32) -> Box<[BlockSlot]> {
+    vec![BlockSlot::VACANT; (capacity as usize).max(1) * 2].into_boxed_slice()
+}
 
+impl<D: ReplayDevice> Device<D> {
     #[inline]
     pub(crate) fn stream(&mut self, id: u64) -> Result<Stream<D>, Reason> {
         if let Some(&(_, s)) = self.streams.iter().find(|(k, _)| *k == id) {
@@ -195,22 +193,20 @@ impl<D: ReplayDevice> Replay<D> {
         Ok(self.devices.len() - 1)
     }
 
-    /// Run `op` on device `dev`'s allocator; when it fails for lack of block
-    /// slots (which changes nothing) and the options allow it, give the
-    /// device twice as many and run it again.
+    /// Run `op` on device `dev`'s allocator; when the options allow it, a
+    /// lack of block slots gives the device twice as many and `op` runs
+    /// again (`DeviceAllocator::with_growing_storage`).
     #[inline]
     pub(crate) fn with_room<T>(
         &mut self,
         dev: usize,
-        mut op: impl FnMut(&mut Device<D>) -> Result<T, AllocError<D>>,
+        mut op: impl FnMut(&mut Alloc<D>) -> Result<T, AllocError<D>>,
     ) -> Result<T, AllocError<D>> {
-        loop {
-            match op(&mut self.devices[dev]) {
-                Err(Error::MetadataExhausted { capacity }) if self.opts.grow_slots => {
-                    self.devices[dev].grow_slots(capacity)
-                }
-                other => return other,
-            }
+        let alloc = &mut self.devices[dev].alloc;
+        if self.opts.grow_slots {
+            alloc.with_growing_storage(op, twice)
+        } else {
+            op(alloc)
         }
     }
 
@@ -306,7 +302,7 @@ impl<D: ReplayDevice> Replay<D> {
                     self.empty_caches_since_init += 1;
                 }
                 for dev in 0..self.devices.len() {
-                    self.with_room(dev, |d| d.alloc.empty_cache())
+                    self.with_room(dev, |a| a.empty_cache())
                         .map_err(allocator_error)?;
                 }
             }
@@ -323,7 +319,7 @@ impl<D: ReplayDevice> Replay<D> {
         self.allocs += 1;
         let dev = self.device(device)?;
         let s = self.devices[dev].stream(stream)?;
-        let live = match self.with_room(dev, |d| d.alloc.malloc(size, s)) {
+        let live = match self.with_room(dev, |a| a.malloc(size, s)) {
             Ok(x) => {
                 self.live_bytes = self.live_bytes.saturating_add(size);
                 self.peak_live = self.peak_live.max(self.live_bytes);

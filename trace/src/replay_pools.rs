@@ -69,7 +69,7 @@ impl<D: ReplayDevice> Replay<D> {
             Event::PoolRelease { .. } => d.alloc.release_pool(id),
             Event::PoolEmptyCache { .. } => {
                 return self
-                    .with_room(k, |d| d.alloc.empty_cache_pool(id))
+                    .with_room(k, |a| a.empty_cache_pool(id))
                     .map_err(allocator_error)
             }
             _ => Ok(()),

@@ -8,6 +8,7 @@
 use super::DeviceAllocator;
 use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::DeviceBackend;
+use crate::error::Error;
 use crate::history::HistoryStorage;
 use crate::live::LiveIndex;
 
@@ -71,5 +72,28 @@ where
             }
         }
         Ok(old)
+    }
+
+    /// Run `op`; while it fails for lack of block slots (which changes
+    /// nothing), move the blocks into the storage `bigger(slots now)` makes
+    /// (a larger one) and run it again. The host's way of never running out
+    /// of metadata while it has memory; `op`'s other results come back as
+    /// they are. If `bigger` makes a storage that is not larger, the
+    /// `MetadataExhausted` error comes back.
+    pub fn with_growing_storage<T>(
+        &mut self,
+        mut op: impl FnMut(&mut Self) -> Result<T, Error<B::Error>>,
+        mut bigger: impl FnMut(u32) -> S,
+    ) -> Result<T, Error<B::Error>> {
+        loop {
+            match op(self) {
+                Err(Error::MetadataExhausted { capacity }) => {
+                    if self.grow_storage(bigger(capacity)).is_err() {
+                        return Err(Error::MetadataExhausted { capacity });
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 }

@@ -66,3 +66,46 @@ fn blocks_survive_a_larger_storage() {
     assert_eq!(t.stats().allocation.all().current, 0);
     assert_eq!(t.stats().segment.all().current, 0);
 }
+
+/// `with_growing_storage` grows as often as the calls need, and gives the
+/// exhaustion back when the storage it is offered is no larger.
+#[test]
+fn calls_retry_in_larger_storage() {
+    let mut t: Growing = DeviceAllocator::with_events(
+        TinyBackend::default(),
+        vec![BlockSlot::VACANT; 4],
+        Config::DEFAULT,
+    );
+    let mut grown = Vec::new();
+    let held: Vec<_> = (0..100u64)
+        .map(|k| {
+            t.with_growing_storage(
+                |a| a.malloc(4096 + 512 * k, 0),
+                |slots| {
+                    grown.push(slots);
+                    vec![BlockSlot::VACANT; 2 * slots as usize]
+                },
+            )
+            .unwrap()
+        })
+        .collect();
+    assert_eq!(grown, [4, 8, 16, 32, 64]);
+    t.check_invariants().unwrap();
+    let refused = t.with_growing_storage(
+        |a| {
+            let mut more = Vec::new();
+            loop {
+                more.push(a.malloc(512, 0)?);
+            }
+        },
+        |slots| vec![BlockSlot::VACANT; slots as usize],
+    );
+    assert!(matches!(
+        refused,
+        Err::<(), _>(Error::MetadataExhausted { capacity: 128 })
+    ));
+    for a in held {
+        t.free(a.id.unwrap()).unwrap();
+    }
+    t.check_invariants().unwrap();
+}
