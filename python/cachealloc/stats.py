@@ -267,24 +267,23 @@ def attach_oom_observer(observer):
 _WIDTH = 75
 
 
-def _format_size(value, scale_by):
-    units = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"]
+def _scaled(value, scale_by, units, base, threshold, layout):
+    """`value` in the largest unit that keeps `scale_by` (the row's peak)
+    below `threshold` of it, as torch.cuda.memory_summary writes it."""
     unit = 0
-    while unit + 1 < len(units) and scale_by >= 768 * 1024:
-        value //= 1024
-        scale_by /= 1024
+    while unit + 1 < len(units) and scale_by >= threshold * base:
+        value //= base
+        scale_by /= base
         unit += 1
-    return "%6d %s" % (value, units[unit])
+    return layout % (value, units[unit])
+
+
+def _format_size(value, scale_by):
+    return _scaled(value, scale_by, ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"], 1024, 768, "%6d %s")
 
 
 def _format_count(value, scale_by):
-    units = [" ", "K", "M"]
-    unit = 0
-    while unit + 1 < len(units) and scale_by >= 750 * 1000:
-        value //= 1000
-        scale_by /= 1000
-        unit += 1
-    return "%7d %s " % (value, units[unit])
+    return _scaled(value, scale_by, [" ", "K", "M"], 1000, 750, "%7d %s ")
 
 
 _ROWS = [
