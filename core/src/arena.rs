@@ -58,7 +58,8 @@ pub struct BlockSlot {
     pub(crate) stream: u64,
     pub(crate) prev: u32,
     pub(crate) next: u32,
-    /// Free-index treap children (cached blocks).
+    /// Free-index treap children (cached blocks: the treap of their size
+    /// class, or of the other streams).
     pub(crate) left: u32,
     pub(crate) right: u32,
     /// Segment-index treap children (head blocks).

@@ -350,6 +350,21 @@ pub(crate) fn first<L: Links>(slots: &[BlockSlot], root: u32) -> u32 {
     }
 }
 
+/// The largest slot of the tree, or `NIL`.
+pub(crate) fn last<L: Links>(slots: &[BlockSlot], root: u32) -> u32 {
+    let mut t = root;
+    if t == NIL {
+        return NIL;
+    }
+    loop {
+        let r = L::right(&slots[t as usize]);
+        if r == NIL {
+            return t;
+        }
+        t = r;
+    }
+}
+
 /// What `verify` can find wrong with a tree (indexes [`Links::DEFECTS`]).
 #[derive(Clone, Copy)]
 enum Defect {
@@ -361,10 +376,47 @@ enum Defect {
     Unreachable,
 }
 
+/// A search that gives up after `limit` steps (a cycle) or at a link out
+/// of range: `lower_bound` (`strict` false) or `successor` (`strict` true),
+/// or the first node when `key` is `None`.
+fn bounded_search<L: Links>(
+    slots: &[BlockSlot],
+    root: u32,
+    key: Option<L::Key>,
+    strict: bool,
+    limit: u32,
+) -> Result<u32, &'static str> {
+    let mut best = NIL;
+    let mut t = root;
+    let mut steps = 0u32;
+    while t != NIL {
+        steps += 1;
+        if steps > limit {
+            return Err(L::DEFECTS[Defect::Cycle as usize]);
+        }
+        let s = slots
+            .get(t as usize)
+            .ok_or(L::DEFECTS[Defect::LinkOutOfRange as usize])?;
+        let go_left = match key {
+            None => true,
+            Some(k) if strict => L::key(s) > k,
+            Some(k) => L::key(s) >= k,
+        };
+        if go_left {
+            best = t;
+            t = L::left(s);
+        } else {
+            t = L::right(s);
+        }
+    }
+    Ok(best)
+}
+
 /// Check a tree without recursion or allocation, walking it in key order by
 /// successor searches from the root: keys strictly increasing, each child on
 /// the right side of its parent with no higher priority, every node reachable
-/// by a search for its own key, and no more than `limit` nodes (a cycle).
+/// by a search for its own key, and no more than `limit` nodes (a cycle). A
+/// cyclic or out-of-range link is reported, never followed forever.
 /// Returns the node count, or the index's name for the defect.
 pub(crate) fn verify<L: Links>(
     slots: &[BlockSlot],
@@ -372,7 +424,7 @@ pub(crate) fn verify<L: Links>(
     limit: u32,
 ) -> Result<u32, &'static str> {
     let mut count = 0u32;
-    let mut cur = first::<L>(slots, root);
+    let mut cur = bounded_search::<L>(slots, root, None, false, limit)?;
     let mut last: Option<L::Key> = None;
     while cur != NIL {
         count += 1;
@@ -403,11 +455,11 @@ pub(crate) fn verify<L: Links>(
             }
         }
         // Every node must be reachable by a search for its own key.
-        if lower_bound::<L>(slots, root, k) != cur {
+        if bounded_search::<L>(slots, root, Some(k), false, limit)? != cur {
             return Err(L::DEFECTS[Defect::Unreachable as usize]);
         }
         last = Some(k);
-        cur = successor::<L>(slots, root, k);
+        cur = bounded_search::<L>(slots, root, Some(k), true, limit)?;
     }
     Ok(count)
 }

@@ -19,7 +19,8 @@
 //!  host metadata (out of band, fixed capacity, no heap):
 //!    [BlockSlot; N]  one slot per block, addressed by a u32 index + generation
 //!      - segment list:  prev / next            (address order inside a segment)
-//!      - free index:    treap keyed (stream, size, address) per pool (best fit)
+//!      - free index:    exact (stream, size, address) order per pool (best fit):
+//!                       256 size classes under a two-level bitmap, each a treap
 //!      - segment index: treap keyed by base address (pointer lookups, snapshots)
 //!      - live index:    hash chains from pointer to allocated block (free by ptr)
 //! ```
@@ -67,10 +68,12 @@ mod allocation;
 mod allocator;
 mod arena;
 pub mod backend;
+mod bin_map;
 pub mod caching;
 pub mod config;
 mod error;
 mod events;
+mod free_index;
 pub mod history;
 mod index;
 mod invariants;

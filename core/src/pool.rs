@@ -1,10 +1,12 @@
 //! The small and large pools: [`Pool`], the one mapping from a pool to its
 //! index and its block flag, and [`BlockPool`], a pool's cache: the free
-//! index (a treap keyed by (stream, size, address), like PyTorch's
-//! `BlockPool::blocks`) and the GC clock PyTorch calls
+//! index (exact order by (stream, size, address), like PyTorch's
+//! `BlockPool::blocks`; see `free_index`) and the GC clock PyTorch calls
 //! `get_free_blocks_call_count`.
 
 use crate::arena::{BlockSlot, Flags, NIL};
+use crate::free_index::FreeIndex;
+pub(crate) use crate::free_index::FreeIndexKey;
 use crate::index::{self, FreeKey, Links, UnmappedKey};
 use crate::invariants::{expect, fail, InvariantViolation};
 
@@ -56,14 +58,11 @@ impl Pool {
     }
 }
 
-/// The key of a cached block in its pool's free index.
-pub(crate) type FreeIndexKey = <FreeKey as Links>::Key;
-
 /// One pool's cache.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BlockPool {
-    /// Root of the free index.
-    root: u32,
+    /// The free index.
+    free: FreeIndex,
     /// Cached blocks in the index.
     len: u32,
     /// Lookups made while garbage collection was possible.
@@ -76,7 +75,7 @@ pub(crate) struct BlockPool {
 
 impl BlockPool {
     pub(crate) const EMPTY: BlockPool = BlockPool {
-        root: NIL,
+        free: FreeIndex::EMPTY,
         len: 0,
         gc_clock: 0,
         unmapped_root: NIL,
@@ -121,14 +120,14 @@ impl BlockPool {
     /// Add slot `i` (its key must not be in the index).
     #[inline]
     pub(crate) fn insert(&mut self, slots: &mut [BlockSlot], i: u32) {
-        index::insert::<FreeKey>(slots, &mut self.root, i);
+        self.free.insert(slots, i);
         self.len += 1;
     }
 
     /// Take slot `i` out, if it is in.
     #[inline]
     pub(crate) fn remove(&mut self, slots: &mut [BlockSlot], i: u32) {
-        if index::remove::<FreeKey>(slots, &mut self.root, i) {
+        if self.free.remove(slots, i) {
             self.len -= 1;
         }
     }
@@ -136,19 +135,19 @@ impl BlockPool {
     /// The cached block with the smallest key `>= key`, or `NIL`.
     #[inline]
     pub(crate) fn lower_bound(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
-        index::lower_bound::<FreeKey>(slots, self.root, key)
+        self.free.lower_bound(slots, key)
     }
 
     /// The cached block with the smallest key `> key`, or `NIL`.
     #[inline]
     pub(crate) fn successor(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
-        index::successor::<FreeKey>(slots, self.root, key)
+        self.free.successor(slots, key)
     }
 
     /// The cached block with the largest key `< key`, or `NIL`.
     #[inline]
     pub(crate) fn predecessor(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
-        index::predecessor::<FreeKey>(slots, self.root, key)
+        self.free.predecessor(slots, key)
     }
 
     /// Whether slot `i` is in the index (found by a search for its key).
@@ -175,15 +174,17 @@ impl BlockPool {
         self.gc_clock += 1;
     }
 
-    /// The tree is a valid treap of at most `limit` nodes and holds `len`
-    /// blocks. Returns the count.
+    /// The free index is valid, of at most `limit` blocks, and holds `len`
+    /// blocks; likewise the unmapped index. Returns the free index's count.
     pub(crate) fn verify(
         &self,
         slots: &[BlockSlot],
         limit: u32,
     ) -> Result<u32, InvariantViolation> {
-        let n =
-            index::verify::<FreeKey>(slots, self.root, limit).map_err(|w| fail(w, None, 0, 1))?;
+        let n = self
+            .free
+            .verify(slots, limit)
+            .map_err(|w| fail(w, None, 0, 1))?;
         expect(
             "free index: size == its count",
             None,

@@ -260,7 +260,7 @@ impl<const P: usize> PoolTable<P> {
         &self.pools
     }
 
-    /// Each pool's free indexes are valid treaps; their block counts.
+    /// Each pool's free indexes are valid; their block counts.
     pub(crate) fn verify(&self, slots: &[BlockSlot], limit: u32) -> Result<(), InvariantViolation> {
         for (_, p) in self.iter() {
             for kind in Pool::ALL {

@@ -10,6 +10,7 @@ use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::DeviceBackend;
 use crate::error::Error;
 use crate::events::Sweep;
+use crate::free_index::FreeIndex;
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
 use crate::pool::Pool;
@@ -146,8 +147,9 @@ where
     /// The fast merge, when the block below `i` is not cached and the block
     /// above, T, is: T absorbs `i` in place if its grown key (same stream,
     /// larger size, lower address) stays below T's successor in the free
-    /// index: one search instead of a remove and an insert. Segment heads
-    /// never move (`i` has a predecessor). Whether it merged.
+    /// index (and in its size class): one search instead of a remove and an
+    /// insert. Segment heads never move (`i` has a predecessor). Whether it
+    /// merged.
     pub(super) fn try_merge_in_place(&mut self, i: u32) -> bool {
         let (p, n) = (self.slot(i).prev, self.slot(i).next);
         if p == NIL
@@ -171,6 +173,9 @@ where
         };
         let key = (t.stream, t.size, t.addr);
         let grown = (key.0, key.1 + orig_size, key.2 - orig_size);
+        if !FreeIndex::same_class(key.1, grown.1) {
+            return false;
+        }
         let slots = self.arena.slots();
         let succ = self.free_index_of(n).successor(slots, key);
         if succ != NIL && {

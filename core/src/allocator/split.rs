@@ -6,6 +6,7 @@ use super::DeviceAllocator;
 use crate::allocation::Allocation;
 use crate::arena::{BlockId, BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
+use crate::free_index::FreeIndex;
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
 use crate::policy;
@@ -79,11 +80,16 @@ where
     /// Its new key (same stream, smaller size, higher address) is then still
     /// above every key below it: it was the lower bound of (stream, size, 0)
     /// and the remainder's key is not below that. This saves a remove and an
-    /// insert. (An expandable block may not be the lower bound: best fit
+    /// insert. The remainder must also stay in the block's size class of
+    /// the free index. (An expandable block may not be the lower bound: best fit
     /// can pass over smaller blocks to reach it.)
     pub(super) fn can_split_in_place(&self, i: u32, size: u64) -> bool {
         let s = self.slot(i);
-        s.has(Flags::CACHED) && s.prev != NIL && s.size - size >= size && !s.has(Flags::EXPANDABLE)
+        s.has(Flags::CACHED)
+            && s.prev != NIL
+            && s.size - size >= size
+            && !s.has(Flags::EXPANDABLE)
+            && FreeIndex::same_class(s.size, s.size - size)
     }
 
     /// The fast split: the allocation takes a new slot `n` at the low end of

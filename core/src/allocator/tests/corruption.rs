@@ -63,9 +63,12 @@ fn overlap() {
     let (mut t, k) = rich();
     // Grow the small segment (head and cached tail together, so it still
     // tiles) over the large segment that follows it.
+    // The tail is re-indexed: its larger size is another size class.
     let tail = t.slot(k.d).next;
     t.slot_mut(k.a).seg_size += 2 << 20;
+    t.cache_remove(tail);
     t.slot_mut(tail).size += 2 << 20;
+    t.cache_insert(tail);
     assert_named(broken(&t), "segments overlap");
 }
 

@@ -64,6 +64,22 @@ fn no_split_in_place_when_the_remainder_is_smaller_than_the_request() {
 }
 
 #[test]
+fn no_split_in_place_when_the_remainder_leaves_its_class() {
+    let mut t = tiny();
+    let a = t.malloc(512, 0).unwrap();
+    let tail = t.slot(a.id.unwrap().index()).next;
+    // 2 MiB - 512 cached; taking 512 KiB leaves 1.5 MiB - 512, a lower class.
+    assert!(!t.can_split_in_place(tail, 512 << 10));
+    let b = t.malloc(512 << 10, 0).unwrap();
+    assert_eq!(
+        b.id.unwrap().index(),
+        tail,
+        "general split keeps the found slot"
+    );
+    t.check_invariants().unwrap();
+}
+
+#[test]
 fn no_split_when_the_block_fits() {
     let mut t = tiny();
     let a = t.malloc(MIB, 0).unwrap();
@@ -74,10 +90,15 @@ fn no_split_when_the_block_fits() {
     t.check_invariants().unwrap();
 }
 
-/// A 20 MiB segment [A 2 MiB | B 2 MiB | T 16 MiB cached]; with `rival`, a
-/// cached 17 MiB block U elsewhere (same stream and pool) that lies between
-/// T's key and T's key grown by B.
+/// A 20 MiB segment [A 2.5 MiB | B 1.25 MiB | T 16.25 MiB cached]; with
+/// `rival`, a cached 17 MiB block U elsewhere (same stream and pool) that
+/// lies between T's key and T's key grown by B (17.5 MiB, the same size
+/// class of the free index as 16.25 MiB).
 fn merge_setup(rival: bool) -> (super::Tiny, u32, u32) {
+    merge_setup_sized(rival, 5 * MIB / 2, 5 * MIB / 4)
+}
+
+fn merge_setup_sized(rival: bool, a: u64, b: u64) -> (super::Tiny, u32, u32) {
     let mut t = tiny();
     let mut keep = None;
     if rival {
@@ -85,11 +106,11 @@ fn merge_setup(rival: bool) -> (super::Tiny, u32, u32) {
         let u = t.malloc(17 * MIB, 0).unwrap(); // the rest of c's segment, exactly
         keep = Some((c, u));
     }
-    let _a = t.malloc(2 * MIB, 0).unwrap();
-    let b = t.malloc(2 * MIB, 0).unwrap();
+    let _a = t.malloc(a, 0).unwrap();
+    let b = t.malloc(b, 0).unwrap();
     let bi = b.id.unwrap().index();
     let ti = t.slot(bi).next;
-    assert_eq!(t.slot(ti).size, 16 * MIB);
+    assert_eq!(t.slot(ti).size, 20 * MIB - a - t.slot(bi).size);
     if let Some((_, u)) = keep {
         t.free(u.id.unwrap()).unwrap(); // U: cached, 17 MiB
     }
@@ -107,7 +128,23 @@ fn merge_in_place_when_the_grown_key_keeps_its_order() {
         "the freed block's slot is released"
     );
     let s = t.slot(ti);
-    assert_eq!((s.addr, s.size), (baddr, 18 * MIB), "T absorbed B in place");
+    assert_eq!(
+        (s.addr, s.size),
+        (baddr, 35 * MIB / 2),
+        "T absorbed B in place"
+    );
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn merge_falls_back_when_the_grown_size_leaves_its_class() {
+    // T is 16 MiB and grows to 18 MiB: another class of the free index.
+    let (mut t, bi, ti) = merge_setup_sized(false, 2 * MIB, 2 * MIB);
+    let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).id);
+    t.free(bid).unwrap();
+    assert!(!t.slot(ti).has(Flags::IN_USE), "T's slot is released");
+    let s = t.slot(bi);
+    assert_eq!((s.addr, s.size), (baddr, 18 * MIB), "B absorbed T");
     t.check_invariants().unwrap();
 }
 
@@ -118,7 +155,7 @@ fn merge_falls_back_when_the_order_check_refuses() {
     t.free(bid).unwrap();
     assert!(!t.slot(ti).has(Flags::IN_USE), "T's slot is released");
     let s = t.slot(bi);
-    assert_eq!((s.addr, s.size), (baddr, 18 * MIB), "B absorbed T");
+    assert_eq!((s.addr, s.size), (baddr, 35 * MIB / 2), "B absorbed T");
     assert!(s.has(Flags::CACHED));
     t.check_invariants().unwrap();
 }
