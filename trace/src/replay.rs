@@ -148,10 +148,19 @@ impl<D: ReplayDevice> Replay<D> {
     }
 
     /// The position of device `index` in `devices`, created at first use.
+    #[inline]
     pub(crate) fn device(&mut self, index: u64) -> Result<usize, Reason> {
-        if let Some(k) = self.devices.iter().position(|d| d.index == index) {
-            return Ok(k);
+        match self.devices.iter().position(|d| d.index == index) {
+            Some(k) => Ok(k),
+            None => self.open_device(index),
         }
+    }
+
+    /// Create device `index` (apart from `device`, whose every call would
+    /// otherwise reserve and probe the stack frame of an allocator).
+    #[cold]
+    #[inline(never)]
+    fn open_device(&mut self, index: u64) -> Result<usize, Reason> {
         let storage = self
             .spare
             .take()
