@@ -9,12 +9,24 @@
 //! over every block (a property test compares them), with a search path
 //! shorter by the log of the number of classes in use.
 //!
+//! A small index is one treap: below [`BINS_FROM`] blocks the classes cost
+//! more than they save (the cache-hit pair of the benchmarks keeps a handful
+//! of blocks). The index moves its main stream's blocks into the classes
+//! when it grows to [`BINS_FROM`] blocks, and back when it shrinks to
+//! [`BINS_UNTIL`]: far enough apart that no sequence pays for the moves
+//! more often than once per 48 operations.
+//!
 //! All links live in the block slots (the treap links `left` / `right`); the
 //! index itself is a fixed 1 KiB of bin roots. No allocation.
 
 use crate::arena::{BlockSlot, NIL};
 use crate::bin_map::{size_class, BinMap, BINS};
 use crate::index::{self, FreeKey, Links};
+
+/// Blocks at which a one-tree index moves into size classes.
+pub(crate) const BINS_FROM: u32 = 64;
+/// Blocks at which an index in size classes moves back into one tree.
+pub(crate) const BINS_UNTIL: u32 = 16;
 
 /// The key of a cached block: (stream, size, address).
 pub(crate) type FreeIndexKey = <FreeKey as Links>::Key;
@@ -47,11 +59,16 @@ fn max_of(slots: &[BlockSlot], a: u32, b: u32) -> u32 {
 /// The free index of one pool.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FreeIndex {
-    /// The stream whose blocks are in the bins. None of its blocks is in
-    /// `others`. It changes only while the bins are empty.
+    /// The stream whose blocks are in the bins. With `use_bins`, none of
+    /// its blocks is in `others`. It changes only while the bins are empty.
     stream: u64,
+    /// Whether the main stream's blocks go to the bins (else the bins are
+    /// empty and every block is in `others`).
+    use_bins: bool,
     /// Blocks in the bins.
     binned: u32,
+    /// Blocks in the index.
+    len: u32,
     map: BinMap,
     /// Treap root of each size class.
     roots: [u32; BINS],
@@ -62,7 +79,9 @@ pub(crate) struct FreeIndex {
 impl FreeIndex {
     pub(crate) const EMPTY: FreeIndex = FreeIndex {
         stream: 0,
+        use_bins: false,
         binned: 0,
+        len: 0,
         map: BinMap::EMPTY,
         roots: [NIL; BINS],
         others: NIL,
@@ -71,41 +90,101 @@ impl FreeIndex {
     /// Add slot `i` (its key must not be in the index).
     #[inline]
     pub(crate) fn insert(&mut self, slots: &mut [BlockSlot], i: u32) {
-        let (stream, size) = {
-            let s = &slots[i as usize];
-            (s.stream, s.size)
-        };
+        self.len += 1;
+        if !self.use_bins {
+            index::insert::<FreeKey>(slots, &mut self.others, i);
+            if self.len >= BINS_FROM {
+                self.move_into_bins(slots, slots[i as usize].stream);
+            }
+            return;
+        }
+        self.binned_insert(slots, i);
+    }
+
+    fn binned_insert(&mut self, slots: &mut [BlockSlot], i: u32) {
+        let stream = slots[i as usize].stream;
         if stream != self.stream && self.binned == 0 && !self.others_have(slots, stream) {
             self.stream = stream;
         }
         if stream == self.stream {
-            let c = size_class(size);
-            index::insert::<FreeKey>(slots, &mut self.roots[c], i);
-            self.map.set(c);
-            self.binned += 1;
+            self.bin_insert(slots, i);
         } else {
             index::insert::<FreeKey>(slots, &mut self.others, i);
         }
     }
 
+    #[inline]
+    fn bin_insert(&mut self, slots: &mut [BlockSlot], i: u32) {
+        let c = size_class(slots[i as usize].size);
+        index::insert::<FreeKey>(slots, &mut self.roots[c], i);
+        self.map.set(c);
+        self.binned += 1;
+    }
+
+    /// Use the bins, for `stream`: its blocks move out of the one tree.
+    #[cold]
+    fn move_into_bins(&mut self, slots: &mut [BlockSlot], stream: u64) {
+        self.use_bins = true;
+        self.stream = stream;
+        loop {
+            let b = index::lower_bound::<FreeKey>(slots, self.others, (stream, 0, 0));
+            if b == NIL || slots[b as usize].stream != stream {
+                return;
+            }
+            index::remove::<FreeKey>(slots, &mut self.others, b);
+            self.bin_insert(slots, b);
+        }
+    }
+
+    /// Stop using the bins: their blocks move into the one tree.
+    #[cold]
+    fn move_out_of_bins(&mut self, slots: &mut [BlockSlot]) {
+        while let Some(c) = self.map.next_from(0) {
+            let b = index::first::<FreeKey>(slots, self.roots[c]);
+            index::remove::<FreeKey>(slots, &mut self.roots[c], b);
+            if self.roots[c] == NIL {
+                self.map.clear(c);
+            }
+            self.binned -= 1;
+            index::insert::<FreeKey>(slots, &mut self.others, b);
+        }
+        self.use_bins = false;
+    }
+
     /// Take slot `i` out; `false` if it is not in.
     #[inline]
     pub(crate) fn remove(&mut self, slots: &mut [BlockSlot], i: u32) -> bool {
+        if !self.use_bins {
+            let found = index::remove::<FreeKey>(slots, &mut self.others, i);
+            self.len -= found as u32;
+            return found;
+        }
+        self.binned_remove(slots, i)
+    }
+
+    fn binned_remove(&mut self, slots: &mut [BlockSlot], i: u32) -> bool {
         let (stream, size) = {
             let s = &slots[i as usize];
             (s.stream, s.size)
         };
         if stream != self.stream || self.binned == 0 {
-            return index::remove::<FreeKey>(slots, &mut self.others, i);
+            if !index::remove::<FreeKey>(slots, &mut self.others, i) {
+                return false;
+            }
+        } else {
+            let c = size_class(size);
+            if !index::remove::<FreeKey>(slots, &mut self.roots[c], i) {
+                return false;
+            }
+            if self.roots[c] == NIL {
+                self.map.clear(c);
+            }
+            self.binned -= 1;
         }
-        let c = size_class(size);
-        if !index::remove::<FreeKey>(slots, &mut self.roots[c], i) {
-            return false;
+        self.len -= 1;
+        if self.len <= BINS_UNTIL {
+            self.move_out_of_bins(slots);
         }
-        if self.roots[c] == NIL {
-            self.map.clear(c);
-        }
-        self.binned -= 1;
         true
     }
 
@@ -181,6 +260,13 @@ impl FreeIndex {
     /// The block with the smallest key `>= key`, or `NIL`.
     #[inline]
     pub(crate) fn lower_bound(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
+        if !self.use_bins {
+            return index::lower_bound::<FreeKey>(slots, self.others, key);
+        }
+        self.binned_lower_bound(slots, key)
+    }
+
+    fn binned_lower_bound(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
         let b = self.bins_above(slots, key, false);
         if self.others == NIL || (b != NIL && key.0 == self.stream) {
             return b; // no other stream's block lies between
@@ -195,6 +281,13 @@ impl FreeIndex {
     /// The block with the smallest key `> key`, or `NIL`.
     #[inline]
     pub(crate) fn successor(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
+        if !self.use_bins {
+            return index::successor::<FreeKey>(slots, self.others, key);
+        }
+        self.binned_successor(slots, key)
+    }
+
+    fn binned_successor(&self, slots: &[BlockSlot], key: FreeIndexKey) -> u32 {
         let b = self.bins_above(slots, key, true);
         if self.others == NIL || (b != NIL && key.0 == self.stream) {
             return b;
@@ -220,11 +313,11 @@ impl FreeIndex {
     }
 
     /// Whether a cached block of `size` may change its size to `new_size`
-    /// in place (its neighbours in the exact order unchanged): only within
-    /// its size class.
+    /// in place (its neighbours in the exact order unchanged): in a one-tree
+    /// index, yes; with bins, only within its size class.
     #[inline]
-    pub(crate) fn same_class(size: u64, new_size: u64) -> bool {
-        size_class(size) == size_class(new_size)
+    pub(crate) fn may_resize(&self, size: u64, new_size: u64) -> bool {
+        !self.use_bins || size_class(size) == size_class(new_size)
     }
 
     /// Check the whole index: each class a valid treap of blocks of the
@@ -234,6 +327,9 @@ impl FreeIndex {
     pub(crate) fn verify(&self, slots: &[BlockSlot], limit: u32) -> Result<u32, &'static str> {
         if !self.map.consistent() {
             return Err("free index: the bitmap's two levels disagree");
+        }
+        if !self.use_bins && self.map.next_from(0).is_some() {
+            return Err("free index: blocks in the bins of a one-tree index");
         }
         let mut binned = 0u32;
         for c in 0..BINS {
@@ -261,13 +357,25 @@ impl FreeIndex {
             return Err("free index: the binned count is wrong");
         }
         let others = index::verify::<FreeKey>(slots, self.others, limit)?;
-        if binned > 0 && self.others_have(slots, self.stream) {
+        if self.use_bins && self.others_have(slots, self.stream) {
             return Err("free index: the binned stream also in the other streams' tree");
         }
         if binned as u64 + others as u64 > limit as u64 {
             return Err(FreeKey::DEFECTS[0]);
         }
+        if binned + others != self.len {
+            return Err("free index: its count is wrong");
+        }
+        if self.use_bins && self.len <= BINS_UNTIL || !self.use_bins && self.len >= BINS_FROM {
+            return Err("free index: bins in use against their thresholds");
+        }
         Ok(binned + others)
+    }
+
+    /// Test hook: use the bins now, whatever the count.
+    #[cfg(test)]
+    pub(crate) fn force_bins(&mut self, slots: &mut [BlockSlot], stream: u64) {
+        self.move_into_bins(slots, stream);
     }
 
     /// Test hook: flip one bin's bit.
@@ -338,7 +446,7 @@ mod tests {
     /// The property test of the issue: the index and one treap over the
     /// same blocks (each in its own copy of the slots) give the same answer
     /// to every query, over random insert / remove sequences with one to
-    /// five streams.
+    /// five streams, growing and shrinking through the bins' thresholds.
     #[test]
     fn same_answers_as_one_treap() {
         for seed in 1..=24u64 {
@@ -357,8 +465,20 @@ mod tests {
             let mut ix = FreeIndex::EMPTY;
             let mut root = NIL;
             let mut inside = std::vec![false; n];
+            let mut switches = 0;
+            let mut was = false;
             for step in 0..3000 {
-                let i = r.below(n as u64) as u32;
+                // Phases that grow or shrink the index, long enough for it
+                // to cross the bins' thresholds both ways.
+                let grow = (step / (2 * n + 50)) % 2 == 0;
+                // Mostly the phase's operation: the next slot from a random
+                // one that is out of the index (grow) or in it (shrink).
+                let want_in = if r.below(5) == 0 { grow } else { !grow };
+                let from = r.below(n as u64) as usize;
+                let i = (0..n)
+                    .map(|k| (from + k) % n)
+                    .find(|&k| inside[k] == want_in)
+                    .unwrap_or(from) as u32;
                 if inside[i as usize] {
                     assert!(ix.remove(&mut a, i));
                     assert!(index::remove::<FreeKey>(&mut b, &mut root, i));
@@ -377,6 +497,10 @@ mod tests {
                     index::insert::<FreeKey>(&mut b, &mut root, i);
                 }
                 inside[i as usize] = !inside[i as usize];
+                if ix.use_bins != was {
+                    switches += 1;
+                    was = ix.use_bins;
+                }
                 let some = &a[r.below(n as u64) as usize];
                 let exact = FreeKey::key(some);
                 let q = (
@@ -393,11 +517,15 @@ mod tests {
                 ] {
                     check_answers(&ix, &a, root, &b, q);
                 }
-                if step % 500 == 0 || step == 2999 {
+                if step % 100 == 0 || step == 2999 {
                     let want = inside.iter().filter(|&&x| x).count() as u32;
                     assert_eq!(ix.verify(&a, n as u32), Ok(want), "seed {seed} step {step}");
                 }
             }
+            assert!(
+                switches >= 2,
+                "seed {seed}: the bins were switched {switches} times"
+            );
         }
     }
 
@@ -455,25 +583,58 @@ mod tests {
         assert_eq!(ix.verify(&a, 100), Ok(100));
         a[last].stream = 1;
         assert!(ix.verify(&a, 100).is_err());
-        // The other streams' tree holding a block of the binned stream.
-        let (mut ix, mut a) = filled(10, 2);
-        let odd = 3; // stream 1, in the other streams' tree
-        assert!(ix.remove(&mut a, odd));
-        a[odd as usize].stream = 2;
-        ix.insert(&mut a, odd);
-        a[odd as usize].stream = 0;
-        assert!(ix.verify(&a, 10).is_err());
+        // The other streams' tree holding a block of the binned stream
+        // (stream 1: block 63 made the index move into bins).
+        let (mut ix, mut a) = filled(100, 2);
+        assert!(ix.use_bins && ix.stream == 1);
+        let even = 2; // stream 0, in the other streams' tree
+        assert!(ix.remove(&mut a, even));
+        a[even as usize].stream = 2;
+        ix.insert(&mut a, even);
+        a[even as usize].stream = 1; // still above every stream-0 block
+        assert_eq!(
+            ix.verify(&a, 100),
+            Err("free index: the binned stream also in the other streams' tree")
+        );
+    }
+
+    #[test]
+    fn bins_from_64_blocks_until_16() {
+        let (mut ix, mut a) = filled(100, 3);
+        let mut ix2 = FreeIndex::EMPTY;
+        let mut b = a.clone();
+        for i in 0..63 {
+            ix2.insert(&mut b, i);
+        }
+        assert!(!ix2.use_bins && ix2.binned == 0);
+        ix2.insert(&mut b, 63);
+        assert!(ix2.use_bins && ix2.binned > 0);
+        assert_eq!(ix2.verify(&b, 100), Ok(64));
+        for i in 0..83 {
+            assert!(ix.remove(&mut a, i));
+            assert!(ix.use_bins, "still in bins at {} blocks", ix.len);
+        }
+        assert!(ix.remove(&mut a, 83));
+        assert_eq!((ix.use_bins, ix.binned, ix.len), (false, 0, 16));
+        assert_eq!(ix.verify(&a, 100), Ok(16));
+        // A one-tree index with a block left in a bin.
+        ix.map.set(3);
+        ix.roots[3] = 90;
+        assert!(ix.verify(&a, 100).is_err());
     }
 
     #[test]
     fn verify_finds_a_wrong_count_and_a_cycle() {
-        let (mut ix, a) = filled(50, 1);
+        let (mut ix, a) = filled(100, 1);
         ix.binned += 1;
         assert_eq!(
-            ix.verify(&a, 50),
+            ix.verify(&a, 100),
             Err("free index: the binned count is wrong")
         );
-        let (ix, mut a) = filled(50, 1);
+        let (mut ix, a) = filled(100, 1);
+        ix.len += 1;
+        assert_eq!(ix.verify(&a, 100), Err("free index: its count is wrong"));
+        let (ix, mut a) = filled(100, 1);
         // A child linked back to the root of its bin.
         let c = (0..BINS).find(|&c| {
             ix.roots[c] != NIL && {
@@ -489,6 +650,6 @@ mod tests {
             a[root as usize].right
         };
         a[child as usize].left = root;
-        assert!(ix.verify(&a, 50).is_err());
+        assert!(ix.verify(&a, 100).is_err());
     }
 }

@@ -150,6 +150,19 @@ impl BlockPool {
         self.free.predecessor(slots, key)
     }
 
+    /// Whether a cached block of `size` may take `new_size` in place, its
+    /// key's neighbours unchanged (see `FreeIndex::may_resize`).
+    #[inline]
+    pub(crate) fn may_resize(&self, size: u64, new_size: u64) -> bool {
+        self.free.may_resize(size, new_size)
+    }
+
+    /// Test hook: the free index uses its bins now (see `FreeIndex`).
+    #[cfg(test)]
+    pub(crate) fn force_bins(&mut self, slots: &mut [BlockSlot], stream: u64) {
+        self.free.force_bins(slots, stream);
+    }
+
     /// Whether slot `i` is in the index (found by a search for its key).
     pub(crate) fn contains(&self, slots: &[BlockSlot], i: u32) -> bool {
         slots

@@ -10,7 +10,6 @@ use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::DeviceBackend;
 use crate::error::Error;
 use crate::events::Sweep;
-use crate::free_index::FreeIndex;
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
 use crate::pool::Pool;
@@ -173,7 +172,7 @@ where
         };
         let key = (t.stream, t.size, t.addr);
         let grown = (key.0, key.1 + orig_size, key.2 - orig_size);
-        if !FreeIndex::same_class(key.1, grown.1) {
+        if !self.free_index_of(n).may_resize(key.1, grown.1) {
             return false;
         }
         let slots = self.arena.slots();

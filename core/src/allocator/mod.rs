@@ -106,8 +106,9 @@ where
 ///   live allocation, per cached or pending free block, and at least one per
 ///   segment. A workload with `L` live allocations at its peak needs about
 ///   `2 L` plus its segments (each allocation can leave a cached remainder
-///   behind it); the replay tool gives 131,072 per device, which every real
-///   trace of the repository fits in. When they run out, `malloc` fails with
+///   behind it); the replay tool starts with 8,192 per device and doubles
+///   them whenever they run out (see `with_growing_storage`). When they run
+///   out, `malloc` fails with
 ///   [`Error::MetadataExhausted`] before it changes anything (it keeps two in
 ///   reserve); frees never need a new slot.
 /// - **Events** (`E`): the end-of-life events queued at once (a free of a

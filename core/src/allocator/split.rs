@@ -6,7 +6,6 @@ use super::DeviceAllocator;
 use crate::allocation::Allocation;
 use crate::arena::{BlockId, BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
-use crate::free_index::FreeIndex;
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
 use crate::policy;
@@ -89,7 +88,7 @@ where
             && s.prev != NIL
             && s.size - size >= size
             && !s.has(Flags::EXPANDABLE)
-            && FreeIndex::same_class(s.size, s.size - size)
+            && self.free_index_of(i).may_resize(s.size, s.size - size)
     }
 
     /// The fast split: the allocation takes a new slot `n` at the low end of

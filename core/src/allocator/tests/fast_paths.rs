@@ -68,7 +68,13 @@ fn no_split_in_place_when_the_remainder_leaves_its_class() {
     let mut t = tiny();
     let a = t.malloc(512, 0).unwrap();
     let tail = t.slot(a.id.unwrap().index()).next;
-    // 2 MiB - 512 cached; taking 512 KiB leaves 1.5 MiB - 512, a lower class.
+    assert!(t.can_split_in_place(tail, 512 << 10), "one tree: any size");
+    // With size classes (a large index), 2 MiB - 512 cached less 512 KiB
+    // leaves 1.5 MiB - 512, a lower class: no split in place.
+    let slots = t.arena.slots_mut();
+    t.pools
+        .get_mut(crate::pool::Pool::Small)
+        .force_bins(slots, 0);
     assert!(!t.can_split_in_place(tail, 512 << 10));
     let b = t.malloc(512 << 10, 0).unwrap();
     assert_eq!(
@@ -138,8 +144,13 @@ fn merge_in_place_when_the_grown_key_keeps_its_order() {
 
 #[test]
 fn merge_falls_back_when_the_grown_size_leaves_its_class() {
-    // T is 16 MiB and grows to 18 MiB: another class of the free index.
+    // T is 16 MiB and grows to 18 MiB: another class of the free index
+    // (when it uses classes, as a large index does).
     let (mut t, bi, ti) = merge_setup_sized(false, 2 * MIB, 2 * MIB);
+    let slots = t.arena.slots_mut();
+    t.pools
+        .get_mut(crate::pool::Pool::Large)
+        .force_bins(slots, 0);
     let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).id);
     t.free(bid).unwrap();
     assert!(!t.slot(ti).has(Flags::IN_USE), "T's slot is released");
