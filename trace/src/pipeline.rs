@@ -1,12 +1,12 @@
-//! Reading and parsing a trace in chunks, for a replay: on a second thread
-//! when the trace is a file large enough to gain from it (the replay applies
-//! one chunk while the next is read, decompressed and parsed), else on the
-//! replay's own thread. Either way the replay sees the same chunks in the
-//! same order; a bad line ends its chunk, carrying the error.
+//! Reading and parsing a trace in chunks, for a replay: on other threads
+//! when the trace is a file large enough to gain from it (one reads and
+//! decompresses, two parse, while the replay applies the chunk before),
+//! else on the replay's own thread. Either way the replay sees the events
+//! in the file's order, and a bad line ends its chunk, carrying the error.
 
 use crate::error::TraceError;
 use crate::event::Event;
-use crate::reader::TraceReader;
+use crate::reader::{event_of_line, RawLines, TraceReader};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -59,8 +59,51 @@ fn parse_chunk(reader: &mut TraceReader, mut events: Vec<(u64, Event)>) -> Parse
     }
 }
 
+/// Parse lines read by [`TraceReader::read_lines`] into a chunk of events.
+/// `path` names the file in errors.
+fn parse_lines(raw: RawLines, path: &str, mut events: Vec<(u64, Event)>) -> Parsed {
+    let t = Instant::now();
+    events.clear();
+    let mut error = None;
+    let mut start = 0;
+    for (k, end) in memchr::memchr_iter(b'\n', &raw.bytes).enumerate() {
+        let no = raw.first + k as u64;
+        let line = &raw.bytes[start..end];
+        start = end + 1;
+        match event_of_line(line.strip_suffix(b"\r").unwrap_or(line), raw.version) {
+            None => {}
+            Some(Ok(e)) => events.push((no, e)),
+            Some(Err(reason)) => {
+                error = Some(TraceError {
+                    path: path.to_string(),
+                    line: no,
+                    reason,
+                });
+                break;
+            }
+        }
+    }
+    let last = raw.last || error.is_some();
+    Parsed {
+        events,
+        seconds: raw.seconds + t.elapsed().as_secs_f64(),
+        read: raw.read,
+        error: error.or(raw.error),
+        last,
+    }
+}
+
+/// Parser threads beside the reading thread.
+const PARSERS: usize = 2;
+
 /// Give `consume` every chunk of `reader`'s events, in order, until it
 /// returns `Ok(true)` (stop), an error, or the chunks run out.
+///
+/// For a large file on a machine with two cores or more, one thread reads
+/// and decompresses chunks of lines and deals them in turn to two parser
+/// threads; the caller takes the parsed chunks in the same turn, so the
+/// order is the file's. A consumer that stops drops its ends of the
+/// channels, and every thread then stops at its next send.
 pub(crate) fn for_each_chunk(
     mut reader: TraceReader,
     mut consume: impl FnMut(&Parsed) -> Result<bool, TraceError>,
@@ -76,31 +119,163 @@ pub(crate) fn for_each_chunk(
             buf = p.events;
         }
     }
-    // Two chunks in flight; the consumer hands emptied buffers back.
-    let (full_tx, full_rx) = mpsc::sync_channel::<Parsed>(2);
-    let (empty_tx, empty_rx) = mpsc::channel::<Vec<(u64, Event)>>();
+    let path = reader.path().to_string();
     std::thread::scope(|s| {
-        s.spawn(move || loop {
-            let buf = empty_rx
-                .try_recv()
-                .unwrap_or_else(|_| Vec::with_capacity(CHUNK));
-            let p = parse_chunk(&mut reader, buf);
-            let last = p.last;
-            // A consumer that stopped has dropped its end: stop too.
-            if full_tx.send(p).is_err() || last {
-                return;
+        let mut to_parsers = Vec::with_capacity(PARSERS);
+        let mut from_parsers = Vec::with_capacity(PARSERS);
+        for _ in 0..PARSERS {
+            let (raw_tx, raw_rx) = mpsc::sync_channel::<RawLines>(1);
+            let (out_tx, out_rx) = mpsc::sync_channel::<Parsed>(1);
+            let path = path.as_str();
+            s.spawn(move || {
+                while let Ok(raw) = raw_rx.recv() {
+                    let p = parse_lines(raw, path, Vec::with_capacity(CHUNK));
+                    let last = p.last;
+                    if out_tx.send(p).is_err() || last {
+                        return;
+                    }
+                }
+            });
+            to_parsers.push(raw_tx);
+            from_parsers.push(out_rx);
+        }
+        s.spawn(move || {
+            for k in 0.. {
+                let raw = reader.read_lines(CHUNK, Vec::with_capacity(CHUNK * 64));
+                let last = raw.last;
+                if to_parsers[k % PARSERS].send(raw).is_err() || last {
+                    return;
+                }
             }
         });
-        // Owned here, so that a consumer that stops drops it before the
-        // scope waits for the parser (whose next send then fails).
-        let full_rx = full_rx;
-        // The parser only stops after a last chunk, which ends this loop.
-        while let Ok(p) = full_rx.recv() {
+        // Owned here, so that a consumer that stops drops them before the
+        // scope waits for the threads (whose next send then fails).
+        let from_parsers = from_parsers;
+        for k in 0.. {
+            let Ok(p) = from_parsers[k % PARSERS].recv() else {
+                break;
+            };
             if consume(&p)? || p.last {
-                return Ok(());
+                break;
             }
-            let _ = empty_tx.send(p.events);
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A trace of `n` events, with blank lines, CRLF line ends and no line
+    /// feed after the last line; `bad`: the line that is malformed.
+    fn trace(n: u64, bad: Option<u64>) -> Vec<u8> {
+        let mut s = String::from("{\"format\":\"cachealloc-trace\",\"version\":1}\n");
+        let mut line = 1;
+        for i in 0..n {
+            line += 1;
+            if Some(line) == bad {
+                s.push_str("{\"op\":\"alloc\",\"id\":1,\"size\":-5,\"stream\":0}\n");
+                continue;
+            }
+            if i % 2 == 0 {
+                s.push_str(&format!(
+                    "{{\"op\":\"alloc\",\"id\":{i},\"size\":{},\"stream\":0}}",
+                    512 * (i % 97 + 1)
+                ));
+            } else {
+                s.push_str(&format!("{{\"op\":\"free\",\"id\":{}}}", i - 1));
+            }
+            s.push_str(if i % 7 == 0 { "\r\n" } else { "\n" });
+            if i % 1000 == 999 {
+                s.push_str("   \n");
+                line += 1;
+            }
+        }
+        s.pop(); // no line feed at the end
+        s.into_bytes()
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// Every event with its line, one by one on this thread.
+    fn one_by_one(data: &[u8], gz: bool) -> (Vec<(u64, Event)>, Option<TraceError>) {
+        let mut r = TraceReader::from_bytes("t", data.to_vec(), gz).unwrap();
+        let mut out = Vec::new();
+        while let Some(e) = r.next_event() {
+            match e {
+                Ok(e) => out.push(e),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+
+    /// Every event with its line, through `for_each_chunk`.
+    fn chunked(data: &[u8], gz: bool) -> (Vec<(u64, Event)>, Option<TraceError>) {
+        let r = TraceReader::from_bytes("t", data.to_vec(), gz).unwrap();
+        let mut out = Vec::new();
+        let mut error = None;
+        let res = for_each_chunk(r, |p| {
+            out.extend_from_slice(&p.events);
+            if let Some(e) = &p.error {
+                return Err(e.clone());
+            }
+            Ok(false)
+        });
+        if let Err(e) = res {
+            error = Some(e);
+        }
+        (out, error)
+    }
+
+    #[test]
+    fn threads_give_the_events_of_the_file_in_order() {
+        for gz in [false, true] {
+            let data = trace(30_000, None);
+            let data = if gz { gzip(&data) } else { data };
+            assert!(
+                data.len() as u64 >= PIPELINE_FROM,
+                "large enough for threads"
+            );
+            let (want, e) = one_by_one(&data, gz);
+            assert!(e.is_none());
+            assert_eq!(want.len(), 30_000);
+            let (got, e) = chunked(&data, gz);
+            assert!(e.is_none(), "{e:?}");
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn a_bad_line_deep_in_a_large_file_names_its_line() {
+        for gz in [false, true] {
+            let data = trace(30_000, Some(20_001));
+            let data = if gz { gzip(&data) } else { data };
+            let (want, we) = one_by_one(&data, gz);
+            let (got, ge) = chunked(&data, gz);
+            let (we, ge) = (we.unwrap(), ge.unwrap());
+            assert_eq!(we.line, 20_001);
+            assert_eq!((ge.line, ge.to_string()), (we.line, we.to_string()));
+            assert_eq!(got, want, "the events before the bad line, all of them");
+        }
+    }
+
+    #[test]
+    fn a_consumer_that_stops_early_ends_every_thread() {
+        let data = trace(100_000, None);
+        let r = TraceReader::from_bytes("t", data, false).unwrap();
+        let mut chunks = 0;
+        for_each_chunk(r, |_| {
+            chunks += 1;
+            Ok(chunks == 2)
+        })
+        .unwrap();
+        assert_eq!(chunks, 2);
+    }
 }

@@ -9,6 +9,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Counts the bytes read from the file (compressed bytes for `.gz`).
 struct Counting<R: ?Sized> {
@@ -24,12 +25,47 @@ impl<R: Read + ?Sized> Read for Counting<R> {
     }
 }
 
+/// The event on one line of a trace, without its line end; `None` for a
+/// blank line. `version` is the header's.
+pub(crate) fn event_of_line(line: &[u8], version: u64) -> Option<Result<Event, Reason>> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    Some(match parse_event(line) {
+        Ok(e) if e.is_pool_op() && version < 2 => Err(Reason::Event(
+            "private-pool ops need a version 2 trace (the header says version 1)".to_string(),
+        )),
+        other => other,
+    })
+}
+
+/// Lines of a trace, read but not parsed (see [`TraceReader::read_lines`]).
+pub(crate) struct RawLines {
+    /// The number of the first line.
+    pub(crate) first: u64,
+    /// The lines, each ended by a line feed.
+    pub(crate) bytes: Vec<u8>,
+    /// The header's version.
+    pub(crate) version: u64,
+    /// Seconds spent reading them.
+    pub(crate) seconds: f64,
+    /// Bytes of the file read so far, and its size.
+    pub(crate) read: (u64, u64),
+    /// The read error that came after them.
+    pub(crate) error: Option<TraceError>,
+    /// Whether nothing comes after them.
+    pub(crate) last: bool,
+}
+
 /// A trace opened for streaming (`Send`: a replay parses on a second
 /// thread).
 pub struct TraceReader {
     path: String,
     reader: Box<dyn BufRead + Send>,
     line: u64,
+    /// Bytes of the reader's buffer the last line took, not yet consumed.
+    pending: usize,
+    /// A line that straddled the end of the reader's buffer.
     buf: Vec<u8>,
     bytes: Arc<AtomicU64>,
     file_len: u64,
@@ -91,12 +127,13 @@ impl TraceReader {
             path: path.to_string(),
             reader,
             line: 0,
+            pending: 0,
             buf: Vec::with_capacity(256),
             bytes,
             file_len,
             header: Header::default(),
         };
-        loop {
+        let header = loop {
             match r.next_line()? {
                 None => {
                     return Err(err(
@@ -105,11 +142,11 @@ impl TraceReader {
                     ))
                 }
                 Some(line) if line.iter().all(u8::is_ascii_whitespace) => continue,
-                Some(_) => break,
+                Some(line) => break parse_header(line),
             }
-        }
+        };
         let line = r.line;
-        r.header = parse_header(&r.buf).map_err(|e| err(line, e))?;
+        r.header = header.map_err(|e| err(line, e))?;
         Ok(r)
     }
 
@@ -123,47 +160,132 @@ impl TraceReader {
         (self.bytes.load(Ordering::Relaxed), self.file_len)
     }
 
+    /// The next line, without its line end. A line that lies whole in the
+    /// reader's buffer is handed out from there (consumed at the next call);
+    /// only one that straddles the buffer's end is copied.
     fn next_line(&mut self) -> Result<Option<&[u8]>, TraceError> {
-        self.buf.clear();
-        let n = self
-            .reader
-            .read_until(b'\n', &mut self.buf)
-            .map_err(|e| TraceError {
-                path: self.path.clone(),
-                line: self.line + 1,
-                reason: Reason::Io(format!("cannot read: {e}")),
-            })?;
-        if n == 0 {
-            return Ok(None);
+        if self.pending > 0 {
+            self.reader.consume(self.pending);
+            self.pending = 0;
         }
+        let io_error = |line: u64, e: io::Error| TraceError {
+            path: self.path.clone(),
+            line: line + 1,
+            reason: Reason::Io(format!("cannot read: {e}")),
+        };
+        let line_no = self.line;
+        let found = {
+            let avail = self.reader.fill_buf().map_err(|e| io_error(line_no, e))?;
+            if avail.is_empty() {
+                return Ok(None);
+            }
+            memchr::memchr(b'\n', avail)
+        };
+        let line = match found {
+            Some(end) => {
+                self.pending = end + 1;
+                // The same buffer again: nothing is read.
+                let avail = self.reader.fill_buf().map_err(|e| io_error(line_no, e))?;
+                &avail[..end]
+            }
+            None => {
+                self.buf.clear();
+                self.reader
+                    .read_until(b'\n', &mut self.buf)
+                    .map_err(|e| io_error(line_no, e))?;
+                if self.buf.last() == Some(&b'\n') {
+                    self.buf.pop();
+                }
+                &self.buf[..]
+            }
+        };
         self.line += 1;
-        while self.buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-            self.buf.pop();
-        }
-        Ok(Some(&self.buf))
+        Ok(Some(line.strip_suffix(b"\r").unwrap_or(line)))
     }
 
     /// The next event and its line number; `None` at the end.
     pub fn next_event(&mut self) -> Option<Result<(u64, Event), TraceError>> {
-        let parsed = loop {
-            match self.next_line() {
+        loop {
+            let version = self.header.version;
+            let line = match self.next_line() {
                 Err(e) => return Some(Err(e)),
                 Ok(None) => return None,
-                Ok(Some(l)) if l.iter().all(u8::is_ascii_whitespace) => continue,
-                Ok(Some(l)) => break parse_event(l),
+                Ok(Some(l)) => l,
+            };
+            let parsed = event_of_line(line, version);
+            let no = self.line;
+            if let Some(p) = parsed {
+                return Some(p.map(|e| (no, e)).map_err(|reason| self.error(no, reason)));
             }
-        };
-        let parsed = match parsed {
-            Ok(e) if e.is_pool_op() && self.header.version < 2 => Err(Reason::Event(
-                "private-pool ops need a version 2 trace (the header says version 1)".to_string(),
-            )),
-            other => other,
-        };
-        Some(parsed.map(|e| (self.line, e)).map_err(|reason| TraceError {
-            path: self.path.clone(),
-            line: self.line,
-            reason,
-        }))
+        }
+    }
+
+    /// Read up to `max` more lines (blank ones too) into `bytes` (cleared
+    /// first), unparsed, each ended by a line feed: a chunk for a parser
+    /// thread. Whole runs of lines are copied from the reader's buffer at
+    /// once.
+    pub(crate) fn read_lines(&mut self, max: usize, mut bytes: Vec<u8>) -> RawLines {
+        let t = Instant::now();
+        bytes.clear();
+        let first = self.line + 1;
+        let (mut error, mut last) = (None, false);
+        if self.pending > 0 {
+            self.reader.consume(self.pending);
+            self.pending = 0;
+        }
+        let mut n = 0;
+        while n < max {
+            let avail = match self.reader.fill_buf() {
+                Ok(a) => a,
+                Err(e) => {
+                    let at = first + n as u64;
+                    error = Some(self.error(at, Reason::Io(format!("cannot read: {e}"))));
+                    last = true;
+                    break;
+                }
+            };
+            if avail.is_empty() {
+                last = true;
+                break;
+            }
+            let mut end = 0;
+            for pos in memchr::memchr_iter(b'\n', avail).take(max - n) {
+                end = pos + 1;
+                n += 1;
+            }
+            if end > 0 {
+                bytes.extend_from_slice(&avail[..end]);
+                self.reader.consume(end);
+                continue;
+            }
+            // A line that straddles the buffer's end.
+            let keep = bytes.len();
+            match self.reader.read_until(b'\n', &mut bytes) {
+                Ok(_) => {
+                    if bytes.last() != Some(&b'\n') {
+                        bytes.push(b'\n');
+                    }
+                    n += 1;
+                }
+                Err(e) => {
+                    bytes.truncate(keep);
+                    let at = first + n as u64;
+                    error = Some(self.error(at, Reason::Io(format!("cannot read: {e}"))));
+                    last = true;
+                    break;
+                }
+            }
+        }
+        self.line = first - 1 + n as u64;
+        RawLines {
+            first,
+            bytes,
+            version: self.header.version,
+            seconds: t.elapsed().as_secs_f64(),
+            read: self.progress(),
+            error,
+            last,
+        }
     }
 
     /// Count the events left without parsing them (lines that are not

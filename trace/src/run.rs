@@ -25,7 +25,8 @@ pub struct Options {
     /// `set_per_process_memory_fraction` on each device when it is created
     /// (needs a capacity).
     pub memory_fraction: Option<f64>,
-    /// Block slots per device at the start.
+    /// Block slots per device at the start (8,192 by default: 704 KiB; a
+    /// replay that needs more grows them, unless `grow_slots` is off).
     pub slots: usize,
     /// Whether a device whose slots run out gets twice as many (the event
     /// is retried) instead of failing with "metadata exhausted".
@@ -52,7 +53,7 @@ impl Default for Options {
             conf: String::new(),
             capacity: None,
             memory_fraction: None,
-            slots: 1 << 17,
+            slots: 1 << 13,
             grow_slots: true,
             history: 0,
             snapshot: false,

@@ -30,7 +30,7 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value = "mock")]
     backend: Backend,
     /// Block metadata slots per device, fixed (88 bytes each). Without it the
-    /// replay starts with 131072 and doubles them whenever they run out.
+    /// replay starts with 8192 and doubles them whenever they run out.
     #[arg(long)]
     slots: Option<usize>,
     /// Write PyTorch's memory snapshot of the replay (its final state and its
