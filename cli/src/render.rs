@@ -78,7 +78,7 @@ pub fn replay_summary(r: &Report) {
         );
     }
     println!(
-        "  speed           {:.2} M events/s replayed ({:.1} ms); end to end {:.2} M events/s ({:.1} ms, of which reading and parsing {:.1} ms)",
+        "  speed           {:.2} M events/s replayed ({:.1} ms); end to end {:.2} M events/s ({:.1} ms; reading and parsing took {:.1} ms of CPU, on other threads for a large file)",
         r.events_per_second() / 1e6,
         r.replay_seconds * 1e3,
         r.end_to_end_events_per_second() / 1e6,

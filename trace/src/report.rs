@@ -43,7 +43,9 @@ pub struct Report {
     pub snapshot: Option<(SnapshotDict, Dropped)>,
     /// Wall time of the whole run: reading, decompressing, parsing, replaying.
     pub total_seconds: f64,
-    /// Of which reading, decompressing and parsing.
+    /// Time spent reading, decompressing and parsing, summed over the
+    /// threads that did it (for a large file, other threads than the
+    /// replay's: it can exceed `total_seconds`).
     pub parse_seconds: f64,
     /// Of which replaying the parsed events: the allocator's bookkeeping on
     /// the simulated device and the replay's id map (the replay figure).
