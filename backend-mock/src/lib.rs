@@ -46,13 +46,17 @@
 
 mod calls;
 mod events;
+mod machine;
 mod memory;
 
 pub use calls::{CallKind, Counters};
 pub use events::MockEvent;
+pub use machine::MockMachine;
 pub use memory::{RealAddressUse, DEVICE_BASE};
 
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
+use cachealloc_core::{
+    DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
+};
 use calls::Calls;
 use events::Streams;
 use memory::Memory;
@@ -85,6 +89,16 @@ pub enum MockError {
         /// The address.
         ptr: DevicePtr,
     },
+    /// A bad, stale or foreign IPC handle, or a close of memory not open.
+    InvalidIpcHandle {
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// Peer access to the device itself (CUDA: invalid device).
+    InvalidPeer {
+        /// The device asked for.
+        peer: u32,
+    },
 }
 
 impl fmt::Display for MockError {
@@ -98,6 +112,10 @@ impl fmt::Display for MockError {
             }
             MockError::InvalidEvent => write!(f, "invalid event"),
             MockError::InvalidVirtualMemory { what, ptr } => write!(f, "{what} at {ptr}"),
+            MockError::InvalidIpcHandle { what } => write!(f, "invalid IPC handle: {what}"),
+            MockError::InvalidPeer { peer } => {
+                write!(f, "peer access from device {peer} to itself")
+            }
         }
     }
 }
@@ -118,6 +136,12 @@ pub struct MockDevice {
     /// Device-side waits (`stream_wait_event`): (the waiting stream, the
     /// stream the event was recorded on), in order.
     stream_waits: Vec<(u64, u64)>,
+    /// The machine it shares IPC handles on, if any.
+    machine: Option<MockMachine>,
+    /// Devices it may access (peer access enabled).
+    peers: Vec<u32>,
+    /// Copies queued: (dst, src, bytes, stream).
+    copies: Vec<(DevicePtr, DevicePtr, u64, u64)>,
 }
 
 impl Default for MockDevice {
@@ -137,6 +161,9 @@ impl MockDevice {
             clock: 0,
             stream_syncs: Vec::new(),
             stream_waits: Vec::new(),
+            machine: None,
+            peers: Vec::new(),
+            copies: Vec::new(),
         }
     }
 
@@ -249,6 +276,18 @@ impl MockDevice {
         self.memory.log()
     }
 
+    /// Join `machine`: IPC handles of this device open on the machine's
+    /// other devices, and theirs here.
+    pub fn with_machine(mut self, machine: &MockMachine) -> Self {
+        self.machine = Some(machine.clone());
+        self
+    }
+
+    /// The copies queued by `memcpy_async`: (dst, src, bytes, stream).
+    pub fn copies(&self) -> &[(DevicePtr, DevicePtr, u64, u64)] {
+        &self.copies
+    }
+
     /// Which malloc (0-based, counting every successful malloc of the run)
     /// made the segment holding `ptr` (the latest, if the address was
     /// handed out again), and the offset of `ptr` in it.
@@ -315,7 +354,59 @@ impl DeviceBackend for MockDevice {
 
     fn free(&mut self, ptr: DevicePtr, size: u64) -> Result<(), MockError> {
         self.call(CallKind::Free)?;
-        self.memory.free(ptr, size)
+        self.memory.free(ptr, size)?;
+        if let Some(m) = &self.machine {
+            m.freed(self.ordinal, ptr.0);
+        }
+        Ok(())
+    }
+
+    fn ipc_get_handle(&mut self, base: DevicePtr) -> Result<IpcMemHandle, VmError<MockError>> {
+        let Some(m) = &self.machine else {
+            return Err(VmError::Unsupported);
+        };
+        if self.memory.segment_at(base.0).is_none() {
+            return Err(VmError::Other(MockError::InvalidIpcHandle {
+                what: "export of an address that is not the base of a held segment",
+            }));
+        }
+        Ok(m.export(self.ordinal, base.0))
+    }
+
+    fn ipc_open_handle(&mut self, h: &IpcMemHandle) -> Result<DevicePtr, VmError<MockError>> {
+        match &self.machine {
+            None => Err(VmError::Unsupported),
+            Some(m) => m.open(h).map_err(VmError::Other),
+        }
+    }
+
+    fn ipc_close_handle(&mut self, base: DevicePtr) -> Result<(), VmError<MockError>> {
+        match &self.machine {
+            None => Err(VmError::Unsupported),
+            Some(m) => m.close(base).map_err(VmError::Other),
+        }
+    }
+
+    fn enable_peer_access(&mut self, peer: u32) -> Result<PeerAccess, VmError<MockError>> {
+        if peer == self.ordinal {
+            return Err(VmError::Other(MockError::InvalidPeer { peer }));
+        }
+        if self.peers.contains(&peer) {
+            return Ok(PeerAccess::AlreadyEnabled);
+        }
+        self.peers.push(peer);
+        Ok(PeerAccess::Enabled)
+    }
+
+    fn memcpy_async(
+        &mut self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: u64,
+    ) -> Result<(), VmError<MockError>> {
+        self.copies.push((dst, src, bytes, stream));
+        Ok(())
     }
 
     fn event_create(&mut self) -> Result<MockEvent, MockError> {

@@ -246,6 +246,11 @@ impl Memory {
         }
     }
 
+    /// The size of the held segment that starts at `base`.
+    pub(crate) fn segment_at(&self, base: u64) -> Option<u64> {
+        self.live.get(&base).copied()
+    }
+
     /// The latest malloc whose range holds `ptr`: its index in the log and
     /// the offset of `ptr`.
     pub(crate) fn locate(&self, ptr: DevicePtr) -> Option<(usize, u64)> {

@@ -94,6 +94,33 @@ impl<E> VmError<E> {
     }
 }
 
+/// A driver's handle to share a device allocation with another process
+/// (`cudaIpcMemHandle_t`, `hipIpcMemHandle_t`: 64 opaque bytes). The backend
+/// gives one for the base of a segment it allocated; another process (or
+/// allocator) opens it to map the same memory.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcMemHandle(pub [u8; 64]);
+
+impl fmt::Debug for IpcMemHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IpcMemHandle(")?;
+        for b in &self.0[..16] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "..)")
+    }
+}
+
+/// What [`DeviceBackend::enable_peer_access`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerAccess {
+    /// Access was enabled by this call.
+    Enabled,
+    /// Access was already enabled (`cudaErrorPeerAccessAlreadyEnabled`, which
+    /// PyTorch clears and ignores).
+    AlreadyEnabled,
+}
+
 /// The state of an event. A pending event is a status, never an error.
 ///
 /// ```
@@ -303,6 +330,46 @@ pub trait DeviceBackend {
         _ptr: DevicePtr,
         _pages: u64,
         _page_size: u64,
+    ) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// An IPC handle for the segment that starts at `base`
+    /// (`cuIpcGetMemHandle`). Optional: the default says unsupported.
+    fn ipc_get_handle(&mut self, _base: DevicePtr) -> Result<IpcMemHandle, VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Map the memory of another process's (or allocator's) handle here and
+    /// return its base (`cuIpcOpenMemHandle` with lazy peer access).
+    fn ipc_open_handle(
+        &mut self,
+        _handle: &IpcMemHandle,
+    ) -> Result<DevicePtr, VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Unmap memory opened by [`ipc_open_handle`](Self::ipc_open_handle)
+    /// (`cuIpcCloseMemHandle`).
+    fn ipc_close_handle(&mut self, _base: DevicePtr) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Let this device access the memory of device `peer`
+    /// (`cudaDeviceEnablePeerAccess`).
+    fn enable_peer_access(&mut self, _peer: u32) -> Result<PeerAccess, VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Queue a copy of `bytes` from `src` to `dst` on `stream`
+    /// (`cuMemcpyAsync`; the addresses may be on other devices with peer
+    /// access, or opened IPC memory).
+    fn memcpy_async(
+        &mut self,
+        _dst: DevicePtr,
+        _src: DevicePtr,
+        _bytes: u64,
+        _stream: Self::Stream,
     ) -> Result<(), VmError<Self::Error>> {
         Err(VmError::Unsupported)
     }

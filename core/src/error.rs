@@ -191,6 +191,14 @@ pub enum Error<E> {
         /// The block or segment involved (null when none).
         ptr: DevicePtr,
     },
+    /// The table of IPC handles opened by this allocator is full.
+    IpcTableFull {
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// A close of an IPC handle this allocator has not opened (or closed
+    /// as often as it was opened).
+    IpcNotOpen,
     /// The backend cannot do what the configuration asks (expandable
     /// segments need virtual memory).
     Unsupported {
@@ -270,6 +278,11 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             ),
             Error::Checkpoint { what, ptr } if ptr.is_null() => write!(f, "pool checkpoint: {what}"),
             Error::Checkpoint { what, ptr } => write!(f, "pool checkpoint: {what} (at {ptr})"),
+            Error::IpcTableFull { capacity } => write!(
+                f,
+                "all {capacity} entries of the table of opened IPC handles are in use: close one first"
+            ),
+            Error::IpcNotOpen => write!(f, "close of an IPC handle that is not open here"),
             Error::Unsupported { what, backend } => write!(f, "{what} is not supported by {backend}"),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
             Error::Backend(e) => write!(f, "device backend error: {e}"),

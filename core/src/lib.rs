@@ -90,10 +90,12 @@ pub mod testing;
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
     CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback, RestoreCounts,
-    DEFAULT_EVENTS, DEFAULT_POOLS,
+    ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_POOLS,
 };
 pub use arena::{BlockId, BlockSlot};
-pub use backend::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
+pub use backend::{
+    DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
+};
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError, Policy};
 pub use error::{Error, OomReport};

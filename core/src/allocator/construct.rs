@@ -99,6 +99,7 @@ where
             compact: super::compact::CompactHeads::NONE,
             handovers: 0,
             reserved_high: 0,
+            ipc_opened: super::ipc::Opened::EMPTY,
         }
     }
 }

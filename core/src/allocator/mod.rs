@@ -17,6 +17,8 @@ mod expandable;
 mod free;
 mod history;
 mod invariants;
+mod ipc;
+pub use ipc::{ShareableHandle, DEFAULT_IPC_HANDLES};
 mod lookup;
 mod malloc;
 mod pools;
@@ -185,6 +187,8 @@ pub struct DeviceAllocator<
     /// The most pages were ever mapped at once (bytes; the compact policy
     /// reclaims free pages only to stay under it).
     reserved_high: u64,
+    /// IPC handles opened here, with their use counts.
+    ipc_opened: ipc::Opened,
 }
 
 /// The list of deferred blocks.

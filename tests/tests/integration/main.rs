@@ -17,5 +17,6 @@ mod fault_injection;
 mod fuzz_logic;
 mod fuzz_trace;
 mod history;
+mod ipc;
 mod real_traces;
 mod snapshots;
