@@ -16,7 +16,7 @@
 //!   the caller's `&mut` (no window in which a reopen finds a dying entry).
 
 use super::{expandable::vm_error, DeviceAllocator, Res};
-use crate::arena::{Flags, NIL};
+use crate::arena::Flags;
 use crate::backend::{DeviceBackend, DevicePtr, IpcMemHandle, PeerAccess};
 use crate::error::Error;
 use crate::history::HistoryStorage;
@@ -68,15 +68,11 @@ where
                 backend: B::NAME,
             });
         }
-        let mut head = i;
-        while self.slot(head).prev != NIL {
-            head = self.slot(head).prev;
-        }
-        let base = self.slot(head).addr;
+        let base = self.slot(self.segment_of(ptr)?).addr;
         let handle = self
             .backend
             .ipc_get_handle(DevicePtr(base))
-            .map_err(ipc_error::<B>)?;
+            .map_err(optional_error::<B>(IPC))?;
         Ok(ShareableHandle {
             handle,
             offset: ptr.0 - base,
@@ -104,7 +100,7 @@ where
         let base = self
             .backend
             .ipc_open_handle(&h.handle)
-            .map_err(ipc_error::<B>)?;
+            .map_err(optional_error::<B>(IPC))?;
         let ptr = match at(base) {
             Ok(p) => p,
             Err(e) => {
@@ -138,7 +134,7 @@ where
         let base = e.base;
         self.backend
             .ipc_close_handle(base)
-            .map_err(ipc_error::<B>)?;
+            .map_err(optional_error::<B>(IPC))?;
         self.ipc_opened.0.swap_remove(k);
         Ok(())
     }
@@ -151,13 +147,9 @@ where
     /// Let this device access device `peer`'s memory (PyTorch's
     /// `enablePeerAccess`: access that is already enabled is no error).
     pub fn enable_peer_access(&mut self, peer: u32) -> Res<PeerAccess, B> {
-        self.backend.enable_peer_access(peer).map_err(|e| match e {
-            crate::VmError::Unsupported => Error::Unsupported {
-                what: "peer access",
-                backend: B::NAME,
-            },
-            other => vm_error::<B>(other),
-        })
+        self.backend
+            .enable_peer_access(peer)
+            .map_err(optional_error::<B>("peer access"))
     }
 
     /// Queue a device-to-device copy on `stream` (PyTorch's `memcpyAsync`).
@@ -170,21 +162,21 @@ where
     ) -> Res<(), B> {
         self.backend
             .memcpy_async(dst, src, bytes, stream)
-            .map_err(|e| match e {
-                crate::VmError::Unsupported => Error::Unsupported {
-                    what: "device-to-device copies",
-                    backend: B::NAME,
-                },
-                other => vm_error::<B>(other),
-            })
+            .map_err(optional_error::<B>("device-to-device copies"))
     }
 }
 
-/// A failed IPC call as the allocator reports it.
-fn ipc_error<B: DeviceBackend>(e: crate::VmError<B::Error>) -> Error<B::Error> {
-    match e {
+/// What an unsupported IPC call names.
+const IPC: &str = "sharing memory through IPC handles";
+
+/// A failed optional backend call as the allocator reports it: an
+/// unsupported one names `what`.
+fn optional_error<B: DeviceBackend>(
+    what: &'static str,
+) -> impl Fn(crate::VmError<B::Error>) -> Error<B::Error> {
+    move |e| match e {
         crate::VmError::Unsupported => Error::Unsupported {
-            what: "sharing memory through IPC handles",
+            what,
             backend: B::NAME,
         },
         other => vm_error::<B>(other),
