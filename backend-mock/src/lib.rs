@@ -140,8 +140,24 @@ pub struct MockDevice {
     machine: Option<MockMachine>,
     /// Devices it may access (peer access enabled).
     peers: Vec<u32>,
-    /// Copies queued: (dst, src, bytes, stream).
-    copies: Vec<(DevicePtr, DevicePtr, u64, u64)>,
+    /// Copies queued.
+    copies: Vec<MockCopy>,
+}
+
+/// A device-to-device copy the mock queued (it moves no data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MockCopy {
+    /// Destination.
+    pub dst: DevicePtr,
+    /// Source.
+    pub src: DevicePtr,
+    /// Bytes.
+    pub bytes: u64,
+    /// The stream it was queued on.
+    pub stream: u64,
+    /// For a peer copy (`memcpy_peer_async`): the destination's and the
+    /// source's devices; `None` for a plain copy (`memcpy_async`).
+    pub peer: Option<(u32, u32)>,
 }
 
 impl Default for MockDevice {
@@ -283,8 +299,8 @@ impl MockDevice {
         self
     }
 
-    /// The copies queued by `memcpy_async`: (dst, src, bytes, stream).
-    pub fn copies(&self) -> &[(DevicePtr, DevicePtr, u64, u64)] {
+    /// The copies queued by `memcpy_async` and `memcpy_peer_async`.
+    pub fn copies(&self) -> &[MockCopy] {
         &self.copies
     }
 
@@ -405,7 +421,32 @@ impl DeviceBackend for MockDevice {
         bytes: u64,
         stream: u64,
     ) -> Result<(), VmError<MockError>> {
-        self.copies.push((dst, src, bytes, stream));
+        self.copies.push(MockCopy {
+            dst,
+            src,
+            bytes,
+            stream,
+            peer: None,
+        });
+        Ok(())
+    }
+
+    fn memcpy_peer_async(
+        &mut self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: u64,
+        stream: u64,
+    ) -> Result<(), VmError<MockError>> {
+        self.copies.push(MockCopy {
+            dst,
+            src,
+            bytes,
+            stream,
+            peer: Some((dst_device, src_device)),
+        });
         Ok(())
     }
 

@@ -374,6 +374,23 @@ pub trait DeviceBackend {
         Err(VmError::Unsupported)
     }
 
+    /// Queue a copy of `bytes` from `src` on device `src_device` to `dst` on
+    /// device `dst_device` on `stream`, through the driver's peer copy
+    /// (`cuMemcpyPeerAsync`), which needs no peer access and also moves
+    /// memory that is not the driver's plain allocations (expandable
+    /// segments). Optional: the default says unsupported.
+    fn memcpy_peer_async(
+        &mut self,
+        _dst: DevicePtr,
+        _dst_device: u32,
+        _src: DevicePtr,
+        _src_device: u32,
+        _bytes: u64,
+        _stream: Self::Stream,
+    ) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
     /// Block the host until the work queued on `stream` is done (PyTorch
     /// synchronizes a segment's stream before unmapping its pages). The
     /// provided one does nothing: only backends with virtual memory are

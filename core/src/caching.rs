@@ -5,7 +5,7 @@
 use crate::allocation::{Allocation, MallocFlags};
 use crate::allocator::{DeviceAllocator, DEFAULT_POOLS};
 use crate::arena::{BlockId, BlockSlot};
-use crate::backend::{DeviceBackend, DevicePtr};
+use crate::backend::{DeviceBackend, DevicePtr, PeerAccess};
 use crate::error::Error;
 use crate::history::{HistoryStorage, NoHistory};
 use crate::invariants::InvariantViolation;
@@ -114,7 +114,7 @@ where
 
     /// Whether `ptr` lies in a segment of this device.
     pub fn owns(&self, ptr: DevicePtr) -> bool {
-        self.inner.lock().base_allocation(ptr).is_ok()
+        self.inner.lock().owns(ptr)
     }
 
     /// [`DeviceAllocator::check_invariants`].
@@ -266,6 +266,54 @@ where
         }
         let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
         self.devices[d].record_stream_ptr(ptr, stream)
+    }
+
+    /// Let device `device` access the memory of `peer` (PyTorch's
+    /// `enablePeerAccess(dev, dev_to_access)`: access already enabled is no
+    /// error). Asking for a device's access to itself is the driver's error.
+    pub fn enable_peer_access(&self, device: usize, peer: usize) -> Res<PeerAccess, B> {
+        self.get(peer)?;
+        self.get(device)?
+            .with(|a| a.enable_peer_access(peer as u32))
+    }
+
+    /// Queue a copy of `bytes` from `src` on `src_device` to `dst` on
+    /// `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`):
+    /// a plain copy when `p2p_enabled`, within one device, or when neither
+    /// device holds an expandable segment (so both are the driver's plain
+    /// allocations); otherwise the driver's peer copy, which also moves
+    /// mapped pages.
+    #[allow(clippy::too_many_arguments)]
+    pub fn memcpy_async(
+        &self,
+        dst: DevicePtr,
+        dst_device: usize,
+        src: DevicePtr,
+        src_device: usize,
+        bytes: u64,
+        stream: B::Stream,
+        p2p_enabled: bool,
+    ) -> Res<(), B> {
+        let to = self.get(dst_device)?;
+        let from = self.get(src_device)?;
+        let plain = p2p_enabled
+            || src_device == dst_device
+            || !(to.with(|a| a.has_expandable_segments())
+                || from.with(|a| a.has_expandable_segments()));
+        from.with(|a| {
+            if plain {
+                a.memcpy_async(dst, src, bytes, stream)
+            } else {
+                a.memcpy_peer_async(
+                    dst,
+                    dst_device as u32,
+                    src,
+                    src_device as u32,
+                    bytes,
+                    stream,
+                )
+            }
+        })
     }
 
     /// `empty_cache` on every device (PyTorch's counts a sync on each).

@@ -199,6 +199,16 @@ pub enum Error<E> {
     /// A close of an IPC handle this allocator has not opened (or closed
     /// as often as it was opened).
     IpcNotOpen,
+    /// The table of allocations shared with other processes is full.
+    IpcSharesFull {
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// A release of a share of an allocation that has none outstanding.
+    IpcNotShared {
+        /// The allocation's address.
+        ptr: DevicePtr,
+    },
     /// The backend cannot do what the configuration asks (expandable
     /// segments need virtual memory).
     Unsupported {
@@ -283,6 +293,11 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "all {capacity} entries of the table of opened IPC handles are in use: close one first"
             ),
             Error::IpcNotOpen => write!(f, "close of an IPC handle that is not open here"),
+            Error::IpcSharesFull { capacity } => write!(
+                f,
+                "all {capacity} entries of the table of allocations shared through IPC are in use: release a share first"
+            ),
+            Error::IpcNotShared { ptr } => write!(f, "release of an IPC share of {ptr}, which has no share outstanding"),
             Error::Unsupported { what, backend } => write!(f, "{what} is not supported by {backend}"),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
             Error::Backend(e) => write!(f, "device backend error: {e}"),

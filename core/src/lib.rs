@@ -90,7 +90,7 @@ pub mod testing;
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
     CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback, RestoreCounts,
-    ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_POOLS,
+    ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES, DEFAULT_POOLS,
 };
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{

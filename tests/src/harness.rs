@@ -4,7 +4,9 @@
 //! its device mallocs and address-space reservations (for `at:`
 //! placements) and count its events, reservations and mapped bytes.
 
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
+use cachealloc_core::{
+    DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
+};
 use cachealloc_mock::MockDevice;
 
 /// A device under test.
@@ -196,5 +198,38 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     }
     fn synchronize_stream(&mut self, stream: B::Stream) -> Result<(), B::Error> {
         self.inner.synchronize_stream(stream)
+    }
+    fn ipc_get_handle(&mut self, base: DevicePtr) -> Result<IpcMemHandle, VmError<B::Error>> {
+        self.inner.ipc_get_handle(base)
+    }
+    fn ipc_open_handle(&mut self, handle: &IpcMemHandle) -> Result<DevicePtr, VmError<B::Error>> {
+        self.inner.ipc_open_handle(handle)
+    }
+    fn ipc_close_handle(&mut self, base: DevicePtr) -> Result<(), VmError<B::Error>> {
+        self.inner.ipc_close_handle(base)
+    }
+    fn enable_peer_access(&mut self, peer: u32) -> Result<PeerAccess, VmError<B::Error>> {
+        self.inner.enable_peer_access(peer)
+    }
+    fn memcpy_async(
+        &mut self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: B::Stream,
+    ) -> Result<(), VmError<B::Error>> {
+        self.inner.memcpy_async(dst, src, bytes, stream)
+    }
+    fn memcpy_peer_async(
+        &mut self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: u64,
+        stream: B::Stream,
+    ) -> Result<(), VmError<B::Error>> {
+        self.inner
+            .memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream)
     }
 }

@@ -100,6 +100,7 @@ where
             handovers: 0,
             reserved_high: 0,
             ipc_opened: super::ipc::Opened::EMPTY,
+            ipc_shared: super::ipc::Shared::EMPTY,
         }
     }
 }

@@ -78,6 +78,7 @@ where
         self.check_compact_heads()?;
         let t = self.walk_segments()?;
         self.check_pools(&t)?;
+        self.check_ipc_shares()?;
         expect(
             "segment list: every slot in use belongs to a segment",
             None,

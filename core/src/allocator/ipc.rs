@@ -14,6 +14,17 @@
 //!   the driver when the last user is done. The table has a fixed capacity
 //!   ([`DEFAULT_IPC_HANDLES`]); the count and the entry go together, under
 //!   the caller's `&mut` (no window in which a reopen finds a dying entry).
+//! - Keeping shared memory alive: each [`share_ipc_handle`](DeviceAllocator::share_ipc_handle)
+//!   counts one consumer of the allocation. A [`free`](DeviceAllocator::free)
+//!   while consumers are outstanding only marks it: the block stays
+//!   allocated (so `empty_cache` cannot release its segment) until
+//!   [`release_ipc_share`](DeviceAllocator::release_ipc_share) has been
+//!   called once per share, and then it is freed. This is the job of
+//!   PyTorch's `CudaIPCSentData` and its limbo (`torch/csrc/CudaIPCTypes.cpp`),
+//!   which keep the producer's block allocated until the consumers'
+//!   shared-memory counter drops to zero; here the embedder reports each
+//!   consumer's end (from its own counter, socket or pipe), and the table
+//!   has a fixed capacity ([`DEFAULT_IPC_SHARES`]).
 
 use super::{expandable::vm_error, DeviceAllocator, Res};
 use crate::arena::Flags;
@@ -23,6 +34,10 @@ use crate::history::HistoryStorage;
 
 /// IPC handles an allocator can hold open at once.
 pub const DEFAULT_IPC_HANDLES: usize = 16;
+
+/// Allocations an allocator can have shared (with consumers outstanding)
+/// at once.
+pub const DEFAULT_IPC_SHARES: usize = 64;
 
 /// A handle to share a live allocation: the driver's handle of its segment
 /// and the allocation's offset in the segment.
@@ -50,6 +65,31 @@ impl Opened {
     pub(super) const EMPTY: Opened = Opened(heapless::Vec::new());
 }
 
+/// One allocation shared with other processes.
+#[derive(Clone, Copy, Debug)]
+struct SharedBlock {
+    /// The allocation's address.
+    ptr: u64,
+    /// Shares not yet released.
+    consumers: u32,
+    /// Its owner freed it: it is freed when the last share is released.
+    freed: bool,
+}
+
+/// The allocations this allocator shared, with consumers outstanding.
+#[derive(Clone, Debug)]
+pub(super) struct Shared(heapless::Vec<SharedBlock, DEFAULT_IPC_SHARES>);
+
+impl Shared {
+    pub(super) const EMPTY: Shared = Shared(heapless::Vec::new());
+
+    /// Whether no allocation is shared (the free path's one check).
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
@@ -68,15 +108,106 @@ where
                 backend: B::NAME,
             });
         }
+        let known = self.ipc_shared.0.iter().position(|e| e.ptr == ptr.0);
+        if known.is_none() && self.ipc_shared.0.is_full() {
+            return Err(Error::IpcSharesFull {
+                capacity: DEFAULT_IPC_SHARES,
+            });
+        }
         let base = self.slot(self.segment_of(ptr)?).addr;
         let handle = self
             .backend
             .ipc_get_handle(DevicePtr(base))
             .map_err(optional_error::<B>(IPC))?;
+        match known {
+            Some(k) => self.ipc_shared.0[k].consumers += 1,
+            // Not full: checked above.
+            None => {
+                let _ = self.ipc_shared.0.push(SharedBlock {
+                    ptr: ptr.0,
+                    consumers: 1,
+                    freed: false,
+                });
+            }
+        }
         Ok(ShareableHandle {
             handle,
             offset: ptr.0 - base,
         })
+    }
+
+    /// One consumer of a share of the allocation at `ptr` is done with it
+    /// (it closed its mapping). When the last one is done and the owner has
+    /// freed the allocation, it is freed now. If that free fails, the share
+    /// stays counted (call again).
+    pub fn release_ipc_share(&mut self, ptr: DevicePtr) -> Res<(), B> {
+        let k = self
+            .ipc_shared
+            .0
+            .iter()
+            .position(|e| e.ptr == ptr.0)
+            .ok_or(Error::IpcNotShared { ptr })?;
+        let e = &mut self.ipc_shared.0[k];
+        if e.consumers > 1 {
+            e.consumers -= 1;
+            return Ok(());
+        }
+        if e.freed {
+            let i = self.live_slot(ptr)?;
+            self.free_slot(i)?;
+        }
+        self.ipc_shared.0.swap_remove(k);
+        Ok(())
+    }
+
+    /// Allocations shared with consumers outstanding, and how many of
+    /// them their owners have freed (held until the consumers are done).
+    pub fn ipc_shares(&self) -> (usize, usize) {
+        let freed = self.ipc_shared.0.iter().filter(|e| e.freed).count();
+        (self.ipc_shared.0.len(), freed)
+    }
+
+    /// The owner's free of live block `i`, which has shares outstanding:
+    /// held until they are released (a second free is a double free).
+    /// `None` when the block is not shared.
+    pub(super) fn free_shared(&mut self, i: u32) -> Option<Res<(), B>> {
+        let ptr = self.slot(i).addr;
+        let e = self.ipc_shared.0.iter_mut().find(|e| e.ptr == ptr)?;
+        if e.freed {
+            return Some(Err(Error::NotAllocated {
+                ptr: DevicePtr(ptr),
+            }));
+        }
+        e.freed = true;
+        Some(Ok(()))
+    }
+
+    /// Put an entry in the table of shares as it is (for the checker's tests).
+    #[cfg(test)]
+    pub(super) fn push_share_for_test(&mut self, ptr: u64, consumers: u32) {
+        let _ = self.ipc_shared.0.push(SharedBlock {
+            ptr,
+            consumers,
+            freed: false,
+        });
+    }
+
+    /// Each shared allocation is a live allocation, named once.
+    pub(super) fn check_ipc_shares(&self) -> Result<(), crate::InvariantViolation> {
+        for (k, e) in self.ipc_shared.0.iter().enumerate() {
+            let i = self.live.find(self.arena.slots(), e.ptr);
+            crate::invariants::ensure(
+                i != crate::arena::NIL,
+                "every allocation shared through IPC is live",
+                None,
+            )?;
+            crate::invariants::ensure(
+                e.consumers > 0 && !self.ipc_shared.0[..k].iter().any(|o| o.ptr == e.ptr),
+                "every shared allocation has consumers and one entry",
+                Some(i),
+            )?;
+        }
+        Ok(())
     }
 
     /// The device address of a shared allocation (PyTorch's
@@ -150,6 +281,29 @@ where
         self.backend
             .enable_peer_access(peer)
             .map_err(optional_error::<B>("peer access"))
+    }
+
+    /// Whether this allocator holds any expandable segment (PyTorch's
+    /// `hasAllocatedExpandableSegments`, which decides how `memcpyAsync`
+    /// copies between devices).
+    pub fn has_expandable_segments(&self) -> bool {
+        self.segments().any(|s| s.is_expandable)
+    }
+
+    /// Queue a copy between devices through the driver's peer copy
+    /// (`cudaMemcpyPeerAsync`; see [`DeviceBackend::memcpy_peer_async`]).
+    pub fn memcpy_peer_async(
+        &mut self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: u64,
+        stream: B::Stream,
+    ) -> Res<(), B> {
+        self.backend
+            .memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream)
+            .map_err(optional_error::<B>("device-to-device copies"))
     }
 
     /// Queue a device-to-device copy on `stream` (PyTorch's `memcpyAsync`).

@@ -75,6 +75,12 @@ where
         Err(Error::NotAllocated { ptr })
     }
 
+    /// Whether `ptr` lies in one of this allocator's segments (expandable
+    /// ones included).
+    pub fn owns(&self, ptr: DevicePtr) -> bool {
+        self.segment_of(ptr).is_ok()
+    }
+
     /// The head slot of the segment containing `ptr`.
     pub(super) fn segment_of(&self, ptr: DevicePtr) -> Res<u32, B> {
         match self.segments.containing(self.arena.slots(), ptr.0) {

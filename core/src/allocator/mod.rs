@@ -18,7 +18,7 @@ mod free;
 mod history;
 mod invariants;
 mod ipc;
-pub use ipc::{ShareableHandle, DEFAULT_IPC_HANDLES};
+pub use ipc::{ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES};
 mod lookup;
 mod malloc;
 mod pools;
@@ -189,6 +189,8 @@ pub struct DeviceAllocator<
     reserved_high: u64,
     /// IPC handles opened here, with their use counts.
     ipc_opened: ipc::Opened,
+    /// Allocations shared through IPC with consumers outstanding.
+    ipc_shared: ipc::Shared,
 }
 
 /// The list of deferred blocks.
@@ -239,6 +241,11 @@ where
     #[inline]
     pub fn free(&mut self, id: BlockId) -> Res<(), B> {
         let i = self.validate(id)?;
+        if !self.ipc_shared.is_empty() {
+            if let Some(r) = self.free_shared(i) {
+                return r;
+            }
+        }
         self.free_slot(i)
     }
 
@@ -248,6 +255,11 @@ where
             return Ok(());
         }
         let i = self.live_slot(ptr)?;
+        if !self.ipc_shared.is_empty() {
+            if let Some(r) = self.free_shared(i) {
+                return r;
+            }
+        }
         self.free_slot(i)
     }
 

@@ -3,10 +3,10 @@
 //! for two processes.
 
 use cachealloc_core::{
-    BlockSlot, Config, DeviceAllocator, DevicePtr, Error, PeerAccess, ShareableHandle,
-    DEFAULT_IPC_HANDLES,
+    BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error, MultiDeviceAllocator,
+    PeerAccess, ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
 };
-use cachealloc_mock::{MockDevice, MockError, MockMachine};
+use cachealloc_mock::{MockCopy, MockDevice, MockError, MockMachine};
 
 type Alloc = DeviceAllocator<MockDevice, Vec<BlockSlot>>;
 
@@ -46,9 +46,28 @@ fn a_block_shared_by_a_is_opened_by_b_then_released() {
     }
     assert_eq!((b.open_ipc_handles(), m.open_handles()), (0, 0));
     assert!(matches!(b.close_ipc_handle(&h), Err(Error::IpcNotOpen)));
-    // A frees and releases the segment: its handle goes stale.
+    // A frees both while their shares are outstanding: they stay allocated
+    // (PyTorch's limbo), so empty_cache keeps the segment.
     a.free(x.id.unwrap()).unwrap();
     a.free(_first.id.unwrap()).unwrap();
+    assert_eq!(a.ipc_shares(), (2, 2));
+    assert!(matches!(
+        a.free(x.id.unwrap()),
+        Err(Error::NotAllocated { .. })
+    ));
+    a.empty_cache().unwrap();
+    assert_eq!(a.backend().live_segments(), 1);
+    assert_eq!(a.stats().allocation.all().current, 2);
+    a.check_invariants().unwrap();
+    // B's process reports that its consumers are done: now A frees them and
+    // releases the segment, and the handle goes stale.
+    a.release_ipc_share(x.ptr).unwrap();
+    a.release_ipc_share(_first.ptr).unwrap();
+    assert_eq!(a.ipc_shares(), (0, 0));
+    assert!(matches!(
+        a.release_ipc_share(x.ptr),
+        Err(Error::IpcNotShared { .. })
+    ));
     a.empty_cache().unwrap();
     assert_eq!(a.backend().live_segments(), 0);
     match b.open_ipc_handle(&h) {
@@ -160,5 +179,129 @@ fn peer_access_and_device_to_device_copies() {
     let x = d0.malloc(1 << 20, 0).unwrap();
     let y = d1.malloc(1 << 20, 0).unwrap();
     d0.memcpy_async(y.ptr, x.ptr, 1 << 20, 3).unwrap();
-    assert_eq!(d0.backend().copies(), &[(y.ptr, x.ptr, 1 << 20, 3)]);
+    assert_eq!(
+        d0.backend().copies(),
+        &[MockCopy {
+            dst: y.ptr,
+            src: x.ptr,
+            bytes: 1 << 20,
+            stream: 3,
+            peer: None
+        }]
+    );
+}
+
+#[test]
+fn a_share_released_before_the_free_leaves_a_plain_free() {
+    let m = MockMachine::new();
+    let mut a = on(&m, 0, 1 << 40);
+    let x = a.malloc(4096, 0).unwrap();
+    let h1 = a.share_ipc_handle(x.ptr).unwrap();
+    let h2 = a.share_ipc_handle(x.ptr).unwrap();
+    assert_eq!(h1, h2);
+    assert_eq!(a.ipc_shares(), (1, 0));
+    a.release_ipc_share(x.ptr).unwrap();
+    a.release_ipc_share(x.ptr).unwrap(); // two shares, two releases
+    assert_eq!(a.ipc_shares(), (0, 0));
+    a.free(x.id.unwrap()).unwrap();
+    assert_eq!(a.stats().allocation.all().current, 0);
+    a.empty_cache().unwrap();
+    assert_eq!(a.backend().live_segments(), 0);
+}
+
+#[test]
+fn the_table_of_shared_allocations_is_bounded() {
+    let m = MockMachine::new();
+    let mut a = on(&m, 0, 1 << 40);
+    let xs: Vec<_> = (0..=DEFAULT_IPC_SHARES)
+        .map(|_| a.malloc(4096, 0).unwrap())
+        .collect();
+    for x in &xs[..DEFAULT_IPC_SHARES] {
+        a.share_ipc_handle(x.ptr).unwrap();
+    }
+    let e = a.share_ipc_handle(xs[DEFAULT_IPC_SHARES].ptr).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::IpcSharesFull {
+                capacity: DEFAULT_IPC_SHARES
+            }
+        ),
+        "{e}"
+    );
+    // A second share of an allocation already in the table still works.
+    a.share_ipc_handle(xs[0].ptr).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn two_devices_of_a_multi_device_allocator() {
+    let m = MockMachine::new();
+    let dev = |ordinal: u32, conf: &str| {
+        CachingAllocator::new(DeviceAllocator::new(
+            MockDevice::unlimited()
+                .with_base(u64::from(ordinal + 1) << 40)
+                .with_ordinal(ordinal)
+                .with_machine(&m),
+            vec![BlockSlot::VACANT; 256],
+            Config::parse(conf).unwrap(),
+        ))
+    };
+    let multi = MultiDeviceAllocator::new([dev(0, ""), dev(1, "")]);
+    // Peer access, both ways; again is no error; itself or a missing
+    // device is.
+    assert_eq!(multi.enable_peer_access(0, 1).unwrap(), PeerAccess::Enabled);
+    assert_eq!(
+        multi.enable_peer_access(0, 1).unwrap(),
+        PeerAccess::AlreadyEnabled
+    );
+    assert_eq!(multi.enable_peer_access(1, 0).unwrap(), PeerAccess::Enabled);
+    assert!(multi.enable_peer_access(1, 1).is_err());
+    assert!(matches!(
+        multi.enable_peer_access(0, 2),
+        Err(Error::NoSuchDevice { device: 2 })
+    ));
+    let x = multi.malloc(0, 1 << 20, 0).unwrap();
+    let y = multi.malloc(1, 1 << 20, 0).unwrap();
+    let (xp, yp) = (x.allocation.ptr, y.allocation.ptr);
+    assert_eq!((multi.owner(xp), multi.owner(yp)), (Some(0), Some(1)));
+    // No expandable segment anywhere: a plain copy, queued on the source
+    // device, with or without p2p.
+    multi.memcpy_async(yp, 1, xp, 0, 4096, 5, false).unwrap();
+    macro_rules! copies {
+        ($m:expr, $d:expr) => {
+            $m.device($d)
+                .unwrap()
+                .with(|a| a.backend().copies().to_vec())
+        };
+    }
+    assert_eq!(copies!(multi, 0)[0].peer, None);
+    assert!(copies!(multi, 1).is_empty());
+    // Now device 1 holds an expandable segment: without p2p the copy
+    // goes through the driver's peer copy (PyTorch's memcpyAsync).
+    let multi = {
+        let [d0, _] = multi.into_devices();
+        MultiDeviceAllocator::new([d0, dev(1, "expandable_segments:True")])
+    };
+    let z = multi.malloc(1, 1 << 20, 0).unwrap();
+    assert!(multi
+        .device(1)
+        .unwrap()
+        .with(|a| a.has_expandable_segments()));
+    multi
+        .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5, false)
+        .unwrap();
+    assert_eq!(copies!(multi, 0)[1].peer, Some((1, 0)));
+    multi
+        .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5, true)
+        .unwrap();
+    assert_eq!(copies!(multi, 0)[2].peer, None, "p2p enabled: a plain copy");
+    multi.memcpy_async(xp, 0, xp, 0, 16, 5, false).unwrap();
+    assert_eq!(copies!(multi, 0)[3].peer, None, "one device: a plain copy");
+    multi.free_ptr(xp).unwrap();
+    // Routed by address to the device whose expandable segment holds it
+    // (`owns` used to ask `base_allocation`, which refuses expandable
+    // segments: this was UnknownPointer).
+    multi.free_ptr(z.allocation.ptr).unwrap();
+    multi.check_invariants().unwrap();
 }

@@ -208,3 +208,23 @@ fn segment_lists() {
     t.slot_mut(k.x).prev = k.a; // a head with a predecessor
     assert_named(broken(&t), "segment list");
 }
+
+#[test]
+fn ipc_shares() {
+    // A share of memory that is not a live allocation (a cached block).
+    let (mut t, k) = rich();
+    let b = t.slot(k.b).addr;
+    t.push_share_for_test(b, 1);
+    assert_named(broken(&t), "shared through IPC is live");
+    // A share with no consumer left.
+    let (mut t, k) = rich();
+    let a = t.slot(k.a).addr;
+    t.push_share_for_test(a, 0);
+    assert_named(broken(&t), "has consumers and one entry");
+    // Two entries for one allocation.
+    let (mut t, k) = rich();
+    let c = t.slot(k.c).addr;
+    t.push_share_for_test(c, 1);
+    t.push_share_for_test(c, 2);
+    assert_named(broken(&t), "has consumers and one entry");
+}
