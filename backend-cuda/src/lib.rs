@@ -32,11 +32,14 @@
 //! ```
 
 mod conv;
+mod ipc;
 mod vmm;
 
 pub use conv::CudaError;
 
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
+use cachealloc_core::{
+    DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
+};
 use conv::{check, driver_error, is_no_device, is_not_ready, is_out_of_memory};
 use cudarc::driver::{result, sys};
 use std::collections::BTreeMap;
@@ -94,6 +97,9 @@ pub struct CudaBackend {
     unreleased: Vec<sys::CUmemGenericAllocationHandle>,
     /// Whether the driver has the virtual-memory functions.
     vmm: bool,
+    /// Other devices' primary contexts, retained for peer access and
+    /// peer copies.
+    peers: Vec<ipc::PeerContext>,
 }
 
 // SAFETY: the primary context may be made current on any thread
@@ -131,6 +137,7 @@ impl CudaBackend {
             pages: BTreeMap::new(),
             unreleased: Vec::new(),
             vmm: vmm::driver_has_vmm(),
+            peers: Vec::new(),
         })
     }
 
@@ -236,6 +243,7 @@ impl Drop for CudaBackend {
                 self.release_unreleased();
             }
         }
+        self.release_peers();
         // SAFETY: releases the reference taken by cuDevicePrimaryCtxRetain in `new`.
         let r = unsafe { result::primary_ctx::release(self.device) };
         let _ = check(r, "cuDevicePrimaryCtxRelease_v2"); // nothing to report it to
@@ -398,5 +406,43 @@ impl DeviceBackend for CudaBackend {
 
     fn synchronize_stream(&mut self, stream: CudaStream) -> Result<(), CudaError> {
         self.synchronize(stream)
+    }
+
+    fn ipc_get_handle(&mut self, base: DevicePtr) -> Result<IpcMemHandle, VmError<CudaError>> {
+        self.ipc_handle(base)
+    }
+
+    fn ipc_open_handle(&mut self, handle: &IpcMemHandle) -> Result<DevicePtr, VmError<CudaError>> {
+        self.ipc_open(handle)
+    }
+
+    fn ipc_close_handle(&mut self, base: DevicePtr) -> Result<(), VmError<CudaError>> {
+        self.ipc_close(base)
+    }
+
+    fn enable_peer_access(&mut self, peer: u32) -> Result<PeerAccess, VmError<CudaError>> {
+        self.peer_access(peer)
+    }
+
+    fn memcpy_async(
+        &mut self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: CudaStream,
+    ) -> Result<(), VmError<CudaError>> {
+        self.copy(dst, src, bytes, stream)
+    }
+
+    fn memcpy_peer_async(
+        &mut self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: u64,
+        stream: CudaStream,
+    ) -> Result<(), VmError<CudaError>> {
+        self.copy_peer(dst, dst_device, src, src_device, bytes, stream)
     }
 }

@@ -2,7 +2,9 @@
 
 use crate::conv::HipError;
 use crate::conv::{check, error, is_no_device, is_not_ready, is_out_of_memory, is_success};
-use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo, VmError};
+use cachealloc_core::{
+    DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
+};
 use hip_sys::hiprt as hip;
 use std::collections::BTreeMap;
 
@@ -312,6 +314,44 @@ impl DeviceBackend for HipBackend {
 
     fn synchronize_stream(&mut self, stream: HipStream) -> Result<(), HipError> {
         self.synchronize(stream)
+    }
+
+    fn ipc_get_handle(&mut self, base: DevicePtr) -> Result<IpcMemHandle, VmError<HipError>> {
+        self.ipc_handle(base)
+    }
+
+    fn ipc_open_handle(&mut self, handle: &IpcMemHandle) -> Result<DevicePtr, VmError<HipError>> {
+        self.ipc_open(handle)
+    }
+
+    fn ipc_close_handle(&mut self, base: DevicePtr) -> Result<(), VmError<HipError>> {
+        self.ipc_close(base)
+    }
+
+    fn enable_peer_access(&mut self, peer: u32) -> Result<PeerAccess, VmError<HipError>> {
+        self.peer_access(peer)
+    }
+
+    fn memcpy_async(
+        &mut self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: HipStream,
+    ) -> Result<(), VmError<HipError>> {
+        self.copy(dst, src, bytes, stream)
+    }
+
+    fn memcpy_peer_async(
+        &mut self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: u64,
+        stream: HipStream,
+    ) -> Result<(), VmError<HipError>> {
+        self.copy_peer(dst, dst_device, src, src_device, bytes, stream)
     }
 }
 

@@ -23,6 +23,8 @@ mod backend;
 #[cfg(feature = "rocm")]
 mod conv;
 #[cfg(feature = "rocm")]
+mod ipc;
+#[cfg(feature = "rocm")]
 mod vmm;
 
 #[cfg(feature = "rocm")]

@@ -73,6 +73,8 @@ pub struct StubCounters {
     pub live_physical: u64,
     /// Mappings not unmapped.
     pub live_mappings: u64,
+    /// Other processes' IPC handles opened here and not closed.
+    pub live_imports: u64,
 }
 
 impl StubCounters {
@@ -86,6 +88,7 @@ impl StubCounters {
             && self.live_reservations == 0
             && self.live_physical == 0
             && self.live_mappings == 0
+            && self.live_imports == 0
     }
 }
 
@@ -129,12 +132,37 @@ pub fn run_in_child(kind: StubKind, filter: &str) -> Result<String, String> {
     }
 }
 
+/// Re-run this test binary as another process, only the test named
+/// `test` (exactly), with this process's environment (so the same stub
+/// driver) and `env` added. Returns its output; `Err` with it when it
+/// failed.
+pub fn run_another_process(test: &str, env: &[(&str, &str)]) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let out = Command::new(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .envs(env.iter().copied())
+        .output()
+        .map_err(|e| format!("cannot start the process: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() && text.contains("1 passed;") {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
 type ResetFn = unsafe extern "C" fn(i32, u64);
 type CapacityFn = unsafe extern "C" fn(u64);
 type FailFn = unsafe extern "C" fn(*const std::ffi::c_char, u64, i32);
 type ClearFn = unsafe extern "C" fn();
 type CountersFn = unsafe extern "C" fn(*mut StubCounters);
 type CurrentFn = unsafe extern "C" fn() -> i32;
+type PeerCapableFn = unsafe extern "C" fn(i32, i32, i32);
+type IpcSourceFn = unsafe extern "C" fn(u64, *mut u64, *mut u64) -> i32;
 
 /// The stub's control functions, reached through the library this process
 /// loaded under the stub's soname.
@@ -215,6 +243,25 @@ impl Stub {
             unsafe { f(&mut c) }
         }
         c
+    }
+
+    /// Whether device `dev` can access device `peer` (every pair can after
+    /// a reset).
+    pub fn set_peer_capable(&self, dev: i32, peer: i32, can: bool) {
+        if let Ok(f) = self.sym::<PeerCapableFn>("cachealloc_stub_set_peer_capable") {
+            // SAFETY: matches `void cachealloc_stub_set_peer_capable(int, int, int)`.
+            unsafe { f(dev, peer, i32::from(can)) }
+        }
+    }
+
+    /// The exporting process and its address of the memory that an opened
+    /// IPC handle maps at `addr` here; `None` when `addr` is not in one.
+    pub fn ipc_source(&self, addr: u64) -> Option<(u64, u64)> {
+        let f = self.sym::<IpcSourceFn>("cachealloc_stub_ipc_source").ok()?;
+        let (mut pid, mut src) = (0u64, 0u64);
+        // SAFETY: matches `int cachealloc_stub_ipc_source(uint64_t,
+        // uint64_t *, uint64_t *)`; both out-pointers are live locals.
+        (unsafe { f(addr, &mut pid, &mut src) } == 0).then_some((pid, src))
     }
 
     /// The calling thread's current device in the stub (-1: none).

@@ -481,6 +481,29 @@ macro_rules! stub_tests {
         }
 
         #[test]
+        fn stub_ipc_between_two_processes() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_ipc::ipc_between_processes::<$api>(&s, "ipc_consumer_process");
+            }
+        }
+
+        /// The consumer process of `stub_ipc_between_two_processes` (does
+        /// nothing in any other process).
+        #[test]
+        fn ipc_consumer_process() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_ipc::ipc_consumer::<$api>(&s);
+            }
+        }
+
+        #[test]
+        fn stub_peer_access_and_copies() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_ipc::peer_access_and_copies::<$api>(&s);
+            }
+        }
+
+        #[test]
         fn stub_symbol_inventory() {
             if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
                 let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

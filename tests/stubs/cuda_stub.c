@@ -22,8 +22,12 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_MAP_FAILED = 205,
+    CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -40,6 +44,10 @@ static CUresult cu(stub_status s) {
     case ST_INVALID_CONTEXT: return CUDA_ERROR_INVALID_CONTEXT;
     case ST_BAD_HANDLE: return CUDA_ERROR_INVALID_HANDLE;
     case ST_NOT_READY: return CUDA_ERROR_NOT_READY;
+    case ST_MAP_FAILED: return CUDA_ERROR_MAP_FAILED;
+    case ST_ALREADY_MAPPED: return CUDA_ERROR_ALREADY_MAPPED;
+    case ST_PEER_UNSUPPORTED: return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    case ST_PEER_ALREADY_ENABLED: return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
     }
     return CUDA_ERROR_UNKNOWN;
 }
@@ -267,6 +275,56 @@ STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return cu(stub_op_mem_unmap("cuMemUnmap", ptr, size));
 }
 
+/* ------------------------------------------ IPC, peer access, copies */
+
+typedef struct {
+    unsigned char reserved[64];
+} CUipcMemHandle;
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
+
+STUB_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr) {
+    return cu(stub_op_ipc_get("cuIpcGetMemHandle", handle ? handle->reserved : NULL, ptr));
+}
+
+STUB_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *ptr, CUipcMemHandle handle, unsigned flags) {
+    if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t out = 0;
+    stub_status s = stub_op_ipc_open("cuIpcOpenMemHandle_v2", ptr ? &out : NULL, handle.reserved);
+    if (s == ST_OK) *ptr = out;
+    return cu(s);
+}
+
+STUB_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
+    return cu(stub_op_ipc_close("cuIpcCloseMemHandle", ptr));
+}
+
+/* The device of a retained primary context, or -1. */
+static int stub_context_device(CUcontext ctx) {
+    pthread_mutex_lock(&stub_lock);
+    long d = stub_index(ctx, STUB_CONTEXT_BASE, (size_t)stub_devices);
+    int r = d >= 0 && stub_dev[d].ctx_refs > 0 ? (int)d : -1;
+    pthread_mutex_unlock(&stub_lock);
+    return r;
+}
+
+STUB_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    int d = stub_context_device(peer);
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return cu(stub_op_peer_enable("cuCtxEnablePeerAccess", d));
+}
+
+STUB_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+    return cu(stub_op_memcpy("cuMemcpyAsync", dst, src, n, stream, -1, -1));
+}
+
+STUB_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                                       size_t n, CUstream stream) {
+    int dd = stub_context_device(dst_ctx), sd = stub_context_device(src_ctx);
+    if (dd < 0 || sd < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return cu(stub_op_memcpy("cuMemcpyPeerAsync", dst, src, n, stream, dd, sd));
+}
+
 static const char *stub_cu_name(CUresult e) {
     switch (e) {
     case CUDA_SUCCESS: return "CUDA_SUCCESS";
@@ -278,6 +336,10 @@ static const char *stub_cu_name(CUresult e) {
     case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
     case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
     case CUDA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
+    case CUDA_ERROR_MAP_FAILED: return "CUDA_ERROR_MAP_FAILED";
+    case CUDA_ERROR_ALREADY_MAPPED: return "CUDA_ERROR_ALREADY_MAPPED";
+    case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED";
+    case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: return "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED";
     case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return NULL;
     }

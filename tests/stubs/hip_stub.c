@@ -20,8 +20,12 @@ enum {
     hipErrorNoDevice = 100,
     hipErrorInvalidDevice = 101,
     hipErrorInvalidContext = 201,
+    hipErrorMapFailed = 205,
+    hipErrorAlreadyMapped = 208,
+    hipErrorPeerAccessUnsupported = 217,
     hipErrorInvalidHandle = 400,
     hipErrorNotReady = 600,
+    hipErrorPeerAccessAlreadyEnabled = 704,
     hipErrorUnknown = 999,
 };
 
@@ -38,6 +42,10 @@ static hipError_t hip(stub_status s) {
     case ST_INVALID_CONTEXT: return hipErrorInvalidContext;
     case ST_BAD_HANDLE: return hipErrorInvalidHandle;
     case ST_NOT_READY: return hipErrorNotReady;
+    case ST_MAP_FAILED: return hipErrorMapFailed;
+    case ST_ALREADY_MAPPED: return hipErrorAlreadyMapped;
+    case ST_PEER_UNSUPPORTED: return hipErrorPeerAccessUnsupported;
+    case ST_PEER_ALREADY_ENABLED: return hipErrorPeerAccessAlreadyEnabled;
     }
     return hipErrorUnknown;
 }
@@ -219,6 +227,54 @@ STUB_EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
     return hip(stub_op_mem_unmap("hipMemUnmap", (uint64_t)(uintptr_t)ptr, size));
 }
 
+/* ------------------------------------------ IPC, peer access, copies */
+
+typedef struct {
+    unsigned char reserved[64];
+} hipIpcMemHandle_t;
+#define hipMemcpyDeviceToDevice 3
+#define hipMemcpyDefault 4
+
+STUB_EXPORT hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *handle, void *ptr) {
+    return hip(stub_op_ipc_get("hipIpcGetMemHandle", handle ? handle->reserved : NULL, (uint64_t)(uintptr_t)ptr));
+}
+
+STUB_EXPORT hipError_t hipIpcOpenMemHandle(void **ptr, hipIpcMemHandle_t handle, unsigned flags) {
+    /* hipIpcMemLazyEnablePeerAccess is 0 in HIP (1 in CUDA). */
+    if (flags != 0) return hipErrorInvalidValue;
+    uint64_t out = 0;
+    stub_status s = stub_op_ipc_open("hipIpcOpenMemHandle", ptr ? &out : NULL, handle.reserved);
+    if (s == ST_OK) *ptr = (void *)(uintptr_t)out;
+    return hip(s);
+}
+
+STUB_EXPORT hipError_t hipIpcCloseMemHandle(void *ptr) {
+    return hip(stub_op_ipc_close("hipIpcCloseMemHandle", (uint64_t)(uintptr_t)ptr));
+}
+
+STUB_EXPORT hipError_t hipDeviceEnablePeerAccess(int peer, unsigned flags) {
+    if (flags != 0) return hipErrorInvalidValue;
+    return hip(stub_op_peer_enable("hipDeviceEnablePeerAccess", peer));
+}
+
+/* The stub keeps no sticky error: the last error is always success. */
+STUB_EXPORT hipError_t hipGetLastError(void) {
+    return hipSuccess;
+}
+
+STUB_EXPORT hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, int kind, hipStream_t stream) {
+    if (kind != hipMemcpyDeviceToDevice && kind != hipMemcpyDefault) return hipErrorInvalidValue;
+    return hip(stub_op_memcpy("hipMemcpyAsync", (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, stream,
+                              -1, -1));
+}
+
+STUB_EXPORT hipError_t hipMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
+                                          hipStream_t stream) {
+    if (dst_dev < 0 || src_dev < 0) return hipErrorInvalidDevice;
+    return hip(stub_op_memcpy("hipMemcpyPeerAsync", (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n,
+                              stream, dst_dev, src_dev));
+}
+
 STUB_EXPORT const char *hipGetErrorName(hipError_t error) {
     switch (error) {
     case hipSuccess: return "hipSuccess";
@@ -230,6 +286,10 @@ STUB_EXPORT const char *hipGetErrorName(hipError_t error) {
     case hipErrorInvalidContext: return "hipErrorInvalidContext";
     case hipErrorInvalidHandle: return "hipErrorInvalidHandle";
     case hipErrorNotReady: return "hipErrorNotReady";
+    case hipErrorMapFailed: return "hipErrorMapFailed";
+    case hipErrorAlreadyMapped: return "hipErrorAlreadyMapped";
+    case hipErrorPeerAccessUnsupported: return "hipErrorPeerAccessUnsupported";
+    case hipErrorPeerAccessAlreadyEnabled: return "hipErrorPeerAccessAlreadyEnabled";
     case hipErrorUnknown: return "hipErrorUnknown";
     default: return "hipErrorUnknown";
     }

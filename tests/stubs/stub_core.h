@@ -17,6 +17,16 @@
  *   addresses, access set over mapped ranges only, unmapped, released; a
  *   physical allocation's memory returns once it is both released and
  *   unmapped; freeing a reservation with pages still mapped is an error;
+ * - IPC (two processes): a handle names the exporting process, the
+ *   allocation's address and size; while the exporter holds the allocation
+ *   a marker file says so (in $CACHEALLOC_STUB_IPC_DIR, else /tmp), so
+ *   another process can tell a live handle from a stale one. An open in
+ *   another process maps the size at a fresh address of the caller's
+ *   device (once per process: a second open is "already mapped"); the
+ *   exporting process cannot open its own handle;
+ * - peer access per pair of devices (each pair can, unless told it
+ *   cannot), "already enabled" the second time; device-to-device copies
+ *   checked against live allocations and opened handles;
  * - fault injection by call name (or any call) and index;
  * - counters of what is still alive, read through `cachealloc_stub_counters`.
  *
@@ -34,8 +44,10 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STUB_EXPORT __attribute__((visibility("default")))
 #define STUB_MAX_DEVICES 8
@@ -62,12 +74,20 @@ typedef struct {
     uint64_t live_reservations;
     uint64_t live_physical;
     uint64_t live_mappings;
+    uint64_t live_imports;
 } stub_counters;
 
 typedef struct {
     uint64_t addr, size;
-    int device, live;
+    int device, live, exported;
 } stub_alloc;
+
+/* Another process's allocation, opened here. */
+typedef struct {
+    uint64_t addr, size;
+    uint64_t src_pid, src_addr;
+    int device, live;
+} stub_import;
 
 typedef struct {
     int device, live;
@@ -129,6 +149,10 @@ static stub_physical *stub_physicals;
 static size_t stub_nphysicals, stub_cap_physicals;
 static stub_mapping *stub_mappings;
 static size_t stub_nmappings, stub_cap_mappings;
+static stub_import *stub_imports;
+static size_t stub_nimports, stub_cap_imports;
+static unsigned char stub_peer_enabled[STUB_MAX_DEVICES][STUB_MAX_DEVICES];
+static unsigned char stub_peer_denied[STUB_MAX_DEVICES][STUB_MAX_DEVICES];
 static stub_fault stub_faults[64];
 static size_t stub_nfaults;
 static stub_call_count stub_call_counts[64];
@@ -147,7 +171,32 @@ static __thread int stub_current = -1; /* this thread's device, -1: none */
         }                                                                      \
     } while (0)
 
+/* ------------------------------------------------------ IPC marker files */
+
+/* The marker file saying that process `pid` still holds its exported
+ * allocation at `addr`. */
+static void stub_ipc_marker(char *out, size_t n, uint64_t pid, uint64_t addr) {
+    const char *dir = getenv("CACHEALLOC_STUB_IPC_DIR");
+    snprintf(out, n, "%s/cachealloc-stub-ipc-%llu-%llx", dir && dir[0] ? dir : "/tmp",
+             (unsigned long long)pid, (unsigned long long)addr);
+}
+
+/* The allocation is no longer held: its handles go stale. */
+static void stub_ipc_unexport(stub_alloc *a) {
+    if (!a->exported) return;
+    char path[512];
+    stub_ipc_marker(path, sizeof path, (uint64_t)getpid(), a->addr);
+    unlink(path);
+    a->exported = 0;
+}
+
+/* A process that ends holds nothing: no marker may outlive it. */
+__attribute__((destructor)) static void stub_ipc_unexport_all(void) {
+    for (size_t i = 0; i < stub_nallocs; i++) stub_ipc_unexport(&stub_allocs[i]);
+}
+
 static void stub_reset_locked(int devices, uint64_t capacity) {
+    for (size_t i = 0; i < stub_nallocs; i++) stub_ipc_unexport(&stub_allocs[i]);
     stub_devices = devices < 0 ? 0 : (devices > STUB_MAX_DEVICES ? STUB_MAX_DEVICES : devices);
     for (int d = 0; d < STUB_MAX_DEVICES; d++) {
         stub_dev[d].capacity = capacity;
@@ -160,6 +209,9 @@ static void stub_reset_locked(int devices, uint64_t capacity) {
     stub_initialized = 0;
     stub_nallocs = stub_nstreams = stub_nevents = 0;
     stub_nreservations = stub_nphysicals = stub_nmappings = 0;
+    stub_nimports = 0;
+    memset(stub_peer_enabled, 0, sizeof(stub_peer_enabled));
+    memset(stub_peer_denied, 0, sizeof(stub_peer_denied));
     stub_nfaults = 0;
     stub_ncall_counts = 0;
     stub_calls = stub_injected = stub_bad_handles = 0;
@@ -258,7 +310,7 @@ static int stub_alloc_locked(int device, uint64_t size, uint64_t *out) {
     if (size > d->capacity - d->held) return 1;
     uint64_t span = (size + STUB_SEGMENT_ALIGN - 1) / STUB_SEGMENT_ALIGN * STUB_SEGMENT_ALIGN;
     STUB_GROW(stub_allocs, stub_nallocs, stub_cap_allocs);
-    stub_allocs[stub_nallocs++] = (stub_alloc){d->next_addr, size, device, 1};
+    stub_allocs[stub_nallocs++] = (stub_alloc){d->next_addr, size, device, 1, 0};
     *out = d->next_addr;
     d->next_addr += span;
     d->held += size;
@@ -271,6 +323,7 @@ static int stub_free_locked(uint64_t addr) {
         stub_alloc *a = &stub_allocs[i];
         if (a->addr == addr && a->live) {
             a->live = 0;
+            stub_ipc_unexport(a);
             stub_dev[a->device].held -= a->size;
             return 0;
         }
@@ -382,6 +435,10 @@ typedef enum {
     ST_INVALID_CONTEXT,
     ST_BAD_HANDLE,
     ST_NOT_READY,
+    ST_MAP_FAILED,
+    ST_ALREADY_MAPPED,
+    ST_PEER_UNSUPPORTED,
+    ST_PEER_ALREADY_ENABLED,
 } stub_status;
 
 static __thread int stub_injected_code;
@@ -706,7 +763,157 @@ static stub_status stub_op_mem_unmap(const char *name, uint64_t addr, uint64_t s
     return stub_end(ST_OK);
 }
 
+/* -------------------------------------------------------------------- IPC */
+
+#define STUB_IPC_MAGIC "cachealloc-stub" /* 16 bytes with its NUL */
+#define STUB_IPC_HANDLE_SIZE 64
+
+/* The handle (64 bytes at `out`) of the live allocation that starts at
+ * `addr`: magic, exporting pid, address, size, device. */
+static stub_status stub_op_ipc_get(const char *name, unsigned char *out, uint64_t addr) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    (void)dev;
+    if (!out) return stub_end(ST_INVALID_VALUE);
+    stub_alloc *a = NULL;
+    for (size_t i = 0; i < stub_nallocs; i++)
+        if (stub_allocs[i].live && stub_allocs[i].addr == addr) a = &stub_allocs[i];
+    if (!a) {
+        stub_bad_handles++;
+        return stub_end(ST_INVALID_VALUE);
+    }
+    if (!a->exported) {
+        char path[512];
+        stub_ipc_marker(path, sizeof path, (uint64_t)getpid(), addr);
+        FILE *f = fopen(path, "w");
+        if (!f) return stub_end(ST_MAP_FAILED);
+        fclose(f);
+        a->exported = 1;
+    }
+    uint64_t words[3] = {(uint64_t)getpid(), addr, a->size};
+    int32_t device = a->device;
+    memset(out, 0, STUB_IPC_HANDLE_SIZE);
+    memcpy(out, STUB_IPC_MAGIC, 16);
+    memcpy(out + 16, words, sizeof words);
+    memcpy(out + 40, &device, sizeof device);
+    return stub_end(ST_OK);
+}
+
+/* Open another process's handle on the calling thread's device: a fresh
+ * address for its size. Not a stub handle: bad handle; the exporter freed
+ * it: map failed; opened here already: already mapped; our own: invalid
+ * context (a process cannot open what it exported). */
+static stub_status stub_op_ipc_open(const char *name, uint64_t *out, const unsigned char *h) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!out || !h) return stub_end(ST_INVALID_VALUE);
+    if (memcmp(h, STUB_IPC_MAGIC, 16) != 0) return stub_end(ST_BAD_HANDLE);
+    uint64_t w[3];
+    memcpy(w, h + 16, sizeof w);
+    if (w[0] == (uint64_t)getpid()) return stub_end(ST_INVALID_CONTEXT);
+    char path[512];
+    stub_ipc_marker(path, sizeof path, w[0], w[1]);
+    if (access(path, F_OK) != 0) return stub_end(ST_MAP_FAILED);
+    for (size_t i = 0; i < stub_nimports; i++) {
+        stub_import *m = &stub_imports[i];
+        if (m->live && m->device == dev && m->src_pid == w[0] && m->src_addr == w[1])
+            return stub_end(ST_ALREADY_MAPPED);
+    }
+    stub_device *d = &stub_dev[dev];
+    uint64_t span = (w[2] + STUB_SEGMENT_ALIGN - 1) / STUB_SEGMENT_ALIGN * STUB_SEGMENT_ALIGN;
+    STUB_GROW(stub_imports, stub_nimports, stub_cap_imports);
+    stub_imports[stub_nimports++] = (stub_import){d->next_addr, w[2], w[0], w[1], dev, 1};
+    *out = d->next_addr;
+    d->next_addr += span;
+    return stub_end(ST_OK);
+}
+
+/* Close what `stub_op_ipc_open` opened at `addr`. */
+static stub_status stub_op_ipc_close(const char *name, uint64_t addr) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    (void)dev;
+    for (size_t i = 0; i < stub_nimports; i++)
+        if (stub_imports[i].live && stub_imports[i].addr == addr) {
+            stub_imports[i].live = 0;
+            return stub_end(ST_OK);
+        }
+    stub_bad_handles++;
+    return stub_end(ST_INVALID_VALUE);
+}
+
+/* -------------------------------------------------- peer access, copies */
+
+/* Let the calling thread's device access device `peer`. */
+static stub_status stub_op_peer_enable(const char *name, int peer) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (peer < 0 || peer >= stub_devices || peer == dev) return stub_end(ST_INVALID_DEVICE);
+    if (stub_peer_denied[dev][peer]) return stub_end(ST_PEER_UNSUPPORTED);
+    if (stub_peer_enabled[dev][peer]) return stub_end(ST_PEER_ALREADY_ENABLED);
+    stub_peer_enabled[dev][peer] = 1;
+    return stub_end(ST_OK);
+}
+
+/* Whether [addr, addr + n) lies in a live allocation, an opened handle or
+ * mapped pages (any device). */
+static int stub_accessible(uint64_t addr, uint64_t n) {
+    if (stub_in_allocation(addr, n)) return 1;
+    for (size_t i = 0; i < stub_nimports; i++) {
+        stub_import *m = &stub_imports[i];
+        if (m->live && addr >= m->addr && addr - m->addr + n <= m->size) return 1;
+    }
+    uint64_t covered = 0;
+    for (size_t i = 0; i < stub_nmappings; i++) {
+        stub_mapping *m = &stub_mappings[i];
+        if (!m->live || m->addr + m->size <= addr || addr + n <= m->addr) continue;
+        uint64_t lo = m->addr > addr ? m->addr : addr;
+        uint64_t hi = m->addr + m->size < addr + n ? m->addr + m->size : addr + n;
+        covered += hi - lo;
+    }
+    return n > 0 && covered == n;
+}
+
+/* Queue a copy of `n` bytes on `stream` of the calling thread's device;
+ * for a peer copy (`dst_dev`, `src_dev` >= 0) both devices must exist. */
+static stub_status stub_op_memcpy(const char *name, uint64_t dst, uint64_t src, uint64_t n, void *stream,
+                                  int dst_dev, int src_dev) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (dst_dev >= stub_devices || src_dev >= stub_devices) return stub_end(ST_INVALID_DEVICE);
+    if (n > 0 && (!stub_accessible(dst, n) || !stub_accessible(src, n))) return stub_end(ST_INVALID_VALUE);
+    if (stub_stream_of(stream, dev) == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    return stub_end(ST_OK);
+}
+
 /* ------------------------------------------------------------ control API */
+
+/* Whether device `dev` can access device `peer` (all pairs can at reset). */
+STUB_EXPORT void cachealloc_stub_set_peer_capable(int dev, int peer, int can) {
+    pthread_mutex_lock(&stub_lock);
+    stub_init_once_locked();
+    if (dev >= 0 && dev < STUB_MAX_DEVICES && peer >= 0 && peer < STUB_MAX_DEVICES)
+        stub_peer_denied[dev][peer] = !can;
+    pthread_mutex_unlock(&stub_lock);
+}
+
+/* Which process's allocation the opened handle at `addr` maps: 0 with its
+ * pid and address, -1 when `addr` is not in an opened handle. */
+STUB_EXPORT int cachealloc_stub_ipc_source(uint64_t addr, uint64_t *pid, uint64_t *src_addr) {
+    int r = -1;
+    pthread_mutex_lock(&stub_lock);
+    for (size_t i = 0; i < stub_nimports; i++) {
+        stub_import *m = &stub_imports[i];
+        if (m->live && addr >= m->addr && addr < m->addr + m->size) {
+            *pid = m->src_pid;
+            *src_addr = m->src_addr + (addr - m->addr);
+            r = 0;
+        }
+    }
+    pthread_mutex_unlock(&stub_lock);
+    return r;
+}
+
 
 STUB_EXPORT void cachealloc_stub_reset(int devices, uint64_t capacity) {
     pthread_mutex_lock(&stub_lock);
@@ -769,6 +976,7 @@ STUB_EXPORT void cachealloc_stub_counters(stub_counters *out) {
             out->live_bytes += stub_physicals[i].size;
         }
     for (size_t i = 0; i < stub_nmappings; i++) out->live_mappings += stub_mappings[i].live != 0;
+    for (size_t i = 0; i < stub_nimports; i++) out->live_imports += stub_imports[i].live != 0;
     out->bad_handles = stub_bad_handles;
     out->calls = stub_calls;
     out->injected = stub_injected;
