@@ -45,6 +45,22 @@
 #include <stdint.h>
 
 /**
+ * A handle to share an allocation with another process: the driver's IPC
+ * handle of its segment (`cudaIpcMemHandle_t`, 64 bytes) and the
+ * allocation's offset in the segment. Plain bytes: send it as it is.
+ */
+typedef struct {
+    /**
+     * The driver's handle of the segment.
+     */
+    uint8_t handle[64];
+    /**
+     * Bytes from the segment's base to the allocation.
+     */
+    uint64_t offset;
+} cachealloc_ipc_handle;
+
+/**
  * An out-of-memory observer: `(device, alloc_size, device_total,
  * device_free, user)`. `alloc_size` is the segment size that could not be
  * had (PyTorch's second argument); `device_total` is the memory limit when
@@ -108,6 +124,73 @@ int cachealloc_record_history(int device, int enabled, size_t max_entries);
  * `name` is NULL (an error) or a NUL-terminated string.
  */
 int cachealloc_record_annotation(int device, const char *name);
+
+/**
+ * Fill `*out` with a handle another process can open to use the live
+ * allocation that starts at `ptr` (PyTorch's `shareIpcHandle`). Each call
+ * counts one consumer: while any is outstanding, a free of the allocation
+ * is held (its memory stays allocated) until `cachealloc_release_ipc_share`
+ * has been called once per call here. Returns 0, or -1 (freed, unknown or
+ * interior pointer; an expandable segment; a backend without IPC; the
+ * driver's error).
+ *
+ * # Safety
+ *
+ * `out` is NULL (an error) or points to a writable `cachealloc_ipc_handle`.
+ */
+int cachealloc_share_ipc_handle(void *ptr, cachealloc_ipc_handle *out);
+
+/**
+ * One consumer of a share of the allocation at `ptr` is done with it (it
+ * closed the handle). The last release of an allocation its owner has
+ * freed frees it. Returns 0, or -1 (no share outstanding).
+ */
+int cachealloc_release_ipc_share(void *ptr);
+
+/**
+ * The address, on `device`, of the allocation another process shared
+ * (PyTorch's `getIpcDevPtr` plus the offset). The segment is opened once
+ * per device and kept until its last user calls `cachealloc_close_ipc_handle`;
+ * opening it again returns the same address. NULL on failure (a bad or
+ * stale handle, a full table of opened handles, a backend without IPC).
+ *
+ * # Safety
+ *
+ * `handle` is NULL (an error) or points to a readable `cachealloc_ipc_handle`.
+ */
+void *cachealloc_open_ipc_handle(const cachealloc_ipc_handle *handle, int device);
+
+/**
+ * One user of a handle opened on `device` is done; the last one closes it
+ * with the driver. Returns 0, or -1 (not open there).
+ *
+ * # Safety
+ *
+ * `handle` is NULL (an error) or points to a readable `cachealloc_ipc_handle`.
+ */
+int cachealloc_close_ipc_handle(const cachealloc_ipc_handle *handle, int device);
+
+/**
+ * Let `device` access the memory of `peer` (PyTorch's `enablePeerAccess`:
+ * access that is already enabled is no error). Returns 0, or -1 (the
+ * driver's error: the same device, a missing device, a pair that cannot).
+ */
+int cachealloc_enable_peer_access(int device, int peer);
+
+/**
+ * Queue a copy of `count` bytes from `src` on `src_device` to `dst` on
+ * `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`): a
+ * plain copy when `p2p_enabled` is non-zero, within one device, or when
+ * neither device holds an expandable segment; otherwise the driver's peer
+ * copy. Returns 0, or -1.
+ */
+int cachealloc_memcpy_async(void *dst,
+                            int dst_device,
+                            const void *src,
+                            int src_device,
+                            size_t count,
+                            void *stream,
+                            int p2p_enabled);
 
 /**
  * Attach an out-of-memory observer, called (with `user`) on every final

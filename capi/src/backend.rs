@@ -11,7 +11,7 @@ use crate::settings::{BackendKind, Settings};
 use crate::snapshot::add_device;
 use cachealloc_core::{
     BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-    MempoolId, StreamFilter, TraceActions, TraceEntry,
+    MempoolId, ShareableHandle, StreamFilter, TraceActions, TraceEntry,
 };
 use cachealloc_trace::SnapshotDict;
 
@@ -63,6 +63,29 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
     /// `releasePool`.
     fn release_pool(&self, id: MempoolId) -> Res<()>;
+    /// `shareIpcHandle` of the allocation starting at `ptr` (one more
+    /// consumer until `release_ipc_share`).
+    fn share_ipc_handle(&self, ptr: u64) -> Res<ShareableHandle>;
+    /// `getIpcDevPtr` plus the offset: the shared allocation's address here.
+    fn open_ipc_handle(&self, handle: &ShareableHandle) -> Res<u64>;
+    /// One user of an opened handle is done.
+    fn close_ipc_handle(&self, handle: &ShareableHandle) -> Res<()>;
+    /// One consumer of a share of the allocation at `ptr` is done.
+    fn release_ipc_share(&self, ptr: u64) -> Res<()>;
+    /// `enablePeerAccess` from this device to `peer`.
+    fn enable_peer_access(&self, peer: u32) -> Res<()>;
+    /// Whether this device holds an expandable segment.
+    fn has_expandable_segments(&self) -> bool;
+    /// A device-to-device copy on `stream`: plain, or through the driver's
+    /// peer copy (`peer`: the destination's and the source's devices).
+    fn memcpy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: u64,
+        peer: Option<(u32, u32)>,
+    ) -> Res<()>;
     /// Take a snapshot (it records its `snapshot` entry) into `dict`;
     /// `names[id - 1]` is annotation `id`'s name.
     fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]);
@@ -145,6 +168,55 @@ where
         CachingAllocator::release_pool(self, id).map_err(|e| e.to_string())
     }
 
+    fn share_ipc_handle(&self, ptr: u64) -> Res<ShareableHandle> {
+        self.with(|a| a.share_ipc_handle(DevicePtr(ptr)))
+            .map_err(|e| e.to_string())
+    }
+
+    fn open_ipc_handle(&self, handle: &ShareableHandle) -> Res<u64> {
+        self.with(|a| a.open_ipc_handle(handle))
+            .map(|p| p.0)
+            .map_err(|e| e.to_string())
+    }
+
+    fn close_ipc_handle(&self, handle: &ShareableHandle) -> Res<()> {
+        self.with(|a| a.close_ipc_handle(handle))
+            .map_err(|e| e.to_string())
+    }
+
+    fn release_ipc_share(&self, ptr: u64) -> Res<()> {
+        self.with(|a| a.release_ipc_share(DevicePtr(ptr)))
+            .map_err(|e| e.to_string())
+    }
+
+    fn enable_peer_access(&self, peer: u32) -> Res<()> {
+        self.with(|a| a.enable_peer_access(peer))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn has_expandable_segments(&self) -> bool {
+        self.with(|a| a.has_expandable_segments())
+    }
+
+    fn memcpy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: u64,
+        peer: Option<(u32, u32)>,
+    ) -> Res<()> {
+        let stream = B::Stream::from(stream);
+        self.with(|a| match peer {
+            None => a.memcpy_async(DevicePtr(dst), DevicePtr(src), bytes, stream),
+            Some((dd, sd)) => {
+                a.memcpy_peer_async(DevicePtr(dst), dd, DevicePtr(src), sd, bytes, stream)
+            }
+        })
+        .map_err(|e| e.to_string())
+    }
+
     fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) {
         self.with(|a| add_device(dict, a.snapshot(), names));
     }
@@ -159,6 +231,13 @@ fn twice(capacity: u32) -> Box<[BlockSlot]> {
 /// overlap: pointers are routed to the device that owns them).
 const MOCK_DEVICE_SPAN: u64 = 1 << 40;
 
+/// The simulated machine every simulated device of the process joins, so
+/// an IPC handle of one device opens on another.
+fn mock_machine() -> &'static cachealloc_mock::MockMachine {
+    static MACHINE: std::sync::OnceLock<cachealloc_mock::MockMachine> = std::sync::OnceLock::new();
+    MACHINE.get_or_init(cachealloc_mock::MockMachine::new)
+}
+
 /// Open device `index` of the configured kind, with its allocator.
 pub(crate) fn open(s: &Settings, index: u32) -> Res<Box<dyn DeviceOps>> {
     match s.backend {
@@ -166,7 +245,8 @@ pub(crate) fn open(s: &Settings, index: u32) -> Res<Box<dyn DeviceOps>> {
             let base = cachealloc_mock::DEVICE_BASE + u64::from(index) * MOCK_DEVICE_SPAN;
             let device = cachealloc_mock::MockDevice::new(s.mock_capacity)
                 .with_ordinal(index)
-                .with_base(base);
+                .with_base(base)
+                .with_machine(mock_machine());
             Ok(allocator(s, device))
         }
         #[cfg(feature = "cuda")]

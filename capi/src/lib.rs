@@ -36,6 +36,8 @@
 mod error;
 /// `record_history`, annotations.
 mod history;
+/// IPC handles, peer access, device-to-device copies.
+mod ipc;
 /// Out-of-memory observers.
 mod observers;
 /// PyTorch's pluggable allocator: `cachealloc_alloc`, `cachealloc_free`, the hooks.
@@ -52,6 +54,11 @@ mod settings;
 
 pub use error::{cachealloc_debug_force_internal_error, cachealloc_last_error};
 pub use history::{cachealloc_record_annotation, cachealloc_record_history};
+pub use ipc::{
+    cachealloc_close_ipc_handle, cachealloc_enable_peer_access, cachealloc_ipc_handle,
+    cachealloc_memcpy_async, cachealloc_open_ipc_handle, cachealloc_release_ipc_share,
+    cachealloc_share_ipc_handle,
+};
 pub use observers::{cachealloc_attach_oom_observer, cachealloc_oom_observer};
 pub use pluggable::{
     cachealloc_alloc, cachealloc_base_alloc, cachealloc_begin_allocate_to_pool,

@@ -18,6 +18,11 @@
 //!   PyTorch's bindings call them (`reinterpret_cast` to
 //!   `void(*)(int, std::pair<unsigned long long, unsigned long long>)`,
 //!   wrapped in `std::function`);
+//! - `ipc_on_the_simulated_device`, `ipc_between_two_processes_on_the_cuda_stub`:
+//!   `tests/c/ipc_test.c`, sharing a block between devices of one simulated
+//!   machine, then between two processes over the stub driver (the second
+//!   process is the same program, started by the first); peer access and
+//!   device-to-device copies;
 //! - `readme_example`: `examples/hello.c`, built and run with the README's
 //!   commands.
 
@@ -191,7 +196,12 @@ fn header() {
 fn declared_functions(header: &str) -> Vec<String> {
     let mut names: Vec<String> = header
         .lines()
-        .filter(|l| !l.starts_with([' ', '/', '#', '}', 't']) && l.ends_with(");"))
+        // A declaration's first line (cbindgen wraps long ones after a comma).
+        .filter(|l| {
+            !l.starts_with([' ', '/', '#', '}', 't'])
+                && l.contains('(')
+                && (l.ends_with(");") || l.ends_with(','))
+        })
         .filter_map(|l| {
             let name = l.split('(').next()?.rsplit([' ', '*']).next()?;
             Some(name.to_string())
@@ -527,4 +537,46 @@ fn readme_example() {
         stdout.contains("reserved_bytes.all.current = 0"),
         "{stdout}"
     );
+}
+
+#[test]
+fn ipc_on_the_simulated_device() {
+    let dir = scratch("ipc-mock");
+    let exe = dir.join("ipc_test");
+    compile(&manifest_dir().join("tests/c/ipc_test.c"), &exe, false);
+    let out = run(
+        program(&exe, "mock").arg("mock"),
+        "ipc_test on the simulated device",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ipc_test: all checks passed"), "{stdout}");
+    print!("{stdout}");
+}
+
+#[test]
+fn ipc_between_two_processes_on_the_cuda_stub() {
+    let Some(stub) = cachealloc_tests::stub::StubKind::Cuda.dir() else {
+        println!("the stub drivers are built on Linux only: skipped");
+        return;
+    };
+    let dir = scratch("ipc-cuda");
+    let exe = dir.join("ipc_test");
+    compile(&manifest_dir().join("tests/c/ipc_test.c"), &exe, false);
+    let mut path = stub.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let out = run(
+        program(&exe, "cuda")
+            .env("LD_LIBRARY_PATH", path)
+            .env("CACHEALLOC_STUB_DEVICES", "2")
+            .args(["cuda", "export"])
+            .arg(dir.join("handle.bin")),
+        "ipc_test on the CUDA stub driver",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok consumer: opened"), "{stdout}");
+    assert!(stdout.contains("ipc_test: all checks passed"), "{stdout}");
+    print!("{stdout}");
 }

@@ -132,7 +132,8 @@ static oom_seen ooms;
 
 typedef struct {
     uint64_t live_allocations, live_bytes, live_events, live_streams, retained_contexts,
-        bad_handles, calls, injected, live_reservations, live_physical, live_mappings;
+        bad_handles, calls, injected, live_reservations, live_physical, live_mappings,
+        live_imports;
 } stub_counters;
 
 static void *stub_symbol(const char *name) {

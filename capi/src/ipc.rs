@@ -1,0 +1,177 @@
+//! Sharing memory between processes, peer access and device-to-device
+//! copies: PyTorch's `shareIpcHandle`, `getIpcDevPtr`, `enablePeerAccess`
+//! and `memcpyAsync`, plus the release of a share (the end of a consumer,
+//! which PyTorch learns from its shared-memory counter).
+
+use crate::error::{guard, status};
+use crate::registry;
+use cachealloc_core::{IpcMemHandle, ShareableHandle};
+use std::ffi::{c_int, c_void};
+
+/// A handle to share an allocation with another process: the driver's IPC
+/// handle of its segment (`cudaIpcMemHandle_t`, 64 bytes) and the
+/// allocation's offset in the segment. Plain bytes: send it as it is.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_ipc_handle {
+    /// The driver's handle of the segment.
+    pub handle: [u8; 64],
+    /// Bytes from the segment's base to the allocation.
+    pub offset: u64,
+}
+
+impl From<&cachealloc_ipc_handle> for ShareableHandle {
+    fn from(h: &cachealloc_ipc_handle) -> Self {
+        ShareableHandle {
+            handle: IpcMemHandle(h.handle),
+            offset: h.offset,
+        }
+    }
+}
+
+/// The handle behind a C pointer, or why not.
+///
+/// # Safety
+///
+/// `h` is NULL or points to a readable `cachealloc_ipc_handle`.
+unsafe fn handle_at(
+    h: *const cachealloc_ipc_handle,
+    what: &str,
+) -> Result<ShareableHandle, String> {
+    if h.is_null() {
+        return Err(format!("{what}: the handle pointer is NULL"));
+    }
+    // SAFETY: non-null, so readable (see # Safety); plain bytes, any value
+    // is valid.
+    Ok(ShareableHandle::from(unsafe { &*h }))
+}
+
+/// Fill `*out` with a handle another process can open to use the live
+/// allocation that starts at `ptr` (PyTorch's `shareIpcHandle`). Each call
+/// counts one consumer: while any is outstanding, a free of the allocation
+/// is held (its memory stays allocated) until `cachealloc_release_ipc_share`
+/// has been called once per call here. Returns 0, or -1 (freed, unknown or
+/// interior pointer; an expandable segment; a backend without IPC; the
+/// driver's error).
+///
+/// # Safety
+///
+/// `out` is NULL (an error) or points to a writable `cachealloc_ipc_handle`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_share_ipc_handle(
+    ptr: *mut c_void,
+    out: *mut cachealloc_ipc_handle,
+) -> c_int {
+    status("cachealloc_share_ipc_handle", || {
+        if out.is_null() {
+            return Err("cachealloc_share_ipc_handle: out is NULL".to_string());
+        }
+        let p = ptr as usize as u64;
+        let h = registry::owner(p)?.share_ipc_handle(p)?;
+        // SAFETY: `out` is non-null and points to a writable handle (see
+        // # Safety).
+        unsafe {
+            out.write(cachealloc_ipc_handle {
+                handle: h.handle.0,
+                offset: h.offset,
+            })
+        };
+        Ok(())
+    })
+}
+
+/// One consumer of a share of the allocation at `ptr` is done with it (it
+/// closed the handle). The last release of an allocation its owner has
+/// freed frees it. Returns 0, or -1 (no share outstanding).
+#[no_mangle]
+pub extern "C" fn cachealloc_release_ipc_share(ptr: *mut c_void) -> c_int {
+    status("cachealloc_release_ipc_share", || {
+        let p = ptr as usize as u64;
+        registry::owner(p)?.release_ipc_share(p)
+    })
+}
+
+/// The address, on `device`, of the allocation another process shared
+/// (PyTorch's `getIpcDevPtr` plus the offset). The segment is opened once
+/// per device and kept until its last user calls `cachealloc_close_ipc_handle`;
+/// opening it again returns the same address. NULL on failure (a bad or
+/// stale handle, a full table of opened handles, a backend without IPC).
+///
+/// # Safety
+///
+/// `handle` is NULL (an error) or points to a readable `cachealloc_ipc_handle`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_open_ipc_handle(
+    handle: *const cachealloc_ipc_handle,
+    device: c_int,
+) -> *mut c_void {
+    guard("cachealloc_open_ipc_handle", std::ptr::null_mut(), || {
+        // SAFETY: `handle` is NULL or readable (see # Safety).
+        let h = unsafe { handle_at(handle, "cachealloc_open_ipc_handle") }?;
+        let p = registry::device(device)?.open_ipc_handle(&h)?;
+        Ok(p as usize as *mut c_void)
+    })
+}
+
+/// One user of a handle opened on `device` is done; the last one closes it
+/// with the driver. Returns 0, or -1 (not open there).
+///
+/// # Safety
+///
+/// `handle` is NULL (an error) or points to a readable `cachealloc_ipc_handle`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_close_ipc_handle(
+    handle: *const cachealloc_ipc_handle,
+    device: c_int,
+) -> c_int {
+    status("cachealloc_close_ipc_handle", || {
+        // SAFETY: `handle` is NULL or readable (see # Safety).
+        let h = unsafe { handle_at(handle, "cachealloc_close_ipc_handle") }?;
+        registry::existing(device)?.close_ipc_handle(&h)
+    })
+}
+
+/// Let `device` access the memory of `peer` (PyTorch's `enablePeerAccess`:
+/// access that is already enabled is no error). Returns 0, or -1 (the
+/// driver's error: the same device, a missing device, a pair that cannot).
+#[no_mangle]
+pub extern "C" fn cachealloc_enable_peer_access(device: c_int, peer: c_int) -> c_int {
+    status("cachealloc_enable_peer_access", || {
+        let p = u32::try_from(peer).map_err(|_| format!("peer device {peer}: negative"))?;
+        registry::device(peer)?;
+        registry::device(device)?.enable_peer_access(p)
+    })
+}
+
+/// Queue a copy of `count` bytes from `src` on `src_device` to `dst` on
+/// `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`): a
+/// plain copy when `p2p_enabled` is non-zero, within one device, or when
+/// neither device holds an expandable segment; otherwise the driver's peer
+/// copy. Returns 0, or -1.
+#[no_mangle]
+pub extern "C" fn cachealloc_memcpy_async(
+    dst: *mut c_void,
+    dst_device: c_int,
+    src: *const c_void,
+    src_device: c_int,
+    count: usize,
+    stream: *mut c_void,
+    p2p_enabled: c_int,
+) -> c_int {
+    status("cachealloc_memcpy_async", || {
+        let to = registry::device(dst_device)?;
+        let from = registry::device(src_device)?;
+        let plain = p2p_enabled != 0
+            || src_device == dst_device
+            || !(to.has_expandable_segments() || from.has_expandable_segments());
+        let peer = (!plain).then_some((dst_device as u32, src_device as u32));
+        from.memcpy_async(
+            dst as usize as u64,
+            src as usize as u64,
+            count as u64,
+            stream as usize as u64,
+            peer,
+        )
+    })
+}
