@@ -24,7 +24,7 @@ use cachealloc_core::{
     Allocation, BlockId, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, Error,
     MallocFlags, MempoolId, OomReport, PoolOptions, StreamFilter,
 };
-use cachealloc_mock::{MockDevice, MockError};
+use cachealloc_mock::{MockDevice, MockError, MockMachine};
 use std::collections::{BTreeMap, BTreeSet};
 
 const MIB: u64 = 1 << 20;
@@ -163,6 +163,16 @@ pub enum FuzzOp {
         /// Which pool.
         pool: u8,
     },
+    /// `share_ipc_handle` of a live allocation (one more consumer).
+    Share {
+        /// Which live allocation.
+        which: u16,
+    },
+    /// `release_ipc_share`: a consumer of a live allocation is done.
+    ReleaseShare {
+        /// Which live allocation.
+        which: u16,
+    },
 }
 
 /// The pool of a fuzz op's pool number.
@@ -209,6 +219,10 @@ struct Live {
     uses: BTreeSet<u64>,
     /// Those recorded during a capture.
     capture_uses: BTreeSet<u64>,
+    /// IPC shares not yet released.
+    shares: u32,
+    /// Freed by its owner while shared: held until the last release.
+    held: bool,
 }
 
 /// A range freed while other streams used it: pending until a sync covers
@@ -302,6 +316,8 @@ impl Shadow {
                 stream,
                 uses: BTreeSet::new(),
                 capture_uses: BTreeSet::new(),
+                shares: 0,
+                held: false,
             },
         );
     }
@@ -446,6 +462,10 @@ pub struct Coverage {
     pub while_pending: u64,
     /// Allocations made in a private pool.
     pub pool_allocs: u64,
+    /// IPC shares taken.
+    pub shares: u64,
+    /// Frees held for a share, later freed by its release.
+    pub held_frees: u64,
 }
 
 impl Coverage {
@@ -462,6 +482,8 @@ impl Coverage {
         self.bad_frees += o.bad_frees;
         self.while_pending += o.while_pending;
         self.pool_allocs += o.pool_allocs;
+        self.shares += o.shares;
+        self.held_frees += o.held_frees;
     }
 }
 
@@ -538,8 +560,9 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
         capacity = Some(64 * MIB);
     }
     let slots = 2 + input.slots as usize;
+    let machine = MockMachine::new();
     let mut a: FuzzAllocator = DeviceAllocator::with_events(
-        MockDevice::new(capacity),
+        MockDevice::new(capacity).with_machine(&machine),
         vec![BlockSlot::VACANT; slots].into_boxed_slice(),
         config,
     );
@@ -591,6 +614,23 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
         let _ = a.end_allocate_to_pool(id);
         while a.pool_use_count(id) > 0 {
             a.release_pool(id).expect("release of a pool in use");
+        }
+    }
+    // The consumers are done: held allocations are freed by their last
+    // release.
+    a.backend_mut().clear_faults();
+    let shared: Vec<(u64, u32, bool)> = shadow
+        .live
+        .iter()
+        .map(|(&p, l)| (p, l.shares, l.held))
+        .collect();
+    for (p, shares, held) in shared {
+        for _ in 0..shares {
+            a.release_ipc_share(DevicePtr(p))
+                .unwrap_or_else(|e| panic!("release of a share at teardown: {e}"));
+        }
+        if held {
+            shadow.live.remove(&p);
         }
     }
     let live: Vec<DevicePtr> = shadow.live.keys().map(|&p| DevicePtr(p)).collect();
@@ -662,6 +702,7 @@ fn step(
             let Some(p) = sh.nth(which) else { return };
             let l = &sh.live[&p];
             let (id, size) = (l.alloc.id.expect("handle"), l.alloc.size);
+            let (shares, held) = (l.shares, l.held);
             let offset = match op {
                 FuzzOp::FreePtr { offset, .. } => offset as u64 % size,
                 _ => 0,
@@ -674,6 +715,15 @@ fn step(
                 a.free(id)
             };
             match r {
+                Ok(()) if shares > 0 => {
+                    assert!(offset == 0 && !held, "a free of a held block succeeded");
+                    sh.live.get_mut(&p).expect("live").held = true;
+                    cov.held_frees += 1;
+                }
+                Err(Error::NotAllocated { ptr }) if held => {
+                    assert_eq!(ptr, DevicePtr(p));
+                    cov.bad_frees += 1;
+                }
                 Ok(()) => {
                     assert_eq!(offset, 0, "freeing an interior pointer succeeded");
                     let m = a.backend();
@@ -717,8 +767,11 @@ fn step(
             let Some(p) = sh.nth(which) else { return };
             let id = sh.live[&p].alloc.id.expect("handle");
             let stream = stream as u64 % 3;
+            let held = sh.live[&p].held;
             match a.record_stream(id, stream) {
+                Err(Error::NotAllocated { .. }) if held => cov.bad_frees += 1,
                 Ok(()) => {
+                    assert!(!held, "record_stream of a held block");
                     let capturing = sh.capturing();
                     let l = sh.live.get_mut(&p).expect("live");
                     if stream != l.stream {
@@ -799,6 +852,49 @@ fn step(
                 if !sh.capturing() {
                     sh.captures_over();
                 }
+            }
+        }
+        FuzzOp::Share { which } => {
+            let Some(p) = sh.nth(which) else { return };
+            let l = sh.live.get_mut(&p).expect("live");
+            match a.share_ipc_handle(DevicePtr(p)) {
+                Ok(_) => {
+                    assert!(!l.held, "a held block was shared again");
+                    l.shares += 1;
+                    cov.shares += 1;
+                }
+                Err(Error::NotAllocated { .. }) => assert!(l.held),
+                // Blocks of expandable segments are not shared.
+                Err(Error::Unsupported { .. } | Error::IpcSharesFull { .. }) => {}
+                Err(e) => panic!("share: {e}"),
+            }
+        }
+        FuzzOp::ReleaseShare { which } => {
+            let Some(p) = sh.nth(which) else { return };
+            let (shares, held) = (sh.live[&p].shares, sh.live[&p].held);
+            match a.release_ipc_share(DevicePtr(p)) {
+                Ok(()) => {
+                    assert!(shares > 0, "release of a block never shared");
+                    let l = sh.live.get_mut(&p).expect("live");
+                    l.shares -= 1;
+                    if l.shares == 0 && held {
+                        let m = a.backend();
+                        let logs = (m.stream_waits().len(), m.stream_synchronizations().len());
+                        sh.free(p, logs);
+                        cov.frees += 1;
+                    }
+                }
+                Err(Error::IpcNotShared { .. }) => assert_eq!(shares, 0),
+                // The held block's free failed: it stays held and shared.
+                Err(e @ (Error::EventQueueFull { .. } | Error::Backend(_))) => {
+                    assert!(shares == 1 && held, "{e}");
+                    if injected(&e) {
+                        cov.injected += 1;
+                    } else {
+                        cov.full_queues += 1;
+                    }
+                }
+                Err(e) => panic!("release_ipc_share: {e}"),
             }
         }
         FuzzOp::PoolRelease { pool } => pool_result(a.release_pool(pool_id(pool))),

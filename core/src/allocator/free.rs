@@ -23,6 +23,11 @@ where
     /// `recordStream` on the live block in slot `i` (during a capture, the
     /// use is also remembered as a capture-time one).
     pub(super) fn record_stream_slot(&mut self, i: u32, stream: B::Stream) -> Res<(), B> {
+        if !self.ipc_shared.is_empty() && self.is_held(i) {
+            return Err(Error::NotAllocated {
+                ptr: crate::DevicePtr(self.slot(i).addr),
+            });
+        }
         if stream.into() == self.slot(i).stream {
             return Ok(());
         }

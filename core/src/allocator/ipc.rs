@@ -19,7 +19,9 @@
 //!   while consumers are outstanding only marks it: the block stays
 //!   allocated (so `empty_cache` cannot release its segment) until
 //!   [`release_ipc_share`](DeviceAllocator::release_ipc_share) has been
-//!   called once per share, and then it is freed. This is the job of
+//!   called once per share, and then it is freed; until then it is no
+//!   longer the owner's (a second free, a `record_stream` or another share
+//!   of it is an error, as for freed memory). This is the job of
 //!   PyTorch's `CudaIPCSentData` and its limbo (`torch/csrc/CudaIPCTypes.cpp`),
 //!   which keep the producer's block allocated until the consumers'
 //!   shared-memory counter drops to zero; here the embedder reports each
@@ -109,6 +111,10 @@ where
             });
         }
         let known = self.ipc_shared.0.iter().position(|e| e.ptr == ptr.0);
+        if known.is_some_and(|k| self.ipc_shared.0[k].freed) {
+            // Its owner freed it: held for its consumers only.
+            return Err(Error::NotAllocated { ptr });
+        }
         if known.is_none() && self.ipc_shared.0.is_full() {
             return Err(Error::IpcSharesFull {
                 capacity: DEFAULT_IPC_SHARES,
@@ -180,6 +186,13 @@ where
         }
         e.freed = true;
         Some(Ok(()))
+    }
+
+    /// Whether live block `i` was freed by its owner and is held for the
+    /// consumers of its shares (no longer the owner's to use).
+    pub(super) fn is_held(&self, i: u32) -> bool {
+        let ptr = self.slot(i).addr;
+        self.ipc_shared.0.iter().any(|e| e.ptr == ptr && e.freed)
     }
 
     /// Put an entry in the table of shares as it is (for the checker's tests).

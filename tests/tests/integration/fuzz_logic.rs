@@ -71,7 +71,9 @@ fn fuzz_ops_logic() {
             && c.injected > 0
             && c.exhausted > 0
             && c.bad_frees > 0
-            && c.while_pending > 0,
+            && c.while_pending > 0
+            && c.shares > 0
+            && c.held_frees > 0,
         "{c:?}"
     );
 }

@@ -51,8 +51,18 @@ fn a_block_shared_by_a_is_opened_by_b_then_released() {
     a.free(x.id.unwrap()).unwrap();
     a.free(_first.id.unwrap()).unwrap();
     assert_eq!(a.ipc_shares(), (2, 2));
+    // Held memory is no longer the owner's: a second free, a use on a
+    // stream or another share is refused, as for freed memory.
     assert!(matches!(
         a.free(x.id.unwrap()),
+        Err(Error::NotAllocated { .. })
+    ));
+    assert!(matches!(
+        a.record_stream(x.id.unwrap(), 1),
+        Err(Error::NotAllocated { .. })
+    ));
+    assert!(matches!(
+        a.share_ipc_handle(x.ptr),
         Err(Error::NotAllocated { .. })
     ));
     a.empty_cache().unwrap();
