@@ -20,6 +20,13 @@
 //! than CUDA 10.2) makes `expandable_segments:True` an error value naming
 //! this backend.
 //!
+//! Sharing memory with other processes and between devices (`src/ipc.rs`):
+//! `cuIpcGetMemHandle`, `cuIpcOpenMemHandle_v2` (lazy peer access, as
+//! PyTorch opens handles), `cuIpcCloseMemHandle`, `cuCtxEnablePeerAccess`
+//! ("already enabled" is no error), `cuMemcpyAsync` and `cuMemcpyPeerAsync`.
+//! A peer device's primary context is retained at its first use and
+//! released when the backend is dropped.
+//!
 //! ```no_run
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
 //! use cachealloc_cuda::{CudaBackend, CudaStream};

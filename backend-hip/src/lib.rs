@@ -10,7 +10,11 @@
 //! GPU, `HipBackend::new` returns `HipError::NoDevice`. Expandable
 //! segments run on HIP's virtual-memory API (`hipMemAddressReserve`,
 //! `hipMemCreate`, `hipMemMap`, `hipMemSetAccess`, `hipMemUnmap`,
-//! `hipMemRelease`, `hipMemAddressFree`), one allocation per page.
+//! `hipMemRelease`, `hipMemAddressFree`), one allocation per page. IPC
+//! handles, peer access and copies: `hipIpcGetMemHandle`,
+//! `hipIpcOpenMemHandle`, `hipIpcCloseMemHandle`,
+//! `hipDeviceEnablePeerAccess` ("already enabled" is no error),
+//! `hipMemcpyAsync`, `hipMemcpyPeerAsync`.
 //!
 //! The FFI sits behind the cargo feature `rocm` (off by default), because
 //! building it needs the HIP headers and `libamdhip64`: on Debian
