@@ -1,6 +1,7 @@
 //! Sharing memory with other processes, peer access and device-to-device
 //! copies on the HIP runtime: `hipIpcGetMemHandle`, `hipIpcOpenMemHandle`
-//! (with `hipIpcMemLazyEnablePeerAccess`, which is 0 in HIP and 1 in CUDA),
+//! (with `hipIpcMemLazyEnablePeerAccess`: 0 in ROCm 5, 1 in ROCm 6, both
+//! tried),
 //! `hipIpcCloseMemHandle`, `hipDeviceEnablePeerAccess`, `hipMemcpyAsync`
 //! (device to device) and `hipMemcpyPeerAsync`. Each call runs with this
 //! backend's device current, as the others do.
@@ -11,6 +12,9 @@ use cachealloc_core::{DevicePtr, IpcMemHandle, PeerAccess, VmError};
 use hip_sys::hiprt as hip;
 
 type Vm<T> = Result<T, VmError<HipError>>;
+
+/// `hipIpcMemLazyEnablePeerAccess` in ROCm 6's `hip_runtime_api.h`.
+const ROCM6_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 
 /// A runtime result as an optional call's result, naming the call.
 fn opt(e: hip::hipError_t, call: &'static str) -> Vm<()> {
@@ -50,10 +54,23 @@ impl HipBackend {
             *c = *b as _;
         }
         let mut ptr: *mut core::ffi::c_void = core::ptr::null_mut();
-        // SAFETY: `ptr` is a valid out-pointer; the handle is passed by
-        // value and the runtime validates it.
-        let r =
-            unsafe { hip::hipIpcOpenMemHandle(&mut ptr, h, hip::hipIpcMemLazyEnablePeerAccess) };
+        // The runtime accepts only its own header's
+        // `hipIpcMemLazyEnablePeerAccess`: 0 in ROCm 5 (and these
+        // bindings), 1 in ROCm 6 (hipamd's `hipIpcOpenMemHandle` returns
+        // hipErrorInvalidValue for any other flags). Try the one, then the
+        // other.
+        let mut r = hip::hipError_t::hipErrorInvalidValue;
+        for flags in [
+            hip::hipIpcMemLazyEnablePeerAccess,
+            ROCM6_LAZY_ENABLE_PEER_ACCESS,
+        ] {
+            // SAFETY: `ptr` is a valid out-pointer; the handle is passed by
+            // value and the runtime validates it.
+            r = unsafe { hip::hipIpcOpenMemHandle(&mut ptr, h, flags) };
+            if r != hip::hipError_t::hipErrorInvalidValue {
+                break;
+            }
+        }
         opt(r, "hipIpcOpenMemHandle")?;
         Ok(DevicePtr(ptr as usize as u64))
     }

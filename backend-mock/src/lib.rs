@@ -136,8 +136,9 @@ pub struct MockDevice {
     /// Device-side waits (`stream_wait_event`): (the waiting stream, the
     /// stream the event was recorded on), in order.
     stream_waits: Vec<(u64, u64)>,
-    /// The machine it shares IPC handles on, if any.
-    machine: Option<MockMachine>,
+    /// The machine it shares IPC handles on, if any, and its member number
+    /// there.
+    machine: Option<(MockMachine, u32)>,
     /// Devices it may access (peer access enabled).
     peers: Vec<u32>,
     /// Copies queued.
@@ -295,7 +296,7 @@ impl MockDevice {
     /// Join `machine`: IPC handles of this device open on the machine's
     /// other devices, and theirs here.
     pub fn with_machine(mut self, machine: &MockMachine) -> Self {
-        self.machine = Some(machine.clone());
+        self.machine = Some((machine.clone(), machine.join()));
         self
     }
 
@@ -371,14 +372,14 @@ impl DeviceBackend for MockDevice {
     fn free(&mut self, ptr: DevicePtr, size: u64) -> Result<(), MockError> {
         self.call(CallKind::Free)?;
         self.memory.free(ptr, size)?;
-        if let Some(m) = &self.machine {
-            m.freed(self.ordinal, ptr.0);
+        if let Some((m, me)) = &self.machine {
+            m.freed(*me, ptr.0);
         }
         Ok(())
     }
 
     fn ipc_get_handle(&mut self, base: DevicePtr) -> Result<IpcMemHandle, VmError<MockError>> {
-        let Some(m) = &self.machine else {
+        let Some((m, me)) = &self.machine else {
             return Err(VmError::Unsupported);
         };
         if self.memory.segment_at(base.0).is_none() {
@@ -386,20 +387,20 @@ impl DeviceBackend for MockDevice {
                 what: "export of an address that is not the base of a held segment",
             }));
         }
-        Ok(m.export(self.ordinal, base.0))
+        Ok(m.export(*me, base.0))
     }
 
     fn ipc_open_handle(&mut self, h: &IpcMemHandle) -> Result<DevicePtr, VmError<MockError>> {
         match &self.machine {
             None => Err(VmError::Unsupported),
-            Some(m) => m.open(h).map_err(VmError::Other),
+            Some((m, me)) => m.open(*me, h).map_err(VmError::Other),
         }
     }
 
     fn ipc_close_handle(&mut self, base: DevicePtr) -> Result<(), VmError<MockError>> {
         match &self.machine {
             None => Err(VmError::Unsupported),
-            Some(m) => m.close(base).map_err(VmError::Other),
+            Some((m, me)) => m.close(*me, base).map_err(VmError::Other),
         }
     }
 

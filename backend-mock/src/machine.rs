@@ -3,6 +3,11 @@
 //! device open on another. One address space for the whole machine: an
 //! opened handle maps at the exporter's address (give the devices disjoint
 //! bases with [`MockDevice::with_base`](crate::MockDevice::with_base)).
+//!
+//! Like the drivers, it refuses an open by the device that exported the
+//! handle (a process cannot open its own handle), a second open by one
+//! device without a close in between ("already mapped"), a stale handle
+//! (the exporter freed the segment) and anything that is not its handle.
 
 use cachealloc_core::{DevicePtr, IpcMemHandle};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,17 +20,30 @@ const MAGIC: &[u8; 16] = b"cachealloc-mock\0";
 /// One exported segment.
 #[derive(Debug)]
 struct Export {
-    device: u32,
+    /// The exporting member.
+    member: u32,
     base: u64,
     /// Whether the exporter still holds the segment.
     live: bool,
-    /// Opens not yet closed, on any device.
-    opened: u32,
+}
+
+/// One open of an export by a member, not yet closed.
+#[derive(Debug)]
+struct Open {
+    member: u32,
+    export: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    exports: Vec<Export>,
+    opens: Vec<Open>,
+    members: u32,
 }
 
 /// A machine the devices that join it share (clone it to join).
 #[derive(Clone, Debug, Default)]
-pub struct MockMachine(Arc<Mutex<Vec<Export>>>);
+pub struct MockMachine(Arc<Mutex<State>>);
 
 impl MockMachine {
     /// A machine with nothing exported.
@@ -33,39 +51,46 @@ impl MockMachine {
         MockMachine::default()
     }
 
-    fn exports(&self) -> MutexGuard<'_, Vec<Export>> {
+    fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain data: keep using it.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The handle of segment `base` of `device` (the same one each time).
-    pub(crate) fn export(&self, device: u32, base: u64) -> IpcMemHandle {
-        let mut ex = self.exports();
-        let k = match ex
+    /// A new member (a device that joins): its number.
+    pub(crate) fn join(&self) -> u32 {
+        let mut st = self.state();
+        st.members += 1;
+        st.members
+    }
+
+    /// The handle of segment `base` of `member` (the same one each time).
+    pub(crate) fn export(&self, member: u32, base: u64) -> IpcMemHandle {
+        let mut st = self.state();
+        let k = match st
+            .exports
             .iter()
-            .position(|e| e.live && e.device == device && e.base == base)
+            .position(|e| e.live && e.member == member && e.base == base)
         {
             Some(k) => k,
             None => {
-                ex.push(Export {
-                    device,
+                st.exports.push(Export {
+                    member,
                     base,
                     live: true,
-                    opened: 0,
                 });
-                ex.len() - 1
+                st.exports.len() - 1
             }
         };
         let mut h = [0u8; 64];
         h[..16].copy_from_slice(MAGIC);
         h[16..24].copy_from_slice(&(k as u64).to_le_bytes());
         h[24..32].copy_from_slice(&base.to_le_bytes());
-        h[32..36].copy_from_slice(&device.to_le_bytes());
+        h[32..36].copy_from_slice(&member.to_le_bytes());
         IpcMemHandle(h)
     }
 
-    /// Open a handle: the exporter's address of the segment.
-    pub(crate) fn open(&self, h: &IpcMemHandle) -> Result<DevicePtr, MockError> {
+    /// Open a handle for `member`: the exporter's address of the segment.
+    pub(crate) fn open(&self, member: u32, h: &IpcMemHandle) -> Result<DevicePtr, MockError> {
         let bad = |what| Err(MockError::InvalidIpcHandle { what });
         if &h.0[..16] != MAGIC {
             return bad("not a handle of a mock device");
@@ -75,23 +100,35 @@ impl MockMachine {
         let k = u64::from_le_bytes(word) as usize;
         word.copy_from_slice(&h.0[24..32]);
         let base = u64::from_le_bytes(word);
-        let mut ex = self.exports();
-        match ex.get_mut(k) {
-            Some(e) if e.base == base && e.live => {
-                e.opened += 1;
+        let mut st = self.state();
+        match st.exports.get(k) {
+            Some(e) if e.base == base && e.member == member => {
+                bad("the exporting device cannot open its own handle")
+            }
+            Some(e) if e.base == base && !e.live => {
+                bad("the exporter freed the segment (stale handle)")
+            }
+            Some(e) if e.base == base => {
+                if st.opens.iter().any(|o| o.member == member && o.export == k) {
+                    return bad("already mapped here (open it once, close it once)");
+                }
+                st.opens.push(Open { member, export: k });
                 Ok(DevicePtr(base))
             }
-            Some(e) if e.base == base => bad("the exporter freed the segment (stale handle)"),
             _ => bad("no such export on this machine"),
         }
     }
 
-    /// Close one open of the segment at `base`.
-    pub(crate) fn close(&self, base: DevicePtr) -> Result<(), MockError> {
-        let mut ex = self.exports();
-        match ex.iter_mut().find(|e| e.base == base.0 && e.opened > 0) {
-            Some(e) => {
-                e.opened -= 1;
+    /// Close `member`'s open of the segment mapped at `base`.
+    pub(crate) fn close(&self, member: u32, base: DevicePtr) -> Result<(), MockError> {
+        let mut st = self.state();
+        let State { exports, opens, .. } = &mut *st;
+        match opens
+            .iter()
+            .position(|o| o.member == member && exports[o.export].base == base.0)
+        {
+            Some(i) => {
+                opens.swap_remove(i);
                 Ok(())
             }
             None => Err(MockError::InvalidIpcHandle {
@@ -101,9 +138,9 @@ impl MockMachine {
     }
 
     /// The exporter freed its segment at `base`: its handle goes stale.
-    pub(crate) fn freed(&self, device: u32, base: u64) {
-        for e in self.exports().iter_mut() {
-            if e.device == device && e.base == base {
+    pub(crate) fn freed(&self, member: u32, base: u64) {
+        for e in self.state().exports.iter_mut() {
+            if e.member == member && e.base == base {
                 e.live = false;
             }
         }
@@ -111,6 +148,6 @@ impl MockMachine {
 
     /// Opens not yet closed, over the whole machine (for leak checks).
     pub fn open_handles(&self) -> u32 {
-        self.exports().iter().map(|e| e.opened).sum()
+        self.state().opens.len() as u32
     }
 }

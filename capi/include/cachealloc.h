@@ -180,9 +180,11 @@ int cachealloc_enable_peer_access(int device, int peer);
 /**
  * Queue a copy of `count` bytes from `src` on `src_device` to `dst` on
  * `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`): a
- * plain copy when `p2p_enabled` is non-zero, within one device, or when
- * neither device holds an expandable segment; otherwise the driver's peer
- * copy. Returns 0, or -1.
+ * plain copy within one device, or when neither device holds an expandable
+ * segment; otherwise the driver's peer copy. `p2p_enabled` is PyTorch's
+ * parameter; PyTorch copies plainly when it is set because its peer access
+ * also covers expandable segments' pages, which cachealloc's does not, so
+ * here it changes nothing. Returns 0, or -1.
  */
 int cachealloc_memcpy_async(void *dst,
                             int dst_device,

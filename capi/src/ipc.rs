@@ -42,9 +42,10 @@ unsafe fn handle_at(
     if h.is_null() {
         return Err(format!("{what}: the handle pointer is NULL"));
     }
-    // SAFETY: non-null, so readable (see # Safety); plain bytes, any value
-    // is valid.
-    Ok(ShareableHandle::from(unsafe { &*h }))
+    // SAFETY: non-null, so readable (see # Safety), maybe unaligned (a
+    // network or file buffer); plain bytes, any value is valid.
+    let h = unsafe { h.read_unaligned() };
+    Ok(ShareableHandle::from(&h))
 }
 
 /// Fill `*out` with a handle another process can open to use the live
@@ -72,7 +73,7 @@ pub unsafe extern "C" fn cachealloc_share_ipc_handle(
         // SAFETY: `out` is non-null and points to a writable handle (see
         // # Safety).
         unsafe {
-            out.write(cachealloc_ipc_handle {
+            out.write_unaligned(cachealloc_ipc_handle {
                 handle: h.handle.0,
                 offset: h.offset,
             })
@@ -146,9 +147,11 @@ pub extern "C" fn cachealloc_enable_peer_access(device: c_int, peer: c_int) -> c
 
 /// Queue a copy of `count` bytes from `src` on `src_device` to `dst` on
 /// `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`): a
-/// plain copy when `p2p_enabled` is non-zero, within one device, or when
-/// neither device holds an expandable segment; otherwise the driver's peer
-/// copy. Returns 0, or -1.
+/// plain copy within one device, or when neither device holds an expandable
+/// segment; otherwise the driver's peer copy. `p2p_enabled` is PyTorch's
+/// parameter; PyTorch copies plainly when it is set because its peer access
+/// also covers expandable segments' pages, which cachealloc's does not, so
+/// here it changes nothing. Returns 0, or -1.
 #[no_mangle]
 pub extern "C" fn cachealloc_memcpy_async(
     dst: *mut c_void,
@@ -162,8 +165,8 @@ pub extern "C" fn cachealloc_memcpy_async(
     status("cachealloc_memcpy_async", || {
         let to = registry::device(dst_device)?;
         let from = registry::device(src_device)?;
-        let plain = p2p_enabled != 0
-            || src_device == dst_device
+        let _ = p2p_enabled; // see above
+        let plain = src_device == dst_device
             || !(to.has_expandable_segments() || from.has_expandable_segments());
         let peer = (!plain).then_some((dst_device as u32, src_device as u32));
         from.memcpy_async(

@@ -3,7 +3,7 @@
 //! `free` or `record_stream` by pointer to the device that owns it.
 
 use crate::allocation::{Allocation, MallocFlags};
-use crate::allocator::{DeviceAllocator, DEFAULT_POOLS};
+use crate::allocator::{DeviceAllocator, ShareableHandle, DEFAULT_POOLS};
 use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr, PeerAccess};
 use crate::error::Error;
@@ -115,6 +115,31 @@ where
     /// Whether `ptr` lies in a segment of this device.
     pub fn owns(&self, ptr: DevicePtr) -> bool {
         self.inner.lock().owns(ptr)
+    }
+
+    /// [`DeviceAllocator::share_ipc_handle`].
+    pub fn share_ipc_handle(&self, ptr: DevicePtr) -> Res<ShareableHandle, B> {
+        self.inner.lock().share_ipc_handle(ptr)
+    }
+
+    /// [`DeviceAllocator::release_ipc_share`].
+    pub fn release_ipc_share(&self, ptr: DevicePtr) -> Res<(), B> {
+        self.inner.lock().release_ipc_share(ptr)
+    }
+
+    /// [`DeviceAllocator::open_ipc_handle`].
+    pub fn open_ipc_handle(&self, handle: &ShareableHandle) -> Res<DevicePtr, B> {
+        self.inner.lock().open_ipc_handle(handle)
+    }
+
+    /// [`DeviceAllocator::close_ipc_handle`].
+    pub fn close_ipc_handle(&self, handle: &ShareableHandle) -> Res<(), B> {
+        self.inner.lock().close_ipc_handle(handle)
+    }
+
+    /// [`DeviceAllocator::enable_peer_access`].
+    pub fn enable_peer_access(&self, peer: u32) -> Res<PeerAccess, B> {
+        self.inner.lock().enable_peer_access(peer)
     }
 
     /// [`DeviceAllocator::check_invariants`].
@@ -268,21 +293,48 @@ where
         self.devices[d].record_stream_ptr(ptr, stream)
     }
 
+    /// A handle to share the live allocation at `ptr`, from whichever
+    /// device owns it ([`DeviceAllocator::share_ipc_handle`]).
+    pub fn share_ipc_handle(&self, ptr: DevicePtr) -> Res<ShareableHandle, B> {
+        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
+        self.devices[d].share_ipc_handle(ptr)
+    }
+
+    /// One consumer of a share of `ptr` is done, on whichever device owns
+    /// it ([`DeviceAllocator::release_ipc_share`]).
+    pub fn release_ipc_share(&self, ptr: DevicePtr) -> Res<(), B> {
+        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
+        self.devices[d].release_ipc_share(ptr)
+    }
+
+    /// Open a shared allocation on `device` (PyTorch's `getIpcDevPtr` on
+    /// the current device, plus the offset).
+    pub fn open_ipc_handle(&self, device: usize, handle: &ShareableHandle) -> Res<DevicePtr, B> {
+        self.get(device)?.open_ipc_handle(handle)
+    }
+
+    /// One user of a handle opened on `device` is done.
+    pub fn close_ipc_handle(&self, device: usize, handle: &ShareableHandle) -> Res<(), B> {
+        self.get(device)?.close_ipc_handle(handle)
+    }
+
     /// Let device `device` access the memory of `peer` (PyTorch's
     /// `enablePeerAccess(dev, dev_to_access)`: access already enabled is no
     /// error). Asking for a device's access to itself is the driver's error.
     pub fn enable_peer_access(&self, device: usize, peer: usize) -> Res<PeerAccess, B> {
         self.get(peer)?;
-        self.get(device)?
-            .with(|a| a.enable_peer_access(peer as u32))
+        self.get(device)?.enable_peer_access(peer as u32)
     }
 
     /// Queue a copy of `bytes` from `src` on `src_device` to `dst` on
     /// `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`):
-    /// a plain copy when `p2p_enabled`, within one device, or when neither
-    /// device holds an expandable segment (so both are the driver's plain
-    /// allocations); otherwise the driver's peer copy, which also moves
-    /// mapped pages.
+    /// a plain copy within one device, or when neither device holds an
+    /// expandable segment (so both are the driver's plain allocations);
+    /// otherwise the driver's peer copy, which also moves mapped pages.
+    /// PyTorch also copies plainly when `p2p_enabled`, because its
+    /// `enablePeerAccess` grants the peer access to every expandable
+    /// segment's pages (`addPeerAccess`); that grant is not built here, so
+    /// `p2p_enabled` changes nothing while an expandable segment exists.
     #[allow(clippy::too_many_arguments)]
     pub fn memcpy_async(
         &self,
@@ -296,8 +348,8 @@ where
     ) -> Res<(), B> {
         let to = self.get(dst_device)?;
         let from = self.get(src_device)?;
-        let plain = p2p_enabled
-            || src_device == dst_device
+        let _ = p2p_enabled; // see above
+        let plain = src_device == dst_device
             || !(to.with(|a| a.has_expandable_segments())
                 || from.with(|a| a.has_expandable_segments()));
         from.with(|a| {

@@ -163,6 +163,7 @@ type CountersFn = unsafe extern "C" fn(*mut StubCounters);
 type CurrentFn = unsafe extern "C" fn() -> i32;
 type PeerCapableFn = unsafe extern "C" fn(i32, i32, i32);
 type IpcSourceFn = unsafe extern "C" fn(u64, *mut u64, *mut u64) -> i32;
+type IpcFlagFn = unsafe extern "C" fn(u32);
 
 /// The stub's control functions, reached through the library this process
 /// loaded under the stub's soname.
@@ -251,6 +252,15 @@ impl Stub {
         if let Ok(f) = self.sym::<PeerCapableFn>("cachealloc_stub_set_peer_capable") {
             // SAFETY: matches `void cachealloc_stub_set_peer_capable(int, int, int)`.
             unsafe { f(dev, peer, i32::from(can)) }
+        }
+    }
+
+    /// HIP's stub: accept only `flag` in `hipIpcOpenMemHandle` (0 like
+    /// ROCm 5's runtime, the default; 1 like ROCm 6's). No-op for CUDA's.
+    pub fn set_ipc_open_flag(&self, flag: u32) {
+        if let Ok(f) = self.sym::<IpcFlagFn>("cachealloc_stub_set_ipc_open_flag") {
+            // SAFETY: matches `void cachealloc_stub_set_ipc_open_flag(unsigned)`.
+            unsafe { f(flag) }
         }
     }
 

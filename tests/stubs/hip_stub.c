@@ -239,9 +239,23 @@ STUB_EXPORT hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *handle, void *ptr) 
     return hip(stub_op_ipc_get("hipIpcGetMemHandle", handle ? handle->reserved : NULL, (uint64_t)(uintptr_t)ptr));
 }
 
+/* The flags hipIpcOpenMemHandle accepts: hipIpcMemLazyEnablePeerAccess,
+ * which ROCm 5's header (and hip-sys) define as 0 and ROCm 6's as 1; the
+ * runtime refuses any other value with hipErrorInvalidValue. */
+static unsigned stub_ipc_open_flag = 0;
+
+/* Act as the runtime of another ROCm: accept `flag` only. */
+STUB_EXPORT void cachealloc_stub_set_ipc_open_flag(unsigned flag) {
+    pthread_mutex_lock(&stub_lock);
+    stub_ipc_open_flag = flag;
+    pthread_mutex_unlock(&stub_lock);
+}
+
 STUB_EXPORT hipError_t hipIpcOpenMemHandle(void **ptr, hipIpcMemHandle_t handle, unsigned flags) {
-    /* hipIpcMemLazyEnablePeerAccess is 0 in HIP (1 in CUDA). */
-    if (flags != 0) return hipErrorInvalidValue;
+    pthread_mutex_lock(&stub_lock);
+    unsigned wanted = stub_ipc_open_flag;
+    pthread_mutex_unlock(&stub_lock);
+    if (flags != wanted) return hipErrorInvalidValue;
     uint64_t out = 0;
     stub_status s = stub_op_ipc_open("hipIpcOpenMemHandle", ptr ? &out : NULL, handle.reserved);
     if (s == ST_OK) *ptr = (void *)(uintptr_t)out;

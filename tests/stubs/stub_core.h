@@ -336,7 +336,7 @@ static int stub_free_locked(uint64_t addr) {
 static int stub_in_allocation(uint64_t addr, uint64_t n) {
     for (size_t i = 0; i < stub_nallocs; i++) {
         stub_alloc *a = &stub_allocs[i];
-        if (a->live && addr >= a->addr && addr - a->addr + n <= a->size) return 1;
+        if (a->live && addr >= a->addr && n <= a->size && addr - a->addr <= a->size - n) return 1;
     }
     return 0;
 }
@@ -810,6 +810,7 @@ static stub_status stub_op_ipc_open(const char *name, uint64_t *out, const unsig
     if (memcmp(h, STUB_IPC_MAGIC, 16) != 0) return stub_end(ST_BAD_HANDLE);
     uint64_t w[3];
     memcpy(w, h + 16, sizeof w);
+    if (w[2] == 0 || w[2] > STUB_DEVICE_SPAN) return stub_end(ST_BAD_HANDLE);
     if (w[0] == (uint64_t)getpid()) return stub_end(ST_INVALID_CONTEXT);
     char path[512];
     stub_ipc_marker(path, sizeof path, w[0], w[1]);
@@ -861,11 +862,12 @@ static int stub_accessible(uint64_t addr, uint64_t n) {
     if (stub_in_allocation(addr, n)) return 1;
     for (size_t i = 0; i < stub_nimports; i++) {
         stub_import *m = &stub_imports[i];
-        if (m->live && addr >= m->addr && addr - m->addr + n <= m->size) return 1;
+        if (m->live && addr >= m->addr && n <= m->size && addr - m->addr <= m->size - n) return 1;
     }
     uint64_t covered = 0;
     for (size_t i = 0; i < stub_nmappings; i++) {
         stub_mapping *m = &stub_mappings[i];
+        if (n > UINT64_MAX - addr) return 0;
         if (!m->live || m->addr + m->size <= addr || addr + n <= m->addr) continue;
         uint64_t lo = m->addr > addr ? m->addr : addr;
         uint64_t hi = m->addr + m->size < addr + n ? m->addr + m->size : addr + n;

@@ -259,6 +259,7 @@ where
         let (mut live, mut blocks_now, mut segs_now) = (0usize, 0i64, 0i64);
         let mut busy = None;
         let mut expandable = false;
+        let mut shared = None;
         self.for_pool_segments(owner, |h| {
             segs_now += 1;
             let mut i = h;
@@ -270,9 +271,20 @@ where
                     busy.get_or_insert(s.addr);
                 }
                 expandable |= s.has(Flags::EXPANDABLE);
+                if s.has(Flags::ALLOCATED) {
+                    if let Some(p) = self.shares_in(s.addr, s.end()) {
+                        shared.get_or_insert(p);
+                    }
+                }
                 i = s.next;
             }
         });
+        if let Some(p) = shared {
+            return refuse(
+                "a block of the pool is shared through IPC (release its shares first)",
+                DevicePtr(p),
+            );
+        }
         if expandable {
             return refuse("a pool with expandable segments cannot be restored", here);
         }

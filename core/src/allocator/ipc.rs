@@ -101,7 +101,9 @@ where
     /// A handle another process can open to use the live allocation that
     /// starts at `ptr` (PyTorch's `shareIpcHandle`). Freed, unknown and
     /// interior pointers are errors, as in PyTorch ("invalid device
-    /// pointer").
+    /// pointer"), and so is memory its owner freed while it was shared
+    /// (held for its consumers). A full table of shared allocations (or a
+    /// count at `u32::MAX`) is `IpcSharesFull`.
     pub fn share_ipc_handle(&mut self, ptr: DevicePtr) -> Res<ShareableHandle, B> {
         let i = self.live_slot(ptr)?;
         if self.slot(i).has(Flags::EXPANDABLE) {
@@ -125,6 +127,11 @@ where
             .backend
             .ipc_get_handle(DevicePtr(base))
             .map_err(optional_error::<B>(IPC))?;
+        if known.is_some_and(|k| self.ipc_shared.0[k].consumers == u32::MAX) {
+            return Err(Error::IpcSharesFull {
+                capacity: DEFAULT_IPC_SHARES,
+            });
+        }
         match known {
             Some(k) => self.ipc_shared.0[k].consumers += 1,
             // Not full: checked above.
@@ -233,8 +240,11 @@ where
             })
         };
         if let Some(e) = self.ipc_opened.0.iter_mut().find(|e| e.handle == h.handle) {
-            e.uses += 1;
-            return at(e.base);
+            let p = at(e.base)?;
+            e.uses = e.uses.checked_add(1).ok_or(Error::IpcTableFull {
+                capacity: DEFAULT_IPC_HANDLES,
+            })?;
+            return Ok(p);
         }
         if self.ipc_opened.0.is_full() {
             return Err(Error::IpcTableFull {
@@ -281,6 +291,29 @@ where
             .map_err(optional_error::<B>(IPC))?;
         self.ipc_opened.0.swap_remove(k);
         Ok(())
+    }
+
+    /// Close every handle opened here with the driver, whatever its use
+    /// count (teardown: `release_all`). One that fails stays, to retry.
+    pub(super) fn close_all_ipc_handles(&mut self) -> Res<(), B> {
+        while let Some(e) = self.ipc_opened.0.last() {
+            let base = e.base;
+            self.backend
+                .ipc_close_handle(base)
+                .map_err(optional_error::<B>(IPC))?;
+            self.ipc_opened.0.pop();
+        }
+        Ok(())
+    }
+
+    /// Whether an allocation in `[lo, hi)` is shared (a pool with one
+    /// cannot be restored from a checkpoint).
+    pub(super) fn shares_in(&self, lo: u64, hi: u64) -> Option<u64> {
+        self.ipc_shared
+            .0
+            .iter()
+            .find(|e| lo <= e.ptr && e.ptr < hi)
+            .map(|e| e.ptr)
     }
 
     /// Handles opened here and not yet closed by their last user.

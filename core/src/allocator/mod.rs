@@ -415,7 +415,8 @@ where
         self.callbacks.push(callback)
     }
 
-    /// Teardown: wait for every pending end-of-life event, return every
+    /// Teardown: close every IPC handle opened here (whatever its use
+    /// count), wait for every pending end-of-life event, return every
     /// cached segment to the device (and every expandable segment's
     /// reservation with no page mapped), and destroy the idle events. Live
     /// allocations stay (free them first to release everything); returns how
@@ -424,6 +425,7 @@ where
     /// to retry. (There is no `Drop` doing this: a drop cannot report a
     /// failure, and an allocator in a `static` is never dropped.)
     pub fn release_all(&mut self) -> Res<u32, B> {
+        self.close_all_ipc_handles()?;
         self.release_cached_blocks(self.capturing())?;
         self.release_empty_reservations()?;
         self.release_idle_events()?;

@@ -3,8 +3,8 @@
 //! for two processes.
 
 use cachealloc_core::{
-    BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error, MultiDeviceAllocator,
-    PeerAccess, ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
+    BlockSlot, CachingAllocator, Config, DeviceAllocator, DeviceBackend, DevicePtr, Error,
+    MultiDeviceAllocator, PeerAccess, ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
 };
 use cachealloc_mock::{MockCopy, MockDevice, MockError, MockMachine};
 
@@ -30,12 +30,20 @@ fn a_block_shared_by_a_is_opened_by_b_then_released() {
     let x = a.malloc(1 << 20, 0).unwrap(); // the same 2 MiB segment, at an offset
     let h = a.share_ipc_handle(x.ptr).unwrap();
     assert_eq!(h.offset, 4096);
+    // The exporter cannot open its own handle (the drivers refuse it too).
+    let e = a.open_ipc_handle(&h).unwrap_err();
+    assert!(e.to_string().contains("its own handle"), "{e}");
+    assert_eq!(a.open_ipc_handles(), 0);
     // B sees the same device range.
     let p = b.open_ipc_handle(&h).unwrap();
     assert_eq!(p, x.ptr);
     // Opening again: the same mapping, no second open with the driver.
     assert_eq!(b.open_ipc_handle(&h).unwrap(), x.ptr);
     assert_eq!((b.open_ipc_handles(), m.open_handles()), (1, 1));
+    // The driver itself refuses a second open in one process: the cache is
+    // what makes it work.
+    let e = b.backend_mut().ipc_open_handle(&h.handle).unwrap_err();
+    assert!(format!("{e:?}").contains("already mapped"), "{e:?}");
     // A handle of the segment's first block shares the segment's handle.
     let h0 = a.share_ipc_handle(_first.ptr).unwrap();
     assert_eq!((h0.handle, h0.offset), (h.handle, 0));
@@ -275,6 +283,15 @@ fn two_devices_of_a_multi_device_allocator() {
     let y = multi.malloc(1, 1 << 20, 0).unwrap();
     let (xp, yp) = (x.allocation.ptr, y.allocation.ptr);
     assert_eq!((multi.owner(xp), multi.owner(yp)), (Some(0), Some(1)));
+    // Shared by address from its device, opened on the other.
+    let h = multi.share_ipc_handle(xp).unwrap();
+    assert_eq!(multi.open_ipc_handle(1, &h).unwrap(), xp);
+    multi.close_ipc_handle(1, &h).unwrap();
+    multi.release_ipc_share(xp).unwrap();
+    assert!(matches!(
+        multi.share_ipc_handle(DevicePtr(7)),
+        Err(Error::UnknownPointer { .. })
+    ));
     // No expandable segment anywhere: a plain copy, queued on the source
     // device, with or without p2p.
     multi.memcpy_async(yp, 1, xp, 0, 4096, 5, false).unwrap();
@@ -302,10 +319,12 @@ fn two_devices_of_a_multi_device_allocator() {
         .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5, false)
         .unwrap();
     assert_eq!(copies!(multi, 0)[1].peer, Some((1, 0)));
+    // PyTorch copies plainly when p2p is enabled, since its peer access
+    // covers expandable pages; ours does not, so still the peer copy.
     multi
         .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5, true)
         .unwrap();
-    assert_eq!(copies!(multi, 0)[2].peer, None, "p2p enabled: a plain copy");
+    assert_eq!(copies!(multi, 0)[2].peer, Some((1, 0)));
     multi.memcpy_async(xp, 0, xp, 0, 16, 5, false).unwrap();
     assert_eq!(copies!(multi, 0)[3].peer, None, "one device: a plain copy");
     multi.free_ptr(xp).unwrap();
@@ -314,4 +333,63 @@ fn two_devices_of_a_multi_device_allocator() {
     // segments: this was UnknownPointer).
     multi.free_ptr(z.allocation.ptr).unwrap();
     multi.check_invariants().unwrap();
+}
+
+#[test]
+fn a_pool_with_a_shared_block_is_not_restored_from_a_checkpoint() {
+    use cachealloc_core::{CheckpointBlock, MempoolId, StreamFilter};
+    const POOL: MempoolId = MempoolId(1, 0);
+    let m = MockMachine::new();
+    let mut a = on(&m, 0, 1 << 40);
+    a.capture_begin(POOL, StreamFilter::stream(1)).unwrap();
+    let x = a.malloc(4096, 1).unwrap();
+    a.capture_end(POOL).unwrap();
+    let mut cp = vec![CheckpointBlock::EMPTY; a.checkpoint_len(POOL).unwrap()];
+    let cp = a.checkpoint_pool(POOL, &mut cp).unwrap().to_vec();
+    a.share_ipc_handle(x.ptr).unwrap();
+    a.free(x.id.unwrap()).unwrap(); // held
+    let (mut freed, mut allocated) = (vec![DevicePtr::NULL; 4], vec![x; 4]);
+    let e = a
+        .restore_pool(POOL, &cp, &mut freed, &mut allocated)
+        .unwrap_err();
+    assert!(e.to_string().contains("shared through IPC"), "{e}");
+    a.check_invariants().unwrap();
+    // Released (and so freed), the pool restores.
+    a.release_ipc_share(x.ptr).unwrap();
+    a.restore_pool(POOL, &cp, &mut freed, &mut allocated)
+        .unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_open_counts_no_use_and_release_all_closes_what_is_open() {
+    let m = MockMachine::new();
+    let mut a = on(&m, 0, 1 << 40);
+    let mut b = on(&m, 0, 2 << 40);
+    let x = a.malloc(4096, 0).unwrap();
+    let h = a.share_ipc_handle(x.ptr).unwrap();
+    b.open_ipc_handle(&h).unwrap();
+    // The same segment's handle with an offset past the address space.
+    let far = ShareableHandle {
+        offset: u64::MAX,
+        ..h
+    };
+    assert!(matches!(
+        b.open_ipc_handle(&far),
+        Err(Error::SizeOverflow { .. })
+    ));
+    b.close_ipc_handle(&h).unwrap();
+    assert_eq!(
+        (b.open_ipc_handles(), m.open_handles()),
+        (0, 0),
+        "the failed open counted no use"
+    );
+    // A first open that overflows closes its driver open again.
+    assert!(b.open_ipc_handle(&far).is_err());
+    assert_eq!(m.open_handles(), 0);
+    // Teardown closes what is still open, however often it was opened.
+    b.open_ipc_handle(&h).unwrap();
+    b.open_ipc_handle(&h).unwrap();
+    assert_eq!(b.release_all().unwrap(), 0);
+    assert_eq!((b.open_ipc_handles(), m.open_handles()), (0, 0));
 }
