@@ -147,6 +147,11 @@ pub enum Error<E> {
         /// The pointer.
         ptr: DevicePtr,
     },
+    /// An alignment that is zero or not a power of two.
+    BadAlignment {
+        /// The alignment asked for.
+        alignment: u64,
+    },
     /// A memory fraction outside `[0, 1]`.
     InvalidFraction,
     /// A device number beyond those of a `MultiDeviceAllocator`.
@@ -292,6 +297,9 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f,
                 "all {capacity} entries of the table of opened IPC handles are in use: close one first"
             ),
+            Error::BadAlignment { alignment } => {
+                write!(f, "alignment {alignment} is not a power of two (1, 2, 4, ... bytes)")
+            }
             Error::IpcNotOpen => write!(f, "close of an IPC handle that is not open here"),
             Error::IpcSharesFull { capacity } => write!(
                 f,

@@ -163,6 +163,16 @@ pub enum FuzzOp {
         /// Which pool.
         pool: u8,
     },
+    /// malloc at an alignment: `1 << (log2 % 23)` (up to 4 MiB), or a bad
+    /// one (0, or not a power of two) for `log2` of 250 and up.
+    AllocAligned {
+        /// Request.
+        size: Size,
+        /// The alignment's log2.
+        log2: u8,
+        /// Stream (mod 3).
+        stream: u8,
+    },
     /// `share_ipc_handle` of a live allocation (one more consumer).
     Share {
         /// Which live allocation.
@@ -466,6 +476,8 @@ pub struct Coverage {
     pub shares: u64,
     /// Frees held for a share, later freed by its release.
     pub held_frees: u64,
+    /// Allocations at an alignment above 512 bytes.
+    pub aligned: u64,
 }
 
 impl Coverage {
@@ -484,6 +496,7 @@ impl Coverage {
         self.pool_allocs += o.pool_allocs;
         self.shares += o.shares;
         self.held_frees += o.held_frees;
+        self.aligned += o.aligned;
     }
 }
 
@@ -649,7 +662,9 @@ fn step(
     cov: &mut Coverage,
 ) {
     match op {
-        FuzzOp::Alloc { size, stream } | FuzzOp::AllocNoRetry { size, stream } => {
+        FuzzOp::Alloc { size, stream }
+        | FuzzOp::AllocNoRetry { size, stream }
+        | FuzzOp::AllocAligned { size, stream, .. } => {
             let no_retry = matches!(op, FuzzOp::AllocNoRetry { .. });
             let bytes = size.bytes();
             let stream = stream as u64 % 3;
@@ -659,9 +674,28 @@ fn step(
                 MallocFlags::empty()
             };
             let syncs = a.stats().num_sync_all_streams;
-            match a.malloc_with(bytes, stream, flags) {
+            let align = match op {
+                FuzzOp::AllocAligned { log2: 250.., .. } => {
+                    [0, 3, 768, 3 << 20][bytes as usize % 4]
+                }
+                FuzzOp::AllocAligned { log2, .. } => 1u64 << (log2 % 23),
+                _ => 1,
+            };
+            let r = if matches!(op, FuzzOp::AllocAligned { .. }) {
+                a.malloc_aligned(bytes, align, stream, flags)
+            } else {
+                a.malloc_with(bytes, stream, flags)
+            };
+            match r {
+                Err(Error::BadAlignment { alignment }) => {
+                    assert!(!alignment.is_power_of_two() && alignment == align);
+                    cov.bad_frees += 1;
+                }
+                Err(Error::Unsupported { .. }) if align > 512 => {} // a no_split pool
                 Ok(x) if bytes == 0 => assert!(x.ptr.is_null() && x.id.is_none()),
                 Ok(x) => {
+                    assert_eq!(x.ptr.0 % align, 0, "{x:?} not aligned to {align}");
+                    cov.aligned += (align > 512) as u64;
                     if a.stats().num_sync_all_streams > syncs {
                         // The ladder waited for every event before this.
                         sh.synchronized_all();
@@ -681,7 +715,8 @@ fn step(
                     sh.check_reuse(&x, stream, m.stream_waits(), m.stream_synchronizations());
                     cov.allocs += 1;
                 }
-                Err(Error::TooLarge { .. }) => assert!(bytes >= 1 << 60),
+                Err(Error::TooLarge { .. }) => assert!(bytes >= 1 << 60 || align > 512),
+                Err(Error::SizeOverflow { .. }) if align > 512 => {}
                 Err(Error::OutOfMemory(r)) => {
                     cov.ooms += 1;
                     assert!(bytes < 1 << 60);

@@ -25,9 +25,15 @@ where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
     H: HistoryStorage,
 {
+    /// The ladder for `orig` bytes whose address is a multiple of `align`
+    /// (a power of two; at most [`policy::MIN_BLOCK_SIZE`] is every block,
+    /// PyTorch's path exactly). A larger alignment searches for a block
+    /// `align - 512` bytes larger than the rounded request and carves the
+    /// aligned part out of it (see `aligned.rs`).
     pub(super) fn malloc_impl(
         &mut self,
         orig: u64,
+        align: u64,
         stream: B::Stream,
         flags: MallocFlags,
     ) -> Res<Allocation, B> {
@@ -40,17 +46,32 @@ where
                 platform: B::PLATFORM,
             });
         }
-        self.reserve_slots()?;
+        let aligned = align > policy::MIN_BLOCK_SIZE;
+        if aligned {
+            self.reserve_aligned_slots()?;
+        } else {
+            self.reserve_slots()?;
+        }
         let capture = self.in_capture(stream);
         if !capture && (!self.events.is_empty() || self.deferred.len > 0) {
             self.process_events()?;
         }
-        let size = policy::round_size(orig, &self.config)
+        let rounded = policy::round_size(orig, &self.config)
             .ok_or(Error::SizeOverflow { requested: orig })?;
+        // The block to look for: with an alignment, room for the request at
+        // any 512-byte offset.
+        let size = if aligned {
+            self.aligned_search_size(orig, rounded, align)?
+        } else {
+            rounded
+        };
         let alloc_size =
             policy::allocation_size(size).ok_or(Error::SizeOverflow { requested: orig })?;
         let mut pool = policy::pool_for(size);
         let owner = self.route(stream);
+        if aligned {
+            self.check_aligned_pool(owner)?;
+        }
         let skey: u64 = stream.into();
 
         let mut found = self.get_free_block(owner, pool, skey, size);
@@ -81,6 +102,9 @@ where
             if found == NIL {
                 return Err(self.out_of_memory(orig, size, alloc_size, skey));
             }
+        }
+        if aligned {
+            return self.alloc_aligned_block(found, orig, rounded, pool, align);
         }
         Ok(self.alloc_found_block(found, orig, size, pool))
     }

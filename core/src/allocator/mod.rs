@@ -12,6 +12,7 @@ mod capture;
 mod checkpoint;
 mod compact;
 pub use checkpoint::{CheckpointBlock, RestoreCounts};
+mod aligned;
 mod construct;
 mod expandable;
 mod free;
@@ -36,6 +37,7 @@ use crate::error::Error;
 use crate::events::EventQueue;
 use crate::history::{History, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceTracker};
 use crate::live::LiveIndex;
+use crate::policy;
 use crate::pool::{Pool, Pools};
 use crate::private_pool::{block_pool, block_pool_mut, PoolTable, Route};
 use crate::segment_index::SegmentIndex;
@@ -232,7 +234,31 @@ where
         stream: B::Stream,
         flags: MallocFlags,
     ) -> Res<Allocation, B> {
-        self.malloc_impl(size, stream, flags)
+        self.malloc_impl(size, policy::MIN_BLOCK_SIZE, stream, flags)
+    }
+
+    /// [`malloc_with`](Self::malloc_with) at an address that is a multiple
+    /// of `alignment` (a power of two; TensorFlow's `AllocateRaw`). Every
+    /// block is 512-byte aligned, so up to 512 this is `malloc_with`
+    /// exactly. A larger alignment looks for a block `alignment - 512`
+    /// bytes larger than the rounded request (so possibly in the large
+    /// pool), cuts off its low end up to the aligned address as a free
+    /// block, and hands out the aligned rest (split as usual): the
+    /// allocation starts at the returned pointer, and frees, `base_allocation`
+    /// and `allocation_info` work as for any other. Zero or a non-power of
+    /// two is [`Error::BadAlignment`]; a pool that never splits refuses
+    /// alignments above 512.
+    pub fn malloc_aligned(
+        &mut self,
+        size: u64,
+        alignment: u64,
+        stream: B::Stream,
+        flags: MallocFlags,
+    ) -> Res<Allocation, B> {
+        if !alignment.is_power_of_two() {
+            return Err(Error::BadAlignment { alignment });
+        }
+        self.malloc_impl(size, alignment, stream, flags)
     }
 
     /// Free an allocation by its handle. If other streams used it

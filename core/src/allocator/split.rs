@@ -129,7 +129,7 @@ where
     /// `r` the rest (not yet cached). The rest keeps the block's last
     /// request: in PyTorch the remainder is the old block object, which a
     /// snapshot shows.
-    fn split_off_remainder(&mut self, i: u32, r: u32, size: u64, pool: Pool) {
+    pub(super) fn split_off_remainder(&mut self, i: u32, r: u32, size: u64, pool: Pool) {
         let (addr, stream, next, bsize, requested, owner, expandable) = {
             let s = self.slot(i);
             (

@@ -73,7 +73,8 @@ fn fuzz_ops_logic() {
             && c.bad_frees > 0
             && c.while_pending > 0
             && c.shares > 0
-            && c.held_frees > 0,
+            && c.held_frees > 0
+            && c.aligned > 0,
         "{c:?}"
     );
 }

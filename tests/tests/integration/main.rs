@@ -5,6 +5,7 @@
 //! (`no_heap` and `loom` are binaries of their own: a global allocator, and
 //! `cfg(loom)`.)
 
+mod aligned;
 mod backend_conformance;
 mod checkpoint;
 mod compact;
