@@ -86,6 +86,7 @@ mod snapshot;
 pub mod stats;
 mod sync;
 pub mod testing;
+pub mod tf_allocator;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{

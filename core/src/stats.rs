@@ -119,7 +119,7 @@ impl StatArray {
         }
     }
 
-    fn reset_peak(&mut self) {
+    pub(crate) fn reset_peak(&mut self) {
         for s in &mut self.0 {
             s.peak = s.current;
         }

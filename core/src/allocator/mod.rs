@@ -369,6 +369,13 @@ where
         self.stats.reset_peak();
     }
 
+    /// Set the peak of `allocated_bytes` (every pool) to its current value,
+    /// leaving every other statistic as it is (TensorFlow's `ClearStats`
+    /// resets `peak_bytes_in_use` only; PyTorch's reset resets every peak).
+    pub fn reset_peak_allocated_bytes(&mut self) {
+        self.stats.allocated_bytes.reset_peak();
+    }
+
     /// `reset_accumulated_memory_stats`.
     pub fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();

@@ -21,3 +21,4 @@ mod history;
 mod ipc;
 mod real_traces;
 mod snapshots;
+mod tf_allocator;
