@@ -220,6 +220,17 @@ int cachealloc_attach_oom_observer(cachealloc_oom_observer observer, void *user)
 void *cachealloc_alloc(size_t size, int device, void *stream);
 
 /**
+ * `cachealloc_alloc` at an address that is a multiple of `alignment` (a
+ * power of two; TensorFlow's `AllocateRaw(alignment, num_bytes)`). Up to
+ * 512 it is `cachealloc_alloc` exactly (every block is 512-byte aligned);
+ * a larger alignment cuts the allocation out of a block that much larger
+ * (the rest stays cached). Free it with `cachealloc_free` like any other.
+ * NULL on failure (a bad alignment, out of memory), with the reason in
+ * `cachealloc_last_error()`; 0 bytes is NULL with no error.
+ */
+void *cachealloc_alloc_aligned(size_t size, size_t alignment, int device, void *stream);
+
+/**
  * Free `ptr`, allocated on `device` by `cachealloc_alloc`. PyTorch's
  * pluggable `free`, with its four parameters: `size` and `stream` are
  * those of the allocation; the allocator knows both already and ignores

@@ -11,7 +11,7 @@ use crate::settings::{BackendKind, Settings};
 use crate::snapshot::add_device;
 use cachealloc_core::{
     BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-    MempoolId, ShareableHandle, StreamFilter, TraceActions, TraceEntry,
+    MallocFlags, MempoolId, ShareableHandle, StreamFilter, TraceActions, TraceEntry,
 };
 use cachealloc_trace::SnapshotDict;
 
@@ -32,6 +32,8 @@ type Alloc<B> = CachingAllocator<B, Box<[BlockSlot]>, EVENTS, Box<[TraceEntry]>,
 pub(crate) trait DeviceOps: Send + Sync {
     /// Allocate; the address (0 for zero bytes).
     fn malloc(&self, size: u64, stream: u64) -> Res<u64>;
+    /// Allocate at a multiple of `alignment` (a power of two).
+    fn malloc_aligned(&self, size: u64, alignment: u64, stream: u64) -> Res<u64>;
     /// Free the allocation starting at `ptr`.
     fn free(&self, ptr: u64) -> Res<()>;
     /// Whether `ptr` lies in one of this device's segments.
@@ -100,6 +102,18 @@ where
         self.with(|a| a.with_growing_storage(|a| a.malloc(size, B::Stream::from(stream)), twice))
             .map(|a| a.ptr.0)
             .map_err(|e| e.to_string())
+    }
+
+    fn malloc_aligned(&self, size: u64, alignment: u64, stream: u64) -> Res<u64> {
+        let stream = B::Stream::from(stream);
+        self.with(|a| {
+            a.with_growing_storage(
+                |a| a.malloc_aligned(size, alignment, stream, MallocFlags::empty()),
+                twice,
+            )
+        })
+        .map(|a| a.ptr.0)
+        .map_err(|e| e.to_string())
     }
 
     fn free(&self, ptr: u64) -> Res<()> {

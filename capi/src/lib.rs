@@ -61,10 +61,10 @@ pub use ipc::{
 };
 pub use observers::{cachealloc_attach_oom_observer, cachealloc_oom_observer};
 pub use pluggable::{
-    cachealloc_alloc, cachealloc_base_alloc, cachealloc_begin_allocate_to_pool,
-    cachealloc_end_allocate_to_pool, cachealloc_free, cachealloc_free_checked, cachealloc_init,
-    cachealloc_record_stream, cachealloc_release_pool, cachealloc_reset,
-    cachealloc_set_memory_fraction,
+    cachealloc_alloc, cachealloc_alloc_aligned, cachealloc_base_alloc,
+    cachealloc_begin_allocate_to_pool, cachealloc_end_allocate_to_pool, cachealloc_free,
+    cachealloc_free_checked, cachealloc_init, cachealloc_record_stream, cachealloc_release_pool,
+    cachealloc_reset, cachealloc_set_memory_fraction,
 };
 pub use snapshot::cachealloc_snapshot;
 pub use stats::{

@@ -35,6 +35,30 @@ pub extern "C" fn cachealloc_alloc(size: usize, device: c_int, stream: *mut c_vo
     })
 }
 
+/// `cachealloc_alloc` at an address that is a multiple of `alignment` (a
+/// power of two; TensorFlow's `AllocateRaw(alignment, num_bytes)`). Up to
+/// 512 it is `cachealloc_alloc` exactly (every block is 512-byte aligned);
+/// a larger alignment cuts the allocation out of a block that much larger
+/// (the rest stays cached). Free it with `cachealloc_free` like any other.
+/// NULL on failure (a bad alignment, out of memory), with the reason in
+/// `cachealloc_last_error()`; 0 bytes is NULL with no error.
+#[no_mangle]
+pub extern "C" fn cachealloc_alloc_aligned(
+    size: usize,
+    alignment: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    guard("cachealloc_alloc_aligned", std::ptr::null_mut(), || {
+        let ptr = registry::device(device)?.malloc_aligned(
+            size as u64,
+            alignment as u64,
+            stream_value(stream),
+        )?;
+        Ok(ptr as usize as *mut c_void)
+    })
+}
+
 /// The body of the frees.
 fn free(ptr: *mut c_void, device: c_int) -> Res<()> {
     if ptr.is_null() {

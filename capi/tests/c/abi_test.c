@@ -427,6 +427,22 @@ int main(int argc, char **argv) {
     CHECK(stat(0, "allocation.all.current") == allocated, "nothing changed");
     printf("ok bad frees\n");
 
+    /* Aligned allocations (TensorFlow's AllocateRaw(alignment, n)). */
+    void *al[4];
+    size_t alignments[4] = {64, 4096, 65536, 2 * MIB};
+    for (int k = 0; k < 4; k++) {
+        al[k] = cachealloc_alloc_aligned(1000 + 4096 * (size_t)k, alignments[k], 0, NULL);
+        CHECK(al[k] && ((uintptr_t)al[k] % alignments[k]) == 0 && no_error(),
+              "alloc_aligned(%zu) = %p", alignments[k], al[k]);
+    }
+    CHECK(cachealloc_alloc_aligned(1000, 3000, 0, NULL) == NULL &&
+              error_has("not a power of two"),
+          "alignment 3000");
+    CHECK(cachealloc_alloc_aligned(0, 4096, 0, NULL) == NULL && no_error(), "0 bytes");
+    for (int k = 0; k < 4; k++) free_fn(al[k], 0, 0, NULL);
+    CHECK(no_error() && stat(0, "allocation.all.current") == allocated, "aligned frees");
+    printf("ok aligned allocations\n");
+
     /* A forced internal error (a panic inside the library) comes back as
      * NULL or -1 with a message, and the library goes on working. */
     CHECK(cachealloc_debug_force_internal_error() == 0, "arm");
