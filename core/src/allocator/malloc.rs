@@ -25,12 +25,13 @@ where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
     H: HistoryStorage,
 {
-    /// The ladder for `orig` bytes whose address is a multiple of `align`
-    /// (a power of two; at most [`policy::MIN_BLOCK_SIZE`] is every block,
-    /// PyTorch's path exactly). A larger alignment searches for a block
-    /// `align - 512` bytes larger than the rounded request and carves the
-    /// aligned part out of it (see `aligned.rs`).
-    pub(super) fn malloc_impl(
+    /// The ladder for `orig` bytes. With `ALIGNED`, at a multiple of
+    /// `align` (a power of two above [`policy::MIN_BLOCK_SIZE`]): it
+    /// searches for a block `align - 512` bytes larger than the rounded
+    /// request and carves the aligned part out of it (see `aligned.rs`).
+    /// Without, `align` is ignored: PyTorch's path, compiled apart so that
+    /// it carries none of this.
+    pub(super) fn malloc_impl<const ALIGNED: bool>(
         &mut self,
         orig: u64,
         align: u64,
@@ -46,7 +47,7 @@ where
                 platform: B::PLATFORM,
             });
         }
-        let aligned = align > policy::MIN_BLOCK_SIZE;
+        let aligned = ALIGNED;
         if aligned {
             self.reserve_aligned_slots()?;
         } else {

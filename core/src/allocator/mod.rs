@@ -234,7 +234,7 @@ where
         stream: B::Stream,
         flags: MallocFlags,
     ) -> Res<Allocation, B> {
-        self.malloc_impl(size, policy::MIN_BLOCK_SIZE, stream, flags)
+        self.malloc_impl::<false>(size, policy::MIN_BLOCK_SIZE, stream, flags)
     }
 
     /// [`malloc_with`](Self::malloc_with) at an address that is a multiple
@@ -258,7 +258,10 @@ where
         if !alignment.is_power_of_two() {
             return Err(Error::BadAlignment { alignment });
         }
-        self.malloc_impl(size, alignment, stream, flags)
+        if alignment <= policy::MIN_BLOCK_SIZE {
+            return self.malloc_impl::<false>(size, alignment, stream, flags);
+        }
+        self.malloc_impl::<true>(size, alignment, stream, flags)
     }
 
     /// Free an allocation by its handle. If other streams used it
