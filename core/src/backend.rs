@@ -198,7 +198,12 @@ pub trait DeviceBackend {
     /// The backend's error.
     type Error: fmt::Debug + fmt::Display;
 
-    /// Allocate `size` bytes of device memory (one segment).
+    /// Allocate `size` bytes of device memory (one segment). The allocator
+    /// hands out blocks at multiples of 512 bytes from the segment's base,
+    /// so the base must be at least 512-byte aligned for those blocks (and
+    /// `malloc_aligned` up to 512) to be aligned: the drivers give segments
+    /// of 2 MiB and more at 2 MiB boundaries in practice (CUDA documents
+    /// 256 bytes).
     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<Self::Error>>;
     /// Return a segment obtained from [`malloc`](Self::malloc), whole.
     fn free(&mut self, ptr: DevicePtr, size: u64) -> Result<(), Self::Error>;
