@@ -25,6 +25,15 @@ STAT_CALLBACK = ctypes.CFUNCTYPE(None, c_char_p, c_int64, c_void_p)
 #: ``typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*)``
 OOM_OBSERVER = ctypes.CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_void_p)
 
+
+
+class IpcHandle(ctypes.Structure):
+    """``cachealloc_ipc_handle``: the driver's IPC handle of a segment and an
+    allocation's offset in it."""
+
+    _fields_ = [("handle", ctypes.c_uint8 * 64), ("offset", c_uint64)]
+
+
 #: name: (restype, argtypes), in the header's order.
 PROTOTYPES = {
     "cachealloc_version": (c_char_p, []),
@@ -33,7 +42,14 @@ PROTOTYPES = {
     "cachealloc_record_history": (c_int, [c_int, c_int, c_size_t]),
     "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),
     "cachealloc_attach_oom_observer": (c_int, [OOM_OBSERVER, c_void_p]),
+    "cachealloc_share_ipc_handle": (c_int, [c_void_p, POINTER(IpcHandle)]),
+    "cachealloc_release_ipc_share": (c_int, [c_void_p]),
+    "cachealloc_open_ipc_handle": (c_void_p, [POINTER(IpcHandle), c_int]),
+    "cachealloc_close_ipc_handle": (c_int, [POINTER(IpcHandle), c_int]),
+    "cachealloc_enable_peer_access": (c_int, [c_int, c_int]),
+    "cachealloc_memcpy_async": (c_int, [c_void_p, c_int, c_void_p, c_int, c_size_t, c_void_p, c_int]),
     "cachealloc_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+    "cachealloc_alloc_aligned": (c_void_p, [c_size_t, c_size_t, c_int, c_void_p]),
     "cachealloc_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
     "cachealloc_free_checked": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
     "cachealloc_init": (None, [c_int]),

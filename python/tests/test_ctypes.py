@@ -208,6 +208,37 @@ class PluggableAbi(unittest.TestCase):
         lib.cachealloc_free(p + 64, MiB, d, None)
         self.assertTrue(_lib.last_error())
 
+    def test_aligned_alloc(self):
+        lib = _lib.lib()
+        d = fresh_device()
+        for align in (64, 4096, 2 * MiB):
+            p = lib.cachealloc_alloc_aligned(1000, align, d, None)
+            self.assertTrue(p)
+            self.assertEqual(p % align, 0)
+            self.assertEqual(lib.cachealloc_free_checked(p, 1000, d, None), 0)
+        self.assertIsNone(lib.cachealloc_alloc_aligned(1000, 3000, d, None))
+        self.assertIn("not a power of two", _lib.last_error())
+
+    def test_ipc_share_open_close_between_two_devices(self):
+        lib = _lib.lib()
+        d0, d1 = fresh_device(), fresh_device()
+        x = lib.cachealloc_alloc(MiB, d0, None)
+        h = _lib.IpcHandle()
+        self.assertEqual(lib.cachealloc_share_ipc_handle(x, ctypes.byref(h)), 0)
+        p = lib.cachealloc_open_ipc_handle(ctypes.byref(h), d1)
+        self.assertEqual(p, x)  # the simulated machine maps at the exporter's address
+        self.assertEqual(lib.cachealloc_open_ipc_handle(ctypes.byref(h), d1), p)
+        self.assertEqual(lib.cachealloc_close_ipc_handle(ctypes.byref(h), d1), 0)
+        self.assertEqual(lib.cachealloc_close_ipc_handle(ctypes.byref(h), d1), 0)
+        self.assertEqual(lib.cachealloc_close_ipc_handle(ctypes.byref(h), d1), -1)
+        self.assertEqual(lib.cachealloc_enable_peer_access(d0, d1), 0)
+        self.assertEqual(lib.cachealloc_enable_peer_access(d0, d1), 0)
+        self.assertEqual(lib.cachealloc_memcpy_async(x, d0, x, d0, 16, None, 0), 0)
+        lib.cachealloc_free(x, MiB, d0, None)  # held until the share is released
+        self.assertEqual(cachealloc.memory_stats(d0)["allocation.all.current"], 1)
+        self.assertEqual(lib.cachealloc_release_ipc_share(x), 0)
+        self.assertEqual(cachealloc.memory_stats(d0)["allocation.all.current"], 0)
+
     def test_hooks_through_torch_prototypes(self):
         alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
         free = torch_style("cachealloc_free", _FREE_FN)
