@@ -92,9 +92,8 @@ pub enum MemoryType {
 /// `std::optional<int64_t>`), filled from PyTorch's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AllocatorStats {
-    /// `num_allocs`: allocations since creation or the last
-    /// [`clear_stats`](TfAllocator::clear_stats) (PyTorch's
-    /// `allocation.all.allocated`, counted from then).
+    /// `num_allocs`: allocations made through this facade since creation
+    /// or the last [`clear_stats`](TfAllocator::clear_stats).
     pub num_allocs: i64,
     /// `bytes_in_use`: bytes of the blocks handed out (rounded sizes, as
     /// BFC counts chunks; PyTorch's `allocated_bytes.all.current`).
@@ -146,11 +145,11 @@ impl fmt::Display for AllocatorStats {
     }
 }
 
-/// What the facade counts itself: where `num_allocs` restarts, and the
-/// largest block handed out since.
+/// What the facade counts itself since creation or `clear_stats`: its
+/// allocations, and the largest block it handed out.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counters {
-    allocs_base: i64,
+    num_allocs: u64,
     largest: u64,
 }
 
@@ -232,14 +231,17 @@ where
         } else {
             MallocFlags::NO_RETRY
         };
-        let x = self
-            .allocator
-            .with(|a| a.malloc_aligned(num_bytes, alignment, self.stream, flags))?;
-        if x.size > 0 {
-            let mut c = self.counters.lock();
-            c.largest = c.largest.max(x.size);
-        }
-        Ok(x.ptr)
+        // The counters change under the allocator's lock (always taken
+        // first), so a `clear_stats` sees each allocation wholly or not.
+        self.allocator.with(|a| {
+            let x = a.malloc_aligned(num_bytes, alignment, self.stream, flags)?;
+            if x.size > 0 {
+                let mut c = self.counters.lock();
+                c.num_allocs += 1;
+                c.largest = c.largest.max(x.size);
+            }
+            Ok(x.ptr)
+        })
     }
 
     /// `DeallocateRaw(ptr)`: free what `allocate_raw` returned (null is a
@@ -301,7 +303,7 @@ where
     /// `GetStats()`. Asks the device for its total memory when no memory
     /// limit is set (`bytes_limit`).
     pub fn get_stats(&self) -> Res<AllocatorStats, B> {
-        let (stats, cache, limit) = self.allocator.with(|a| {
+        let (stats, cache, limit, c) = self.allocator.with(|a| {
             let limit = match a.memory_limit() {
                 Some(l) => Ok(l),
                 None => a
@@ -310,17 +312,13 @@ where
                     .map(|m| m.total)
                     .map_err(Error::Backend),
             };
-            (*a.stats(), a.cache_info(), limit)
+            (*a.stats(), a.cache_info(), limit, *self.counters.lock())
         });
-        let c = *self.counters.lock();
         let all = |s: &crate::stats::StatArray| *s.all();
         let allocated = all(&stats.allocated_bytes);
         let reserved = all(&stats.reserved_bytes);
         Ok(AllocatorStats {
-            num_allocs: all(&stats.allocation)
-                .allocated
-                .saturating_sub(c.allocs_base)
-                .max(0),
+            num_allocs: c.num_allocs as i64,
             bytes_in_use: allocated.current,
             peak_bytes_in_use: allocated.peak,
             largest_alloc_size: c.largest as i64,
@@ -339,14 +337,10 @@ where
     /// `bytes_in_use`; nothing else changes (`peak_pool_bytes` neither).
     /// Returns true (supported).
     pub fn clear_stats(&self) -> bool {
-        let allocs = self.allocator.with(|a| {
+        self.allocator.with(|a| {
             a.reset_peak_allocated_bytes();
-            a.stats().allocation.all().allocated
+            *self.counters.lock() = Counters::default();
         });
-        *self.counters.lock() = Counters {
-            allocs_base: allocs,
-            largest: 0,
-        };
         true
     }
 

@@ -478,6 +478,8 @@ pub struct Coverage {
     pub held_frees: u64,
     /// Allocations at an alignment above 512 bytes.
     pub aligned: u64,
+    /// Requests refused for a bad alignment.
+    pub bad_alignments: u64,
 }
 
 impl Coverage {
@@ -497,6 +499,7 @@ impl Coverage {
         self.shares += o.shares;
         self.held_frees += o.held_frees;
         self.aligned += o.aligned;
+        self.bad_alignments += o.bad_alignments;
     }
 }
 
@@ -689,9 +692,12 @@ fn step(
             match r {
                 Err(Error::BadAlignment { alignment }) => {
                     assert!(!alignment.is_power_of_two() && alignment == align);
-                    cov.bad_frees += 1;
+                    cov.bad_alignments += 1;
                 }
-                Err(Error::Unsupported { .. }) if align > 512 => {} // a no_split pool
+                // A request routed to a no_split pool.
+                Err(Error::Unsupported { what, .. }) if align > 512 => {
+                    assert!(what.contains("never splits"), "{what}");
+                }
                 Ok(x) if bytes == 0 => assert!(x.ptr.is_null() && x.id.is_none()),
                 Ok(x) => {
                     assert_eq!(x.ptr.0 % align, 0, "{x:?} not aligned to {align}");

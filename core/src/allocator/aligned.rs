@@ -8,6 +8,12 @@
 //! in the cache and merges back when the allocation is freed), and the
 //! aligned rest is carved as usual. The allocation is an ordinary block
 //! that starts at the aligned address: nothing else needs to know.
+//!
+//! The padded size is what the request is for the policy: it picks the
+//! pool, the oversize rules (a request below `max_split_size` whose padded
+//! size is not takes oversize blocks; their rest is then not split off, but
+//! their low end still is), the new segment's size, and the "rounded" size
+//! of an out-of-memory report.
 
 use super::{DeviceAllocator, Res};
 use crate::allocation::Allocation;
@@ -99,7 +105,10 @@ where
             }
         };
         let (bsize, owner) = (self.slot(i).size, self.slot(i).owner);
+        // An oversize block (the padded search may take one for a request
+        // below max_split_size) keeps its rest, as PyTorch never splits one.
         let split = policy::should_split(pool, bsize, size, &self.config)
+            && bsize < self.config.max_split_size
             && !(owner != 0 && self.private.get(owner).is_some_and(|p| p.options.no_split));
         Ok(self.carve(i, orig, size, pool, split))
     }

@@ -77,7 +77,11 @@ where
 
         let mut found = self.get_free_block(owner, pool, skey, size);
         if found == NIL && !self.callbacks.is_empty() && self.trigger_free_memory_callbacks() {
-            self.reserve_slots()?;
+            if aligned {
+                self.reserve_aligned_slots()?;
+            } else {
+                self.reserve_slots()?;
+            }
             found = self.get_free_block(owner, pool, skey, size);
         }
         if found == NIL && self.config.compact() {
@@ -89,7 +93,7 @@ where
             }
             found = self.alloc_block(owner, pool, skey, size, alloc_size, false)?;
             if found == NIL && owner == 0 {
-                found = self.use_on_oom_fallback(pool, skey, size);
+                found = self.use_on_oom_fallback(pool, skey, size, aligned);
             }
             if found == NIL && !flags.contains(MallocFlags::NO_RETRY) {
                 if self.release_available_cached_blocks(owner, pool, skey, size)? {
@@ -111,15 +115,15 @@ where
     }
 
     /// PyTorch's `try_mempool_fallback`: a free block (never a new segment)
-    /// of a `use_on_oom` pool, in table order; `NIL` if none fits.
-    fn use_on_oom_fallback(&mut self, pool: Pool, skey: u64, size: u64) -> u32 {
+    /// of a `use_on_oom` pool, in table order; `NIL` if none fits. An
+    /// `aligned` request skips pools that never split (it would cut the
+    /// block).
+    fn use_on_oom_fallback(&mut self, pool: Pool, skey: u64, size: u64, aligned: bool) -> u32 {
         let mut owner = 1u8;
         while (owner as usize) <= self.private.capacity() {
-            if self
-                .private
-                .get(owner)
-                .is_some_and(|p| p.options.use_on_oom && p.use_count > 0)
-            {
+            if self.private.get(owner).is_some_and(|p| {
+                p.options.use_on_oom && p.use_count > 0 && !(aligned && p.options.no_split)
+            }) {
                 let b = self.get_free_block(owner, pool, skey, size);
                 if b != NIL {
                     return b;
@@ -272,6 +276,18 @@ where
                 ),
                 ptr,
             });
+        }
+        if ptr.0 % policy::MIN_BLOCK_SIZE != 0 {
+            let what = pick(
+                "malloc returned an address that is not 512-byte aligned",
+                "an address-space reservation is not 512-byte aligned",
+            );
+            if reserved {
+                let _ = self.backend.release_address_space(ptr, size);
+            } else {
+                let _ = self.backend.free(ptr, size);
+            }
+            return Err(Error::BackendContract { what, ptr });
         }
         let slots = self.arena.slots();
         let below = self.segments.floor(slots, ptr.0);

@@ -247,7 +247,9 @@ where
     /// allocation starts at the returned pointer, and frees, `base_allocation`
     /// and `allocation_info` work as for any other. Zero or a non-power of
     /// two is [`Error::BadAlignment`]; a pool that never splits refuses
-    /// alignments above 512.
+    /// alignments above 512. Above 512 the padded size is the request for
+    /// the policy (pool, oversize rules, new segment size, the rounded
+    /// size of an out-of-memory report).
     pub fn malloc_aligned(
         &mut self,
         size: u64,

@@ -259,3 +259,74 @@ fn private_pools_and_no_retry() {
     b.check_invariants().unwrap();
     let _ = DevicePtr::NULL;
 }
+
+#[test]
+fn an_aligned_request_does_not_cut_a_block_of_a_pool_that_never_splits() {
+    const RIGID: MempoolId = MempoolId(3, 0);
+    let mut a = DeviceAllocator::new(
+        MockDevice::new(Some(20 * MIB)),
+        vec![BlockSlot::VACANT; 64],
+        Config::DEFAULT,
+    );
+    a.create_pool(RIGID, PoolOptions::NONE.use_on_oom().no_split())
+        .unwrap();
+    a.begin_allocate_to_pool(RIGID, StreamFilter::stream(1))
+        .unwrap();
+    let x = a.malloc(3 * MIB, 1).unwrap(); // the device's whole 20 MiB
+    a.end_allocate_to_pool(RIGID).unwrap();
+    a.free(x.id.unwrap()).unwrap(); // cached in the pool, whole
+                                    // A default-pool request may fall back to it (use_on_oom) ...
+    let y = a.malloc(5 * MIB, 1).unwrap();
+    assert_eq!(a.allocation_info(y.id.unwrap()).unwrap().pool, RIGID);
+    a.free(y.id.unwrap()).unwrap();
+    // ... but an aligned one would cut it: it skips the pool.
+    let e = a
+        .malloc_aligned(5 * MIB, 4 * MIB, 1, MallocFlags::NO_RETRY)
+        .unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let seg = a.segments().find(|s| s.pool_id == RIGID).unwrap();
+    assert_eq!(seg.block_count, 1, "the pool's segment is still whole");
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn an_oversize_block_keeps_its_rest() {
+    // 22 MiB is below max_split_size (24 MiB); padded for 4 MiB it is not.
+    let mut a = allocator("max_split_size_mb:24");
+    let x = a
+        .malloc_aligned(22 * MIB, 4 * MIB, 0, MallocFlags::empty())
+        .unwrap();
+    assert_eq!(x.ptr.0 % (4 * MIB), 0);
+    let seg = a.segments().next().unwrap();
+    let end = seg.address.0 + seg.total_size;
+    assert_eq!(
+        x.ptr.0 + x.size,
+        end,
+        "no remainder split off the oversize block"
+    );
+    assert_eq!(a.stats().oversize_allocations.current, 1);
+    a.free(x.id.unwrap()).unwrap();
+    assert_eq!(
+        a.segments().next().unwrap().block_count,
+        1,
+        "merged back whole"
+    );
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_segment_base_that_is_not_512_aligned_is_a_contract_error() {
+    use cachealloc_core::testing::TinyBackend;
+    let mut a = DeviceAllocator::new(
+        TinyBackend {
+            next: (1 << 40) + 256, // what CUDA documents: 256-byte alignment
+            ..TinyBackend::default()
+        },
+        [BlockSlot::VACANT; 16],
+        Config::DEFAULT,
+    );
+    let e = a.malloc(4096, 0).unwrap_err();
+    assert!(e.to_string().contains("not 512-byte aligned"), "{e}");
+    assert_eq!(a.backend().held, 0, "the segment was handed back");
+    a.check_invariants().unwrap();
+}

@@ -74,7 +74,8 @@ fn fuzz_ops_logic() {
             && c.while_pending > 0
             && c.shares > 0
             && c.held_frees > 0
-            && c.aligned > 0,
+            && c.aligned > 0
+            && c.bad_alignments > 0,
         "{c:?}"
     );
 }
