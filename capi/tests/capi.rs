@@ -287,6 +287,26 @@ fn build_abi_test(dir: &Path) -> PathBuf {
     exe
 }
 
+/// `tests/c/ipc_test.c`, built in `dir`.
+fn build_ipc_test(dir: &Path) -> PathBuf {
+    let exe = dir.join("ipc_test");
+    compile(&manifest_dir().join("tests/c/ipc_test.c"), &exe, false);
+    exe
+}
+
+/// `LD_LIBRARY_PATH` with the stub `libcuda.so.1` first (`None`: the stubs
+/// are built on Linux only).
+fn cuda_stub_path() -> Option<std::ffi::OsString> {
+    let mut path = cachealloc_tests::stub::StubKind::Cuda
+        .dir()?
+        .into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    Some(path)
+}
+
 /// Check the output of abi_test: its statistics against the allocator's.
 fn check_abi_output(out: &Output, side_stream: u64) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -360,17 +380,12 @@ fn c_abi_on_the_simulated_device() {
 
 #[test]
 fn c_abi_on_the_cuda_stub() {
-    let Some(stub) = cachealloc_tests::stub::StubKind::Cuda.dir() else {
+    let Some(path) = cuda_stub_path() else {
         println!("the stub drivers are built on Linux only: skipped");
         return;
     };
     let dir = scratch("cuda");
     let exe = build_abi_test(&dir);
-    let mut path = stub.into_os_string();
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
     let out = run(
         program(&exe, "cuda")
             .env("LD_LIBRARY_PATH", path)
@@ -542,8 +557,7 @@ fn readme_example() {
 #[test]
 fn ipc_on_the_simulated_device() {
     let dir = scratch("ipc-mock");
-    let exe = dir.join("ipc_test");
-    compile(&manifest_dir().join("tests/c/ipc_test.c"), &exe, false);
+    let exe = build_ipc_test(&dir);
     let out = run(
         program(&exe, "mock").arg("mock"),
         "ipc_test on the simulated device",
@@ -555,18 +569,12 @@ fn ipc_on_the_simulated_device() {
 
 #[test]
 fn ipc_between_two_processes_on_the_cuda_stub() {
-    let Some(stub) = cachealloc_tests::stub::StubKind::Cuda.dir() else {
+    let Some(path) = cuda_stub_path() else {
         println!("the stub drivers are built on Linux only: skipped");
         return;
     };
     let dir = scratch("ipc-cuda");
-    let exe = dir.join("ipc_test");
-    compile(&manifest_dir().join("tests/c/ipc_test.c"), &exe, false);
-    let mut path = stub.into_os_string();
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
+    let exe = build_ipc_test(&dir);
     let out = run(
         program(&exe, "cuda")
             .env("LD_LIBRARY_PATH", path)

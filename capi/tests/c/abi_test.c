@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include "cachealloc.h"
+#include "check.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -57,29 +58,6 @@ static const ReleasePoolFnType release_fn = cachealloc_release_pool;
 static int cuda_mode;
 static cudaStream_t side_stream; /* the second stream of the sequence */
 
-#define FAIL(...)                                                                  \
-    do {                                                                           \
-        fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                       \
-        fprintf(stderr, __VA_ARGS__);                                              \
-        fprintf(stderr, " (last error: %s)\n", last_error());                      \
-        exit(1);                                                                   \
-    } while (0)
-#define CHECK(cond, ...)                                                           \
-    do {                                                                           \
-        if (!(cond)) FAIL(__VA_ARGS__);                                            \
-    } while (0)
-
-static const char *last_error(void) {
-    const char *e = cachealloc_last_error();
-    return e ? e : "(none)";
-}
-
-static int no_error(void) { return cachealloc_last_error() == NULL; }
-
-static int error_has(const char *text) {
-    const char *e = cachealloc_last_error();
-    return e && strstr(e, text);
-}
 
 /* ------------------------------------------------------------ statistics */
 
@@ -129,12 +107,6 @@ static void on_oom(int device, size_t alloc_size, size_t device_total, size_t de
 static oom_seen ooms;
 
 /* ------------------------------------------------------- the stub driver */
-
-typedef struct {
-    uint64_t live_allocations, live_bytes, live_events, live_streams, retained_contexts,
-        bad_handles, calls, injected, live_reservations, live_physical, live_mappings,
-        live_imports;
-} stub_counters;
 
 static void *stub_symbol(const char *name) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);

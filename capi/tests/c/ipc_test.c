@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "cachealloc.h"
+#include "check.h"
 
 #include <dlfcn.h>
 #include <stdint.h>
@@ -24,34 +25,6 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#define FAIL(...)                                                                  \
-    do {                                                                           \
-        fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                       \
-        fprintf(stderr, __VA_ARGS__);                                              \
-        fprintf(stderr, " (last error: %s)\n", last_error());                      \
-        exit(1);                                                                   \
-    } while (0)
-#define CHECK(cond, ...)                                                           \
-    do {                                                                           \
-        if (!(cond)) FAIL(__VA_ARGS__);                                            \
-    } while (0)
-
-static const char *last_error(void) {
-    const char *e = cachealloc_last_error();
-    return e ? e : "(none)";
-}
-
-static int error_has(const char *text) {
-    const char *e = cachealloc_last_error();
-    return e && strstr(e, text);
-}
-
-/* The stub driver's counters (tests/stubs/stub_core.h, field for field). */
-typedef struct {
-    uint64_t live_allocations, live_bytes, live_events, live_streams, retained_contexts,
-        bad_handles, calls, injected, live_reservations, live_physical, live_mappings,
-        live_imports;
-} stub_counters;
 
 static stub_counters counters(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
