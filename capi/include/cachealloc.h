@@ -184,7 +184,7 @@ int cachealloc_enable_peer_access(int device, int peer);
  * segment; otherwise the driver's peer copy. `p2p_enabled` is PyTorch's
  * parameter; PyTorch copies plainly when it is set because its peer access
  * also covers expandable segments' pages, which cachealloc's does not, so
- * here it changes nothing. Returns 0, or -1.
+ * here it changes nothing (`needs_peer_copy` in the core). Returns 0, or -1.
  */
 int cachealloc_memcpy_async(void *dst,
                             int dst_device,

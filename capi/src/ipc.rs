@@ -5,7 +5,7 @@
 
 use crate::error::{guard, status};
 use crate::registry;
-use cachealloc_core::{IpcMemHandle, ShareableHandle};
+use cachealloc_core::{needs_peer_copy, IpcMemHandle, ShareableHandle};
 use std::ffi::{c_int, c_void};
 
 /// A handle to share an allocation with another process: the driver's IPC
@@ -151,7 +151,7 @@ pub extern "C" fn cachealloc_enable_peer_access(device: c_int, peer: c_int) -> c
 /// segment; otherwise the driver's peer copy. `p2p_enabled` is PyTorch's
 /// parameter; PyTorch copies plainly when it is set because its peer access
 /// also covers expandable segments' pages, which cachealloc's does not, so
-/// here it changes nothing. Returns 0, or -1.
+/// here it changes nothing (`needs_peer_copy` in the core). Returns 0, or -1.
 #[no_mangle]
 pub extern "C" fn cachealloc_memcpy_async(
     dst: *mut c_void,
@@ -165,10 +165,10 @@ pub extern "C" fn cachealloc_memcpy_async(
     status("cachealloc_memcpy_async", || {
         let to = registry::device(dst_device)?;
         let from = registry::device(src_device)?;
-        let _ = p2p_enabled; // see above
-        let plain = src_device == dst_device
-            || !(to.has_expandable_segments() || from.has_expandable_segments());
-        let peer = (!plain).then_some((dst_device as u32, src_device as u32));
+        let expandable = to.has_expandable_segments() || from.has_expandable_segments();
+        let (dd, sd) = (dst_device as usize, src_device as usize);
+        let peer = needs_peer_copy(sd, dd, expandable, p2p_enabled != 0)
+            .then_some((dst_device as u32, src_device as u32));
         from.memcpy_async(
             dst as usize as u64,
             src as usize as u64,

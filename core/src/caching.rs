@@ -3,7 +3,7 @@
 //! `free` or `record_stream` by pointer to the device that owns it.
 
 use crate::allocation::{Allocation, MallocFlags};
-use crate::allocator::{DeviceAllocator, ShareableHandle, DEFAULT_POOLS};
+use crate::allocator::{needs_peer_copy, DeviceAllocator, ShareableHandle, DEFAULT_POOLS};
 use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr, PeerAccess};
 use crate::error::Error;
@@ -328,13 +328,8 @@ where
 
     /// Queue a copy of `bytes` from `src` on `src_device` to `dst` on
     /// `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`):
-    /// a plain copy within one device, or when neither device holds an
-    /// expandable segment (so both are the driver's plain allocations);
-    /// otherwise the driver's peer copy, which also moves mapped pages.
-    /// PyTorch also copies plainly when `p2p_enabled`, because its
-    /// `enablePeerAccess` grants the peer access to every expandable
-    /// segment's pages (`addPeerAccess`); that grant is not built here, so
-    /// `p2p_enabled` changes nothing while an expandable segment exists.
+    /// plain, or through the driver's peer copy as [`needs_peer_copy`]
+    /// decides.
     #[allow(clippy::too_many_arguments)]
     pub fn memcpy_async(
         &self,
@@ -348,12 +343,10 @@ where
     ) -> Res<(), B> {
         let to = self.get(dst_device)?;
         let from = self.get(src_device)?;
-        let _ = p2p_enabled; // see above
-        let plain = src_device == dst_device
-            || !(to.with(|a| a.has_expandable_segments())
-                || from.with(|a| a.has_expandable_segments()));
+        let expandable =
+            to.with(|a| a.has_expandable_segments()) || from.with(|a| a.has_expandable_segments());
         from.with(|a| {
-            if plain {
+            if !needs_peer_copy(src_device, dst_device, expandable, p2p_enabled) {
                 a.memcpy_async(dst, src, bytes, stream)
             } else {
                 a.memcpy_peer_async(

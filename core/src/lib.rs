@@ -90,8 +90,9 @@ pub mod tf_allocator;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
-    CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback, RestoreCounts,
-    ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES, DEFAULT_POOLS,
+    needs_peer_copy, CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback,
+    RestoreCounts, ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
+    DEFAULT_POOLS,
 };
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{

@@ -9,27 +9,15 @@
 //! file (see `stubs/stub_core.h`).
 
 use crate::gpu::GpuApi;
-use crate::harness::Logged;
 use crate::stub::{self, Stub};
-use crate::stub_suite::assert_clean;
+use crate::stub_suite::{allocator_on, assert_clean};
 use cachealloc_core::{
-    BlockSlot, Config, DeviceAllocator, DeviceBackend, DevicePtr, Error, IpcMemHandle, PeerAccess,
-    ShareableHandle, VmError,
+    DeviceBackend, DevicePtr, Error, IpcMemHandle, PeerAccess, ShareableHandle, VmError,
 };
 
 /// The unknown-error code of both drivers (`CUDA_ERROR_UNKNOWN`,
 /// `hipErrorUnknown`), for injected failures.
 const UNKNOWN: i32 = 999;
-
-type Alloc<G> = DeviceAllocator<Logged<<G as GpuApi>::B>, Vec<BlockSlot>, 64>;
-
-fn allocator_on<G: GpuApi>(ordinal: u32) -> Alloc<G> {
-    DeviceAllocator::with_events(
-        Logged::new(G::open(ordinal).expect("open the device")),
-        vec![BlockSlot::VACANT; 256],
-        Config::DEFAULT,
-    )
-}
 
 /// The environment variable naming the file with the shared handle; the
 /// consumer test does nothing without it.

@@ -55,14 +55,19 @@ pub fn conformance<G: GpuApi>(stub: &Stub, data: &Path) -> StubCounters {
     c
 }
 
-type Alloc<G> = DeviceAllocator<Logged<<G as GpuApi>::B>, Vec<BlockSlot>, 64>;
+pub(crate) type Alloc<G> = DeviceAllocator<Logged<<G as GpuApi>::B>, Vec<BlockSlot>, 64>;
 
-fn allocator<G: GpuApi>() -> Alloc<G> {
+/// An allocator on device `ordinal`, with the default settings.
+pub(crate) fn allocator_on<G: GpuApi>(ordinal: u32) -> Alloc<G> {
     DeviceAllocator::with_events(
-        Logged::new(G::open(0).expect("open device 0")),
+        Logged::new(G::open(ordinal).expect("open the device")),
         vec![BlockSlot::VACANT; 256],
         Config::DEFAULT,
     )
+}
+
+fn allocator<G: GpuApi>() -> Alloc<G> {
+    allocator_on::<G>(0)
 }
 
 /// A backend opened on one thread and moved to another, where no device is

@@ -104,12 +104,10 @@ where
                 }
             }
         };
-        let (bsize, owner) = (self.slot(i).size, self.slot(i).owner);
         // An oversize block (the padded search may take one for a request
         // below max_split_size) keeps its rest, as PyTorch never splits one.
-        let split = policy::should_split(pool, bsize, size, &self.config)
-            && bsize < self.config.max_split_size
-            && !(owner != 0 && self.private.get(owner).is_some_and(|p| p.options.no_split));
+        let split =
+            self.wants_split(i, size, pool) && self.slot(i).size < self.config.max_split_size;
         Ok(self.carve(i, orig, size, pool, split))
     }
 

@@ -366,6 +366,24 @@ where
     }
 }
 
+/// PyTorch's `memcpyAsync` choice as built here: whether a copy from
+/// `src_device` to `dst_device` goes through the driver's peer copy, which
+/// also moves mapped pages (`expandable`: either device holds an
+/// expandable segment), or is a plain copy (within one device, or between
+/// plain driver allocations). PyTorch also copies plainly when
+/// `p2p_enabled`, because its `enablePeerAccess` grants the peer access to
+/// every expandable segment's pages (`addPeerAccess`); that grant is not
+/// built here, so `p2p_enabled` changes nothing.
+pub fn needs_peer_copy(
+    src_device: usize,
+    dst_device: usize,
+    expandable: bool,
+    p2p_enabled: bool,
+) -> bool {
+    let _ = p2p_enabled;
+    src_device != dst_device && expandable
+}
+
 /// What an unsupported IPC call names.
 const IPC: &str = "sharing memory through IPC handles";
 

@@ -277,18 +277,6 @@ where
                 ptr,
             });
         }
-        if ptr.0 % policy::MIN_BLOCK_SIZE != 0 {
-            let what = pick(
-                "malloc returned an address that is not 512-byte aligned",
-                "an address-space reservation is not 512-byte aligned",
-            );
-            if reserved {
-                let _ = self.backend.release_address_space(ptr, size);
-            } else {
-                let _ = self.backend.free(ptr, size);
-            }
-            return Err(Error::BackendContract { what, ptr });
-        }
         let slots = self.arena.slots();
         let below = self.segments.floor(slots, ptr.0);
         if below != NIL && slots[below as usize].addr == ptr.0 {
@@ -301,6 +289,11 @@ where
             });
         }
         let what = match ptr.0.checked_add(size) {
+            // Blocks sit at multiples of 512 from the base.
+            _ if ptr.0 % policy::MIN_BLOCK_SIZE != 0 => pick(
+                "malloc returned an address that is not 512-byte aligned",
+                "an address-space reservation is not 512-byte aligned",
+            ),
             None => pick(
                 "malloc returned a range past the address space",
                 "an address-space reservation returned a range past the address space",

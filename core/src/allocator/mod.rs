@@ -19,7 +19,7 @@ mod free;
 mod history;
 mod invariants;
 mod ipc;
-pub use ipc::{ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES};
+pub use ipc::{needs_peer_copy, ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES};
 mod lookup;
 mod malloc;
 mod pools;
@@ -272,12 +272,7 @@ where
     #[inline]
     pub fn free(&mut self, id: BlockId) -> Res<(), B> {
         let i = self.validate(id)?;
-        if !self.ipc_shared.is_empty() {
-            if let Some(r) = self.free_shared(i) {
-                return r;
-            }
-        }
-        self.free_slot(i)
+        self.free_by_owner(i)
     }
 
     /// Free an allocation by its address (null is a no-op).
@@ -286,6 +281,13 @@ where
             return Ok(());
         }
         let i = self.live_slot(ptr)?;
+        self.free_by_owner(i)
+    }
+
+    /// The owner's free of live block `i`: held while it is shared through
+    /// IPC, else `free_slot`.
+    #[inline]
+    fn free_by_owner(&mut self, i: u32) -> Res<(), B> {
         if !self.ipc_shared.is_empty() {
             if let Some(r) = self.free_shared(i) {
                 return r;

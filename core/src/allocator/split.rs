@@ -25,10 +25,17 @@ where
         size: u64,
         pool: Pool,
     ) -> Allocation {
-        let (bsize, owner) = (self.slot(found).size, self.slot(found).owner);
-        let split = policy::should_split(pool, bsize, size, &self.config)
-            && !(owner != 0 && self.private.get(owner).is_some_and(|p| p.options.no_split));
+        let split = self.wants_split(found, size, pool);
         self.carve(found, orig, size, pool, split)
+    }
+
+    /// Whether serving `size` bytes from block `i` splits off the rest:
+    /// PyTorch's rule, and never in a pool whose blocks are not split.
+    #[inline]
+    pub(super) fn wants_split(&self, i: u32, size: u64, pool: Pool) -> bool {
+        let (bsize, owner) = (self.slot(i).size, self.slot(i).owner);
+        policy::should_split(pool, bsize, size, &self.config)
+            && !(owner != 0 && self.private.get(owner).is_some_and(|p| p.options.no_split))
     }
 
     /// Hand out the low `size` bytes of block `found` for a request of `orig`
