@@ -20,6 +20,13 @@
 //! than CUDA 10.2) makes `expandable_segments:True` an error value naming
 //! this backend.
 //!
+//! CUDA graphs: while a capture is under way on the device (the allocator
+//! calls [`DeviceBackend::set_capture_underway`]), the calls the allocator
+//! still makes (`cuMemAlloc`, the page-mapping calls, `cuMemGetInfo`) run
+//! in relaxed capture mode (`cuThreadExchangeStreamCaptureMode`), as
+//! PyTorch's `cudaMallocMaybeCapturing` does, so that they cannot
+//! invalidate the capture.
+//!
 //! Sharing memory with other processes and between devices (`src/ipc.rs`):
 //! `cuIpcGetMemHandle`, `cuIpcOpenMemHandle_v2` (lazy peer access, as
 //! PyTorch opens handles), `cuIpcCloseMemHandle`, `cuCtxEnablePeerAccess`
@@ -38,6 +45,7 @@
 //! # Ok::<(), cachealloc_cuda::CudaError>(())
 //! ```
 
+mod capture;
 mod conv;
 mod ipc;
 mod vmm;
@@ -107,6 +115,9 @@ pub struct CudaBackend {
     /// Other devices' primary contexts, retained for peer access and
     /// peer copies.
     peers: Vec<ipc::PeerContext>,
+    /// A stream capture is under way on the device (the allocator said so):
+    /// device mallocs, page maps and memory info run in relaxed capture mode.
+    capturing: bool,
 }
 
 // SAFETY: the primary context may be made current on any thread
@@ -145,6 +156,7 @@ impl CudaBackend {
             unreleased: Vec::new(),
             vmm: vmm::driver_has_vmm(),
             peers: Vec::new(),
+            capturing: false,
         })
     }
 
@@ -264,6 +276,7 @@ impl DeviceBackend for CudaBackend {
 
     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<CudaError>> {
         let _bound = self.bind().map_err(MallocError::Other)?;
+        let _relaxed = self.relaxed_if_capturing().map_err(MallocError::Other)?;
         // SAFETY: a plain device allocation in the current (primary) context;
         // the pointer is freed only through `free` below.
         match unsafe { result::malloc_sync(size as usize) } {
@@ -351,6 +364,7 @@ impl DeviceBackend for CudaBackend {
 
     fn mem_info(&mut self) -> Result<MemInfo, CudaError> {
         let _bound = self.bind()?;
+        let _relaxed = self.relaxed_if_capturing()?;
         let (free, total) = check(result::mem_get_info(), "cuMemGetInfo_v2")?;
         Ok(MemInfo {
             free: free as u64,
@@ -360,6 +374,12 @@ impl DeviceBackend for CudaBackend {
 
     fn ordinal(&self) -> u32 {
         self.ordinal
+    }
+
+    /// Device mallocs, page maps and memory info run in relaxed capture
+    /// mode while a capture is under way (see `src/capture.rs`).
+    fn set_capture_underway(&mut self, underway: bool) {
+        self.capturing = underway;
     }
 
     /// Microseconds since the Unix epoch (what PyTorch's history records).
@@ -382,6 +402,7 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<CudaError>> {
+        let _relaxed = self.relaxed_if_capturing().map_err(VmError::Other)?;
         self.vm_reserve(size)
     }
 
@@ -399,6 +420,7 @@ impl DeviceBackend for CudaBackend {
         pages: u64,
         page_size: u64,
     ) -> Result<(), VmError<CudaError>> {
+        let _relaxed = self.relaxed_if_capturing().map_err(VmError::Other)?;
         self.vm_map(ptr, pages, page_size)
     }
 

@@ -17,7 +17,7 @@ use cachealloc_tests::gpu::{GpuApi, GpuHarness, StreamOf};
 use cachealloc_tests::stub::{in_child, StubKind};
 use cachealloc_tests::stub_suite::{self, child_stub};
 use cachealloc_tests::{backend_suite, testdata_dir};
-use cudarc::driver::result;
+use cudarc::driver::{result, sys};
 
 /// The CUDA backend, for the shared GPU tests.
 struct Cuda;
@@ -54,6 +54,36 @@ impl GpuApi for Cuda {
         // device (the harness's scratch buffer); the stream is this context's.
         unsafe { result::memset_d8_async(ptr.0, 1, n as usize, s.as_raw()) }
             .map_err(|e| e.to_string())
+    }
+    fn begin_capture(b: &CudaBackend, s: CudaStream) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())?;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        // SAFETY: a live stream of this context that is not capturing.
+        unsafe { result::stream::begin_capture(s.as_raw(), mode) }
+            .map_err(|e| format!("cuStreamBeginCapture_v2: {e}"))
+    }
+    fn end_capture(b: &CudaBackend, s: CudaStream) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())?;
+        // SAFETY: the stream began a capture on this thread.
+        let graph = unsafe { result::stream::end_capture(s.as_raw()) }
+            .map_err(|e| format!("cuStreamEndCapture: {e}"))?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` is the live graph just captured; `exec` a valid
+        // out-pointer; both are destroyed below, once.
+        unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+                .result()
+                .map_err(|e| format!("cuGraphInstantiateWithFlags: {e}"))?;
+            sys::cuGraphLaunch(exec, s.as_raw())
+                .result()
+                .map_err(|e| format!("cuGraphLaunch: {e}"))?;
+            sys::cuGraphExecDestroy(exec)
+                .result()
+                .map_err(|e| format!("cuGraphExecDestroy: {e}"))?;
+            sys::cuGraphDestroy(graph)
+                .result()
+                .map_err(|e| format!("cuGraphDestroy: {e}"))
+        }
     }
 }
 

@@ -67,6 +67,9 @@ pub struct HipBackend {
     pub(crate) pages: BTreeMap<u64, usize>,
     /// Unmapped allocations whose release failed, to release again.
     pub(crate) unreleased: Vec<usize>,
+    /// A stream capture is under way on the device (the allocator said so):
+    /// device mallocs, page maps and memory info run in relaxed capture mode.
+    pub(crate) capturing: bool,
 }
 
 /// The number of HIP devices (0 when the runtime reports `hipErrorNoDevice`).
@@ -92,6 +95,7 @@ impl HipBackend {
             ordinal,
             pages: BTreeMap::new(),
             unreleased: Vec::new(),
+            capturing: false,
         })
     }
 
@@ -168,6 +172,7 @@ impl DeviceBackend for HipBackend {
 
     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<HipError>> {
         let _bound = self.bind().map_err(MallocError::Other)?;
+        let _relaxed = self.relaxed_if_capturing().map_err(MallocError::Other)?;
         let mut p: *mut core::ffi::c_void = core::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; the memory is freed only through `free`.
         let e = unsafe { hip::hipMalloc(&mut p, size as usize) };
@@ -249,6 +254,7 @@ impl DeviceBackend for HipBackend {
 
     fn mem_info(&mut self) -> Result<MemInfo, HipError> {
         let _bound = self.bind()?;
+        let _relaxed = self.relaxed_if_capturing()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers.
         let e = unsafe { hip::hipMemGetInfo(&mut free, &mut total) };
@@ -261,6 +267,12 @@ impl DeviceBackend for HipBackend {
 
     fn ordinal(&self) -> u32 {
         self.ordinal
+    }
+
+    /// Device mallocs, page maps and memory info run in relaxed capture
+    /// mode while a capture is under way (see `src/capture.rs`).
+    fn set_capture_underway(&mut self, underway: bool) {
+        self.capturing = underway;
     }
 
     /// Microseconds since the Unix epoch (what PyTorch's history records).
@@ -283,6 +295,7 @@ impl DeviceBackend for HipBackend {
     }
 
     fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<HipError>> {
+        let _relaxed = self.relaxed_if_capturing().map_err(VmError::Other)?;
         self.vm_reserve(size)
     }
 
@@ -300,6 +313,7 @@ impl DeviceBackend for HipBackend {
         pages: u64,
         page_size: u64,
     ) -> Result<(), VmError<HipError>> {
+        let _relaxed = self.relaxed_if_capturing().map_err(VmError::Other)?;
         self.vm_map(ptr, pages, page_size)
     }
 

@@ -14,7 +14,10 @@
 //! handles, peer access and copies: `hipIpcGetMemHandle`,
 //! `hipIpcOpenMemHandle`, `hipIpcCloseMemHandle`,
 //! `hipDeviceEnablePeerAccess` ("already enabled" is no error),
-//! `hipMemcpyAsync`, `hipMemcpyPeerAsync`.
+//! `hipMemcpyAsync`, `hipMemcpyPeerAsync`. While a stream capture (a HIP
+//! graph) is under way, `hipMalloc`, the page-mapping calls and
+//! `hipMemGetInfo` run in relaxed capture mode
+//! (`hipThreadExchangeStreamCaptureMode`), so that they cannot invalidate it.
 //!
 //! The FFI sits behind the cargo feature `rocm` (off by default), because
 //! building it needs the HIP headers and `libamdhip64`: on Debian
@@ -24,6 +27,8 @@
 
 #[cfg(feature = "rocm")]
 mod backend;
+#[cfg(feature = "rocm")]
+mod capture;
 #[cfg(feature = "rocm")]
 mod conv;
 #[cfg(feature = "rocm")]

@@ -57,11 +57,49 @@ impl GpuApi for Hip {
         let e = unsafe {
             hip::hipMemsetAsync(ptr.0 as *mut std::ffi::c_void, 1, n as usize, s.as_raw())
         };
-        if e == hip::hipError_t::hipSuccess {
-            Ok(())
-        } else {
-            Err(format!("hipMemsetAsync: {e:?}"))
+        ok(e, "hipMemsetAsync")
+    }
+    fn begin_capture(b: &HipBackend, s: HipStream) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())?;
+        let mode = hip::hipStreamCaptureMode::hipStreamCaptureModeGlobal;
+        // SAFETY: a live stream of this device that is not capturing.
+        ok(
+            unsafe { hip::hipStreamBeginCapture(s.as_raw(), mode) },
+            "hipStreamBeginCapture",
+        )
+    }
+    fn end_capture(b: &HipBackend, s: HipStream) -> Result<(), String> {
+        b.make_current().map_err(|e| e.to_string())?;
+        let mut graph = std::ptr::null_mut();
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: the stream began a capture on this thread; `graph` and
+        // `exec` are valid out-pointers, destroyed below, once.
+        unsafe {
+            ok(
+                hip::hipStreamEndCapture(s.as_raw(), &mut graph),
+                "hipStreamEndCapture",
+            )?;
+            let e = hip::hipGraphInstantiate(
+                &mut exec,
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            );
+            ok(e, "hipGraphInstantiate")?;
+            ok(hip::hipGraphLaunch(exec, s.as_raw()), "hipGraphLaunch")?;
+            ok(hip::hipGraphExecDestroy(exec), "hipGraphExecDestroy")?;
+            ok(hip::hipGraphDestroy(graph), "hipGraphDestroy")
         }
+    }
+}
+
+/// A HIP result as the tests report it.
+fn ok(e: hip::hipError_t, call: &str) -> Result<(), String> {
+    if e == hip::hipError_t::hipSuccess {
+        Ok(())
+    } else {
+        Err(format!("{call}: {e:?}"))
     }
 }
 

@@ -45,11 +45,13 @@
 //! ```
 
 mod calls;
+mod capture;
 mod events;
 mod machine;
 mod memory;
 
 pub use calls::{CallKind, Counters};
+pub use capture::CaptureMode;
 pub use events::MockEvent;
 pub use machine::MockMachine;
 pub use memory::{RealAddressUse, DEVICE_BASE};
@@ -58,6 +60,7 @@ use cachealloc_core::{
     DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
 };
 use calls::Calls;
+use capture::Captures;
 use events::Streams;
 use memory::Memory;
 use std::fmt;
@@ -99,6 +102,25 @@ pub enum MockError {
         /// The device asked for.
         peer: u32,
     },
+    /// A call the driver refuses while a stream captures (and so
+    /// invalidates the capture: `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`,
+    /// or `..._ISOLATION` for a wait across the capture's boundary).
+    CaptureViolation {
+        /// The call.
+        kind: CallKind,
+    },
+    /// `begin_capture` of a stream that captures already, or `end_capture`
+    /// of one that does not (`CUDA_ERROR_ILLEGAL_STATE`).
+    CaptureState {
+        /// The stream.
+        stream: u64,
+    },
+    /// `end_capture` of a capture that a refused call invalidated
+    /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+    CaptureInvalidated {
+        /// The call that invalidated it.
+        by: CallKind,
+    },
 }
 
 impl fmt::Display for MockError {
@@ -116,6 +138,17 @@ impl fmt::Display for MockError {
             MockError::InvalidPeer { peer } => {
                 write!(f, "peer access from device {peer} to itself")
             }
+            MockError::CaptureViolation { kind } => write!(
+                f,
+                "{kind:?} is not permitted while a stream is capturing (the capture is now invalidated)"
+            ),
+            MockError::CaptureState { stream } => {
+                write!(f, "stream {stream}: capture begun twice, or ended without one")
+            }
+            MockError::CaptureInvalidated { by } => write!(
+                f,
+                "the capture was invalidated by a {by:?} made while it was under way"
+            ),
         }
     }
 }
@@ -143,6 +176,8 @@ pub struct MockDevice {
     peers: Vec<u32>,
     /// Copies queued.
     copies: Vec<MockCopy>,
+    /// Stream captures under way.
+    captures: Captures,
 }
 
 /// A device-to-device copy the mock queued (it moves no data).
@@ -181,6 +216,7 @@ impl MockDevice {
             machine: None,
             peers: Vec::new(),
             copies: Vec::new(),
+            captures: Captures::default(),
         }
     }
 
@@ -341,8 +377,51 @@ impl MockDevice {
         self.calls.clear_faults();
     }
 
-    /// Count a call of `kind`; its planted failure, if one fires.
+    /// Begin capturing `stream` (`cuStreamBeginCapture`): until
+    /// [`end_capture`](Self::end_capture), the calls the drivers refuse
+    /// during a capture fail with [`MockError::CaptureViolation`] and
+    /// invalidate it (see `capture.rs`).
+    pub fn begin_capture(&mut self, stream: u64, mode: CaptureMode) -> Result<(), MockError> {
+        if self.captures.begin(stream, mode) {
+            Ok(())
+        } else {
+            Err(MockError::CaptureState { stream })
+        }
+    }
+
+    /// End the capture of `stream` (`cuStreamEndCapture`): an error if a
+    /// refused call invalidated it ([`MockError::CaptureInvalidated`]).
+    pub fn end_capture(&mut self, stream: u64) -> Result<(), MockError> {
+        match self.captures.end(stream) {
+            None => Err(MockError::CaptureState { stream }),
+            Some(Some(by)) => Err(MockError::CaptureInvalidated { by }),
+            Some(None) => Ok(()),
+        }
+    }
+
+    /// Whether `stream` is capturing.
+    pub fn is_capturing(&self, stream: u64) -> bool {
+        self.captures.is_capturing(stream)
+    }
+
+    /// Calls refused so far because a stream was capturing.
+    pub fn capture_violations(&self) -> u64 {
+        self.captures.violations
+    }
+
+    /// Refuse `kind` if a capture forbids it now.
+    fn capture_check(&mut self, kind: CallKind) -> Result<(), MockError> {
+        if self.captures.allows(kind) {
+            Ok(())
+        } else {
+            Err(MockError::CaptureViolation { kind })
+        }
+    }
+
+    /// Count a call of `kind`; its planted failure, if one fires, or the
+    /// refusal of a capture.
     fn call(&mut self, kind: CallKind) -> Result<(), MockError> {
+        self.capture_check(kind)?;
         match self.calls.call(kind) {
             Some((e, _)) => Err(e),
             None => Ok(()),
@@ -356,6 +435,8 @@ impl DeviceBackend for MockDevice {
     type Error = MockError;
 
     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<MockError>> {
+        self.capture_check(CallKind::Malloc)
+            .map_err(MallocError::Other)?;
         if let Some((e, oom)) = self.calls.call(CallKind::Malloc) {
             if oom {
                 self.calls.counters.malloc_oom += 1;
@@ -483,6 +564,11 @@ impl DeviceBackend for MockDevice {
             .streams
             .recorded_on(event)?
             .ok_or(MockError::InvalidEvent)?;
+        if !self.captures.allows_wait(stream, on) {
+            return Err(MockError::CaptureViolation {
+                kind: CallKind::StreamWaitEvent,
+            });
+        }
         self.stream_waits.push((stream, on));
         Ok(())
     }
@@ -511,6 +597,12 @@ impl DeviceBackend for MockDevice {
         self.ordinal
     }
 
+    /// The calls the allocator still makes during a capture are made "in
+    /// relaxed mode" from now on (see [`MockDevice::begin_capture`]).
+    fn set_capture_underway(&mut self, underway: bool) {
+        self.captures.set_relaxed(underway);
+    }
+
     const NAME: &'static str = "the simulated device";
 
     const VIRTUAL_MEMORY: bool = true;
@@ -529,6 +621,8 @@ impl DeviceBackend for MockDevice {
     }
 
     fn reserve_address_space(&mut self, size: u64) -> Result<DevicePtr, VmError<MockError>> {
+        self.capture_check(CallKind::Reserve)
+            .map_err(VmError::Other)?;
         if let Some((e, oom)) = self.calls.call(CallKind::Reserve) {
             return Err(if oom {
                 VmError::OutOfMemory
@@ -556,6 +650,7 @@ impl DeviceBackend for MockDevice {
         pages: u64,
         page_size: u64,
     ) -> Result<(), VmError<MockError>> {
+        self.capture_check(CallKind::Map).map_err(VmError::Other)?;
         if let Some((e, oom)) = self.calls.call(CallKind::Map) {
             if oom {
                 self.calls.counters.map_oom += 1;
@@ -656,6 +751,58 @@ mod tests {
         assert_eq!(d.event_query(&e).unwrap(), EventStatus::Ready);
         d.event_destroy(&e).unwrap();
         assert_eq!(d.live_events(), 0);
+    }
+
+    #[test]
+    fn a_capture_refuses_unsafe_calls_and_is_invalidated() {
+        let mut d = MockDevice::unlimited();
+        let p = d.malloc(2 << 20).unwrap();
+        let e = d.event_create().unwrap();
+        d.event_record(&e, 2).unwrap();
+        d.begin_capture(1, CaptureMode::Global).unwrap();
+        assert_eq!(
+            d.begin_capture(1, CaptureMode::Global),
+            Err(MockError::CaptureState { stream: 1 })
+        );
+        // Stream-ordered work and events on the capturing stream are fine.
+        d.event_record(&e, 1).unwrap();
+        d.stream_wait_event(1, &e).unwrap();
+        // The allocator said a capture is under way: malloc is relaxed.
+        d.set_capture_underway(true);
+        assert!(d.malloc(2 << 20).is_ok());
+        assert_eq!(d.end_capture(1), Ok(()));
+        // Again, and a free (never relaxed) invalidates it.
+        d.begin_capture(1, CaptureMode::ThreadLocal).unwrap();
+        assert_eq!(
+            d.free(p, 2 << 20),
+            Err(MockError::CaptureViolation {
+                kind: CallKind::Free
+            })
+        );
+        assert_eq!(
+            d.end_capture(1),
+            Err(MockError::CaptureInvalidated { by: CallKind::Free })
+        );
+        // Without the allocator's word, a malloc invalidates too; a relaxed
+        // capture tolerates anything.
+        d.set_capture_underway(false);
+        d.begin_capture(3, CaptureMode::Global).unwrap();
+        assert!(d.malloc(2 << 20).is_err());
+        d.event_record(&e, 2).unwrap();
+        assert!(d.stream_wait_event(3, &e).is_err(), "isolation");
+        assert_eq!(
+            d.end_capture(3),
+            Err(MockError::CaptureInvalidated {
+                by: CallKind::Malloc
+            })
+        );
+        d.begin_capture(4, CaptureMode::Relaxed).unwrap();
+        assert!(d.event_query(&e).is_ok());
+        assert_eq!(d.end_capture(4), Ok(()));
+        assert_eq!(d.end_capture(4), Err(MockError::CaptureState { stream: 4 }));
+        assert_eq!(d.capture_violations(), 3);
+        // The refused free changed nothing: it can be made now.
+        d.free(p, 2 << 20).unwrap();
     }
 
     #[test]

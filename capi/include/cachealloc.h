@@ -104,6 +104,17 @@ const char *cachealloc_last_error(void);
 int cachealloc_debug_force_internal_error(void);
 
 /**
+ * For tests of the failure path inside a device's lock: the next
+ * allocation or free on this thread panics while it holds the device's
+ * lock, after the allocator has started on it, as an internal error there
+ * would. The call fails ("internal error in ..."), and the device is
+ * failed for good: every later call on it fails with "device N failed"
+ * (its metadata may be half-updated), while other devices work on.
+ * Returns 0.
+ */
+int cachealloc_debug_fail_inside_lock(void);
+
+/**
  * Start (`enabled` nonzero) or stop recording the memory history of
  * `device`; with -1, of every device created so far and of the devices
  * created from now on. At most `max_entries` are kept (0: as many as the
@@ -199,10 +210,12 @@ int cachealloc_memcpy_async(void *dst,
  * out-of-memory of any device from now on, after the allocator gave up and
  * before the failing allocation returns NULL.
  *
- * The observer runs on the allocating thread while that device's
- * allocator is locked (PyTorch unlocks first): it must not call into
- * cachealloc, but for `cachealloc_last_error` and `cachealloc_version`.
- * Returns 0, or -1 when `observer` is NULL.
+ * The observer runs on the allocating thread once that device's lock is
+ * released (PyTorch's order): it may call any function of the library,
+ * on any device, the failing one included (read `cachealloc_memory_stats`,
+ * record an annotation, take a snapshot, free memory). It runs inside the
+ * failing call, so that call's `cachealloc_last_error()` is set after the
+ * observers return. Returns 0, or -1 when `observer` is NULL.
  */
 int cachealloc_attach_oom_observer(cachealloc_oom_observer observer, void *user);
 

@@ -5,8 +5,9 @@
 //! (`cudaStream_t`) and become the backend's stream from the pointer's value
 //! (the simulated device: the value itself; CUDA and HIP: the raw handle).
 
-use crate::error::Res;
+use crate::error::{debug_hooks, Res};
 use crate::observers::FORWARD;
+use crate::segments;
 use crate::settings::{BackendKind, Settings};
 use crate::snapshot::add_device;
 use cachealloc_core::{
@@ -29,6 +30,8 @@ type Inner<B> = DeviceAllocator<B, Box<[BlockSlot]>, EVENTS, Box<[TraceEntry]>, 
 type Alloc<B> = CachingAllocator<B, Box<[BlockSlot]>, EVENTS, Box<[TraceEntry]>, POOLS>;
 
 /// What the C functions ask of one device. Streams are raw handle values.
+/// Every call fails on a device that a panic failed (its metadata may be
+/// half-updated: `Error::DeviceFailed`).
 pub(crate) trait DeviceOps: Send + Sync {
     /// Allocate; the address (0 for zero bytes).
     fn malloc(&self, size: u64, stream: u64) -> Res<u64>;
@@ -36,8 +39,6 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn malloc_aligned(&self, size: u64, alignment: u64, stream: u64) -> Res<u64>;
     /// Free the allocation starting at `ptr`.
     fn free(&self, ptr: u64) -> Res<()>;
-    /// Whether `ptr` lies in one of this device's segments.
-    fn owns(&self, ptr: u64) -> bool;
     /// `recordStream` of the allocation starting at `ptr`.
     fn record_stream(&self, ptr: u64, stream: u64) -> Res<()>;
     /// The segment holding `ptr`: base and size.
@@ -47,19 +48,19 @@ pub(crate) trait DeviceOps: Send + Sync {
     /// `set_per_process_memory_fraction`.
     fn set_memory_fraction(&self, fraction: f64) -> Res<()>;
     /// A copy of the statistics.
-    fn stats(&self) -> DeviceStats;
+    fn stats(&self) -> Res<DeviceStats>;
     /// `reset_peak_memory_stats`.
-    fn reset_peak_stats(&self);
+    fn reset_peak_stats(&self) -> Res<()>;
     /// `reset_accumulated_memory_stats`.
-    fn reset_accumulated_stats(&self);
+    fn reset_accumulated_stats(&self) -> Res<()>;
     /// Cached bytes and the largest cached block.
-    fn cache_info(&self) -> CacheInfo;
+    fn cache_info(&self) -> Res<CacheInfo>;
     /// `recordHistory` (`max_entries`: at most the storage).
-    fn record_history(&self, enabled: bool, max_entries: usize);
+    fn record_history(&self, enabled: bool, max_entries: usize) -> Res<()>;
     /// A `user_defined` history entry with context `id`.
-    fn record_annotation(&self, id: u64);
-    /// `beginAllocateToPool` with every stream routed, under PyTorch's
-    /// capture rules.
+    fn record_annotation(&self, id: u64) -> Res<()>;
+    /// `beginAllocateToPool` with every stream routed, under the capture
+    /// rules (no device call that could invalidate a capture).
     fn begin_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
     /// `endAllocateToPool`.
     fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
@@ -77,7 +78,7 @@ pub(crate) trait DeviceOps: Send + Sync {
     /// `enablePeerAccess` from this device to `peer`.
     fn enable_peer_access(&self, peer: u32) -> Res<()>;
     /// Whether this device holds an expandable segment.
-    fn has_expandable_segments(&self) -> bool;
+    fn has_expandable_segments(&self) -> Res<bool>;
     /// A device-to-device copy on `stream`: plain, or through the driver's
     /// peer copy (`peer`: the destination's and the source's devices).
     fn memcpy_async(
@@ -90,7 +91,12 @@ pub(crate) trait DeviceOps: Send + Sync {
     ) -> Res<()>;
     /// Take a snapshot (it records its `snapshot` entry) into `dict`;
     /// `names[id - 1]` is annotation `id`'s name.
-    fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]);
+    fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) -> Res<()>;
+}
+
+/// `e` as the C library reports it.
+fn text<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
 }
 
 impl<B> DeviceOps for Alloc<B>
@@ -99,118 +105,120 @@ where
     Alloc<B>: Send + Sync,
 {
     fn malloc(&self, size: u64, stream: u64) -> Res<u64> {
-        self.with(|a| a.with_growing_storage(|a| a.malloc(size, B::Stream::from(stream)), twice))
-            .map(|a| a.ptr.0)
-            .map_err(|e| e.to_string())
+        let stream = B::Stream::from(stream);
+        self.try_with(|a| {
+            debug_hooks::inside_lock();
+            a.with_growing_storage(|a| a.malloc(size, stream), twice)
+        })
+        .map(|a| a.ptr.0)
+        .map_err(text)
     }
 
     fn malloc_aligned(&self, size: u64, alignment: u64, stream: u64) -> Res<u64> {
         let stream = B::Stream::from(stream);
-        self.with(|a| {
+        self.try_with(|a| {
+            debug_hooks::inside_lock();
             a.with_growing_storage(
                 |a| a.malloc_aligned(size, alignment, stream, MallocFlags::empty()),
                 twice,
             )
         })
         .map(|a| a.ptr.0)
-        .map_err(|e| e.to_string())
+        .map_err(text)
     }
 
     fn free(&self, ptr: u64) -> Res<()> {
-        self.free_ptr(DevicePtr(ptr)).map_err(|e| e.to_string())
-    }
-
-    fn owns(&self, ptr: u64) -> bool {
-        CachingAllocator::owns(self, DevicePtr(ptr))
+        self.try_with(|a| {
+            debug_hooks::inside_lock();
+            a.free_ptr(DevicePtr(ptr))
+        })
+        .map_err(text)
     }
 
     fn record_stream(&self, ptr: u64, stream: u64) -> Res<()> {
         self.record_stream_ptr(DevicePtr(ptr), B::Stream::from(stream))
-            .map_err(|e| e.to_string())
+            .map_err(text)
     }
 
     fn base_allocation(&self, ptr: u64) -> Res<(u64, u64)> {
-        self.with(|a| a.base_allocation(DevicePtr(ptr)))
+        self.try_with(|a| a.base_allocation(DevicePtr(ptr)))
             .map(|(base, size)| (base.0, size))
-            .map_err(|e| e.to_string())
+            .map_err(text)
     }
 
     fn empty_cache(&self) -> Res<()> {
-        self.with(|a| a.with_growing_storage(|a| a.empty_cache(), twice))
-            .map_err(|e| e.to_string())
+        self.try_with(|a| a.with_growing_storage(|a| a.empty_cache(), twice))
+            .map_err(text)
     }
 
     fn set_memory_fraction(&self, fraction: f64) -> Res<()> {
-        self.with(|a| a.set_memory_fraction(fraction))
-            .map_err(|e| e.to_string())
+        self.try_with(|a| a.set_memory_fraction(fraction))
+            .map_err(text)
     }
 
-    fn stats(&self) -> DeviceStats {
-        CachingAllocator::stats(self)
+    fn stats(&self) -> Res<DeviceStats> {
+        CachingAllocator::stats(self).map_err(text)
     }
 
-    fn reset_peak_stats(&self) {
-        self.with(|a| a.reset_peak_stats());
+    fn reset_peak_stats(&self) -> Res<()> {
+        self.with(|a| a.reset_peak_stats()).map_err(text)
     }
 
-    fn reset_accumulated_stats(&self) {
-        self.with(|a| a.reset_accumulated_stats());
+    fn reset_accumulated_stats(&self) -> Res<()> {
+        self.with(|a| a.reset_accumulated_stats()).map_err(text)
     }
 
-    fn cache_info(&self) -> CacheInfo {
-        CachingAllocator::cache_info(self)
+    fn cache_info(&self) -> Res<CacheInfo> {
+        CachingAllocator::cache_info(self).map_err(text)
     }
 
-    fn record_history(&self, enabled: bool, max_entries: usize) {
-        self.with(|a| a.record_history(enabled, max_entries, false, TraceActions::NONE));
+    fn record_history(&self, enabled: bool, max_entries: usize) -> Res<()> {
+        self.with(|a| a.record_history(enabled, max_entries, false, TraceActions::NONE))
+            .map_err(text)
     }
 
-    fn record_annotation(&self, id: u64) {
-        self.with(|a| a.record_annotation(id));
+    fn record_annotation(&self, id: u64) -> Res<()> {
+        self.with(|a| a.record_annotation(id)).map_err(text)
     }
 
     fn begin_allocate_to_pool(&self, id: MempoolId) -> Res<()> {
-        self.capture_begin(id, StreamFilter::All)
-            .map_err(|e| e.to_string())
+        self.capture_begin(id, StreamFilter::All).map_err(text)
     }
 
     fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()> {
-        CachingAllocator::end_allocate_to_pool(self, id).map_err(|e| e.to_string())
+        CachingAllocator::end_allocate_to_pool(self, id).map_err(text)
     }
 
     fn release_pool(&self, id: MempoolId) -> Res<()> {
-        CachingAllocator::release_pool(self, id).map_err(|e| e.to_string())
+        CachingAllocator::release_pool(self, id).map_err(text)
     }
 
     fn share_ipc_handle(&self, ptr: u64) -> Res<ShareableHandle> {
-        self.with(|a| a.share_ipc_handle(DevicePtr(ptr)))
-            .map_err(|e| e.to_string())
+        CachingAllocator::share_ipc_handle(self, DevicePtr(ptr)).map_err(text)
     }
 
     fn open_ipc_handle(&self, handle: &ShareableHandle) -> Res<u64> {
-        self.with(|a| a.open_ipc_handle(handle))
+        CachingAllocator::open_ipc_handle(self, handle)
             .map(|p| p.0)
-            .map_err(|e| e.to_string())
+            .map_err(text)
     }
 
     fn close_ipc_handle(&self, handle: &ShareableHandle) -> Res<()> {
-        self.with(|a| a.close_ipc_handle(handle))
-            .map_err(|e| e.to_string())
+        CachingAllocator::close_ipc_handle(self, handle).map_err(text)
     }
 
     fn release_ipc_share(&self, ptr: u64) -> Res<()> {
-        self.with(|a| a.release_ipc_share(DevicePtr(ptr)))
-            .map_err(|e| e.to_string())
+        CachingAllocator::release_ipc_share(self, DevicePtr(ptr)).map_err(text)
     }
 
     fn enable_peer_access(&self, peer: u32) -> Res<()> {
-        self.with(|a| a.enable_peer_access(peer))
+        CachingAllocator::enable_peer_access(self, peer)
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(text)
     }
 
-    fn has_expandable_segments(&self) -> bool {
-        self.with(|a| a.has_expandable_segments())
+    fn has_expandable_segments(&self) -> Res<bool> {
+        self.with(|a| a.has_expandable_segments()).map_err(text)
     }
 
     fn memcpy_async(
@@ -222,17 +230,18 @@ where
         peer: Option<(u32, u32)>,
     ) -> Res<()> {
         let stream = B::Stream::from(stream);
-        self.with(|a| match peer {
+        self.try_with(|a| match peer {
             None => a.memcpy_async(DevicePtr(dst), DevicePtr(src), bytes, stream),
             Some((dd, sd)) => {
                 a.memcpy_peer_async(DevicePtr(dst), dd, DevicePtr(src), sd, bytes, stream)
             }
         })
-        .map_err(|e| e.to_string())
+        .map_err(text)
     }
 
-    fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) {
-        self.with(|a| add_device(dict, a.snapshot(), names));
+    fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) -> Res<()> {
+        self.with(|a| add_device(dict, a.snapshot(), names))
+            .map_err(text)
     }
 }
 
@@ -261,24 +270,25 @@ pub(crate) fn open(s: &Settings, index: u32) -> Res<Box<dyn DeviceOps>> {
                 .with_ordinal(index)
                 .with_base(base)
                 .with_machine(mock_machine());
-            Ok(allocator(s, device))
+            Ok(allocator(s, device, index))
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
             let device = cachealloc_cuda::CudaBackend::new(index).map_err(|e| e.to_string())?;
-            Ok(allocator(s, device))
+            Ok(allocator(s, device, index))
         }
         #[cfg(feature = "hip")]
         BackendKind::Hip => {
             let device = cachealloc_hip::HipBackend::new(index).map_err(|e| e.to_string())?;
-            Ok(allocator(s, device))
+            Ok(allocator(s, device, index))
         }
     }
 }
 
-/// The allocator of `backend` (about 70 KiB, most of it the event queue),
-/// boxed, with the out-of-memory forwarder attached.
-fn allocator<B>(s: &Settings, backend: B) -> Box<dyn DeviceOps>
+/// The allocator of `backend` as device `index` (about 70 KiB, most of it
+/// the event queue), boxed, with the out-of-memory forwarder attached and
+/// its segments kept in the process's segment map.
+fn allocator<B>(s: &Settings, backend: B, index: u32) -> Box<dyn DeviceOps>
 where
     B: DeviceBackend + 'static,
     Alloc<B>: Send + Sync,
@@ -288,6 +298,8 @@ where
     let mut inner = Inner::<B>::with_events_and_history(backend, slots, history, s.config);
     // A fresh allocator has room for 4 observers: this cannot be refused.
     let _ = inner.attach_out_of_memory_observer(&FORWARD);
+    // A fresh allocator holds no segment: nothing to refuse.
+    let _ = inner.attach_segment_registry(segments::map(), index);
     Box::new(CachingAllocator::new(inner))
 }
 
@@ -312,11 +324,11 @@ mod tests {
         let ptrs: Vec<u64> = (0..2000u64)
             .map(|k| d.malloc(512 * (1 + k % 100), 0).expect("room grows"))
             .collect();
-        assert_eq!(d.stats().allocation.all().current, 2000);
+        assert_eq!(d.stats().unwrap().allocation.all().current, 2000);
         for p in ptrs {
             d.free(p).expect("free");
         }
         d.empty_cache().expect("empty_cache");
-        assert_eq!(d.stats().reserved_bytes.all().current, 0);
+        assert_eq!(d.stats().unwrap().reserved_bytes.all().current, 0);
     }
 }

@@ -100,6 +100,46 @@ pub extern "C" fn cachealloc_debug_force_internal_error() -> c_int {
     PANIC_NEXT.try_with(|p| p.set(true)).map_or(-1, |()| 0)
 }
 
+/// For tests of the failure path inside a device's lock: the next
+/// allocation or free on this thread panics while it holds the device's
+/// lock, after the allocator has started on it, as an internal error there
+/// would. The call fails ("internal error in ..."), and the device is
+/// failed for good: every later call on it fails with "device N failed"
+/// (its metadata may be half-updated), while other devices work on.
+/// Returns 0.
+#[no_mangle]
+pub extern "C" fn cachealloc_debug_fail_inside_lock() -> c_int {
+    debug_hooks::arm()
+}
+
+/// The hook behind `cachealloc_debug_fail_inside_lock`: one relaxed load
+/// on the hot path while nothing is armed.
+pub(crate) mod debug_hooks {
+    use std::cell::Cell;
+    use std::ffi::c_int;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Some thread armed the hook (cleared never: the test process ends).
+    static ANY: AtomicBool = AtomicBool::new(false);
+
+    thread_local! {
+        static ARMED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(crate) fn arm() -> c_int {
+        ANY.store(true, Ordering::Relaxed);
+        ARMED.try_with(|a| a.set(true)).map_or(-1, |()| 0)
+    }
+
+    /// Called inside a device's lock: panics once if this thread armed it.
+    #[inline]
+    pub(crate) fn inside_lock() {
+        if ANY.load(Ordering::Relaxed) && ARMED.try_with(Cell::take).unwrap_or(false) {
+            panic!("forced inside the device's lock by cachealloc_debug_fail_inside_lock");
+        }
+    }
+}
+
 /// [`guard`] for a function that returns a status: 0, or -1 on failure.
 #[inline]
 pub(crate) fn status(name: &'static str, body: impl FnOnce() -> Res<()>) -> c_int {

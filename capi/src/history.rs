@@ -31,11 +31,10 @@ pub extern "C" fn cachealloc_record_history(
             registry::for_all_and_new(
                 |d| d.record_history(enabled, max),
                 |new| new.history = enabled.then_some(max),
-            );
+            )
         } else {
-            registry::device(device)?.record_history(enabled, max);
+            registry::device(device)?.record_history(enabled, max)
         }
-        Ok(())
     })
 }
 
@@ -57,9 +56,14 @@ pub unsafe extern "C" fn cachealloc_record_annotation(device: c_int, name: *cons
         let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
         let devices = registry::selected(device)?;
         let id = names().id(&name);
-        for (_, d) in devices {
-            d.record_annotation(id);
+        let mut first = Ok(());
+        for (i, d) in devices {
+            if let Err(e) = d.record_annotation(id) {
+                if first.is_ok() {
+                    first = Err(format!("device {i}: {e}"));
+                }
+            }
         }
-        Ok(())
+        first
     })
 }

@@ -165,7 +165,7 @@ pub extern "C" fn cachealloc_memcpy_async(
     status("cachealloc_memcpy_async", || {
         let to = registry::device(dst_device)?;
         let from = registry::device(src_device)?;
-        let expandable = to.has_expandable_segments() || from.has_expandable_segments();
+        let expandable = to.has_expandable_segments()? || from.has_expandable_segments()?;
         let (dd, sd) = (dst_device as usize, src_device as usize);
         let peer = needs_peer_copy(sd, dd, expandable, p2p_enabled != 0)
             .then_some((dst_device as u32, src_device as u32));

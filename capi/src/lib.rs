@@ -50,9 +50,12 @@ mod stats;
 // The machinery.
 mod backend;
 mod registry;
+mod segments;
 mod settings;
 
-pub use error::{cachealloc_debug_force_internal_error, cachealloc_last_error};
+pub use error::{
+    cachealloc_debug_fail_inside_lock, cachealloc_debug_force_internal_error, cachealloc_last_error,
+};
 pub use history::{cachealloc_record_annotation, cachealloc_record_history};
 pub use ipc::{
     cachealloc_close_ipc_handle, cachealloc_enable_peer_access, cachealloc_ipc_handle,

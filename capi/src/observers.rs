@@ -57,10 +57,12 @@ impl OutOfMemoryObserver for Forward {
 /// out-of-memory of any device from now on, after the allocator gave up and
 /// before the failing allocation returns NULL.
 ///
-/// The observer runs on the allocating thread while that device's
-/// allocator is locked (PyTorch unlocks first): it must not call into
-/// cachealloc, but for `cachealloc_last_error` and `cachealloc_version`.
-/// Returns 0, or -1 when `observer` is NULL.
+/// The observer runs on the allocating thread once that device's lock is
+/// released (PyTorch's order): it may call any function of the library,
+/// on any device, the failing one included (read `cachealloc_memory_stats`,
+/// record an annotation, take a snapshot, free memory). It runs inside the
+/// failing call, so that call's `cachealloc_last_error()` is set after the
+/// observers return. Returns 0, or -1 when `observer` is NULL.
 #[no_mangle]
 pub extern "C" fn cachealloc_attach_oom_observer(
     observer: cachealloc_oom_observer,

@@ -8,6 +8,7 @@
 use crate::backend::{open, DeviceOps};
 use crate::error::Res;
 use crate::settings::settings;
+use cachealloc_core::SegmentRegistry;
 use std::ffi::c_int;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -52,7 +53,7 @@ pub(crate) fn device(device: c_int) -> Res<&'static dyn DeviceOps> {
     }
     let d = open(settings()?, i as u32).map_err(|e| format!("device {device}: {e}"))?;
     if let Some(max) = new.history {
-        d.record_history(true, max);
+        d.record_history(true, max)?;
     }
     Ok(DEVICES[i].get_or_init(|| d).as_ref())
 }
@@ -98,20 +99,34 @@ pub(crate) fn each(device: c_int, f: impl Fn(&dyn DeviceOps) -> Res<()>) -> Res<
     first
 }
 
-/// The created device whose segments contain `ptr`.
+/// The created device whose segments contain `ptr`, from the segment map:
+/// no device's lock is taken (a `record_stream` on one device never waits
+/// behind an `empty_cache` or a device free on another).
 pub(crate) fn owner(ptr: u64) -> Res<&'static dyn DeviceOps> {
-    created()
-        .map(|(_, d)| d)
-        .find(|d| d.owns(ptr))
+    crate::segments::map()
+        .owner(ptr)
+        .and_then(|d| DEVICES.get(d as usize))
+        .and_then(|d| d.get())
+        .map(|d| d.as_ref())
         .ok_or_else(|| format!("pointer {ptr:#x} was not allocated by cachealloc"))
 }
 
 /// Run `f` on every created device and on the settings new devices start
-/// with, with creation held off (so no device misses the change).
-pub(crate) fn for_all_and_new(f: impl Fn(&dyn DeviceOps), new: impl FnOnce(&mut NewDevice)) {
+/// with, with creation held off (so no device misses the change); the
+/// first device's error, after trying them all.
+pub(crate) fn for_all_and_new(
+    f: impl Fn(&dyn DeviceOps) -> Res<()>,
+    new: impl FnOnce(&mut NewDevice),
+) -> Res<()> {
     let mut guard = creating();
     new(&mut guard);
-    for (_, d) in created() {
-        f(d);
+    let mut first = Ok(());
+    for (i, d) in created() {
+        if let Err(e) = f(d) {
+            if first.is_ok() {
+                first = Err(format!("device {i}: {e}"));
+            }
+        }
     }
+    first
 }

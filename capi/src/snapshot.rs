@@ -111,11 +111,11 @@ pub unsafe extern "C" fn cachealloc_snapshot(device: c_int, path: *const c_char)
             AllocatorSettings::DEFAULT,
             settings().map(|s| s.conf_text.as_str()).unwrap_or(""),
         );
-        // A copy: no device is locked while the names are (an observer
-        // called under a device's lock may record an annotation).
+        // A copy: no device is locked while the names are.
         let names = names().all();
-        for (_, d) in devices {
-            d.snapshot(&mut dict, &names);
+        for (i, d) in devices {
+            d.snapshot(&mut dict, &names)
+                .map_err(|e| format!("device {i}: {e}"))?;
         }
         write_snapshot(path, &dict)
     })

@@ -25,7 +25,7 @@ pub extern "C" fn cachealloc_memory_stats(
 ) -> c_int {
     status("cachealloc_memory_stats", || {
         let callback = callback.ok_or("cachealloc_memory_stats: callback is NULL")?;
-        let stats = registry::device(device)?.stats();
+        let stats = registry::device(device)?.stats()?;
         let mut keys = Vec::new();
         stats.for_each(|key, value| keys.push((key, value)));
         for (key, value) in keys {
@@ -41,8 +41,7 @@ pub extern "C" fn cachealloc_memory_stats(
 #[no_mangle]
 pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
     status("cachealloc_reset_peak_stats", || {
-        registry::device(device)?.reset_peak_stats();
-        Ok(())
+        registry::device(device)?.reset_peak_stats()
     })
 }
 
@@ -52,8 +51,7 @@ pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn cachealloc_reset_accumulated_stats(device: c_int) -> c_int {
     status("cachealloc_reset_accumulated_stats", || {
-        registry::device(device)?.reset_accumulated_stats();
-        Ok(())
+        registry::device(device)?.reset_accumulated_stats()
     })
 }
 
@@ -83,7 +81,7 @@ pub unsafe extern "C" fn cachealloc_cache_info(
     largest_block: *mut usize,
 ) -> c_int {
     status("cachealloc_cache_info", || {
-        let info = registry::device(device)?.cache_info();
+        let info = registry::device(device)?.cache_info()?;
         if !total_cached.is_null() {
             // SAFETY: non-null, and writable by the caller's contract.
             unsafe { total_cached.write(info.cached_bytes as usize) };

@@ -48,7 +48,7 @@ fn threads(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for t in [1u64, 2, 4] {
         let a = shared();
-        let warm = a.stats().num_device_alloc;
+        let warm = a.stats().expect("stats").num_device_alloc;
         g.bench_function(BenchmarkId::new("pair_per_thread", t), |b| {
             b.iter_custom(|iters| {
                 let start = Instant::now();
@@ -63,7 +63,7 @@ fn threads(c: &mut Criterion) {
             })
         });
         assert_eq!(
-            a.stats().num_device_alloc,
+            a.stats().expect("stats").num_device_alloc,
             warm,
             "every pair must hit the cache"
         );

@@ -263,6 +263,24 @@ pub trait DeviceBackend {
         0
     }
 
+    /// Whether a stream capture (a CUDA graph being recorded) is under way
+    /// on this device. The allocator says `true` when the first capture
+    /// begins (`capture_begin`, before the runtime begins capturing) and
+    /// `false` when the last one ends (`capture_end`, after the runtime
+    /// ended it). In between it calls only [`malloc`](Self::malloc),
+    /// [`mem_info`](Self::mem_info) and the calls that map pages
+    /// ([`device_total_memory`](Self::device_total_memory),
+    /// [`allocation_granularity`](Self::allocation_granularity),
+    /// [`reserve_address_space`](Self::reserve_address_space),
+    /// [`map_pages`](Self::map_pages)), and the IPC calls its caller asks
+    /// for: never a free, an unmap, an event record, query or
+    /// synchronization, or a stream synchronization. A GPU backend makes
+    /// those calls in relaxed capture mode (PyTorch's
+    /// `cudaMallocMaybeCapturing`), so that the driver's default (global)
+    /// mode does not refuse them and invalidate the capture. The provided
+    /// one ignores it.
+    fn set_capture_underway(&mut self, _underway: bool) {}
+
     /// The platform's name in messages, as PyTorch prints it: "CUDA out of
     /// memory", "PYTORCH_CUDA_ALLOC_CONF" (PyTorch on ROCm says "HIP").
     const PLATFORM: &'static str = "CUDA";

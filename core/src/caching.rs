@@ -1,6 +1,15 @@
 //! The thread-safe front ends: [`CachingAllocator`], one device behind one
 //! lock, and [`MultiDeviceAllocator`], a fixed set of devices that routes a
-//! `free` or `record_stream` by pointer to the device that owns it.
+//! `free` or `record_stream` by pointer to the device that owns it, found in
+//! a [`SegmentRegistry`] without taking any device's lock.
+//!
+//! Both are safe inside a host process that calls back into them (a Python
+//! interpreter): out-of-memory observers run after the device's lock is
+//! released (PyTorch's order), so an observer may call the allocator again;
+//! and a panic while a device's lock is held (a trace tracker's, say) marks
+//! that device failed: its metadata may be half-updated, so every later
+//! call on it is refused with [`Error::DeviceFailed`] instead of running on
+//! it.
 
 use crate::allocation::{Allocation, MallocFlags};
 use crate::allocator::{needs_peer_copy, DeviceAllocator, ShareableHandle, DEFAULT_POOLS};
@@ -10,16 +19,29 @@ use crate::error::Error;
 use crate::history::{HistoryStorage, NoHistory};
 use crate::invariants::InvariantViolation;
 use crate::private_pool::{MempoolId, PoolOptions, StreamFilter};
+use crate::segment_table::SegmentRegistry;
 use crate::snapshot::CacheInfo;
 use crate::stats::DeviceStats;
 use crate::sync::Mutex;
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 
+/// The allocator and whether a call is running on it: a call that never
+/// finished (it panicked) leaves `busy` set, which fails the device.
+struct Guarded<A> {
+    alloc: A,
+    busy: bool,
+}
+
 /// One device's [`DeviceAllocator`] behind a lock: `Sync` whenever the
 /// backend, its events and streams and the storage are `Send`. Every call
-/// holds the lock for one operation; [`stats`](Self::stats) holds it only to
-/// copy the counters.
+/// holds the lock for one operation ([`with`](Self::with) for several);
+/// [`stats`](Self::stats) holds it only to copy the counters.
+///
+/// Out-of-memory observers are called after the lock is released, so they
+/// may call back (read the statistics, record an annotation). A call that
+/// panics while it holds the lock fails the device: every later call
+/// returns [`Error::DeviceFailed`].
 ///
 /// ```
 /// use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator};
@@ -27,7 +49,7 @@ type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 ///     TinyBackend::default(), [BlockSlot::VACANT; 64], Config::DEFAULT));
 /// let x = a.malloc(4096, 0)?;
 /// a.free(x.id.unwrap())?;
-/// assert_eq!(a.stats().allocation.all().current, 0);
+/// assert_eq!(a.stats()?.allocation.all().current, 0);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
 pub struct CachingAllocator<
@@ -37,7 +59,7 @@ pub struct CachingAllocator<
     H = NoHistory,
     const P: usize = DEFAULT_POOLS,
 > {
-    inner: Mutex<DeviceAllocator<B, S, E, H, P>>,
+    inner: Mutex<Guarded<DeviceAllocator<B, S, E, H, P>>>,
 }
 
 impl<B, S, const E: usize, H, const P: usize> CachingAllocator<B, S, E, H, P>
@@ -50,7 +72,10 @@ where
     #[cfg(not(loom))]
     pub const fn new(allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
         CachingAllocator {
-            inner: Mutex::new(allocator),
+            inner: Mutex::new(Guarded {
+                alloc: allocator.keeping_oom_notices(true),
+                busy: false,
+            }),
         }
     }
 
@@ -58,13 +83,54 @@ where
     #[cfg(loom)]
     pub fn new(allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
         CachingAllocator {
-            inner: Mutex::new(allocator),
+            inner: Mutex::new(Guarded {
+                alloc: allocator.keeping_oom_notices(true),
+                busy: false,
+            }),
         }
+    }
+
+    /// Run `f` on the allocator, under the lock; then, with the lock
+    /// released, tell the out-of-memory observers of what `f` ran into.
+    /// Refused on a failed device; a panic in `f` fails it.
+    #[inline]
+    fn run<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> R) -> Res<R, B> {
+        let mut g = self.inner.lock();
+        if g.busy {
+            return Err(Error::DeviceFailed {
+                device: g.alloc.backend().ordinal(),
+            });
+        }
+        g.busy = true;
+        let r = f(&mut g.alloc);
+        g.busy = false;
+        if !g.alloc.has_oom_notices() {
+            return Ok(r);
+        }
+        let notices = g.alloc.take_oom_notices();
+        drop(g);
+        crate::allocator::deliver_oom_notices(&notices);
+        Ok(r)
+    }
+
+    /// [`run`](Self::run) for an `f` that returns a result.
+    #[inline]
+    fn try_run<R>(
+        &self,
+        f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> Res<R, B>,
+    ) -> Res<R, B> {
+        self.run(f)?
+    }
+
+    /// Whether a call panicked while it held the lock: the device refuses
+    /// every call from then on ([`Error::DeviceFailed`]).
+    pub fn is_failed(&self) -> bool {
+        self.inner.lock().busy
     }
 
     /// [`DeviceAllocator::malloc`].
     pub fn malloc(&self, size: u64, stream: B::Stream) -> Res<Allocation, B> {
-        self.inner.lock().malloc(size, stream)
+        self.try_run(|a| a.malloc(size, stream))
     }
 
     /// [`DeviceAllocator::malloc_with`].
@@ -74,92 +140,113 @@ where
         stream: B::Stream,
         flags: MallocFlags,
     ) -> Res<Allocation, B> {
-        self.inner.lock().malloc_with(size, stream, flags)
+        self.try_run(|a| a.malloc_with(size, stream, flags))
     }
 
     /// [`DeviceAllocator::free`].
     pub fn free(&self, id: BlockId) -> Res<(), B> {
-        self.inner.lock().free(id)
+        self.try_run(|a| a.free(id))
     }
 
     /// [`DeviceAllocator::free_ptr`].
     pub fn free_ptr(&self, ptr: DevicePtr) -> Res<(), B> {
-        self.inner.lock().free_ptr(ptr)
+        self.try_run(|a| a.free_ptr(ptr))
     }
 
     /// [`DeviceAllocator::record_stream`].
     pub fn record_stream(&self, id: BlockId, stream: B::Stream) -> Res<(), B> {
-        self.inner.lock().record_stream(id, stream)
+        self.try_run(|a| a.record_stream(id, stream))
     }
 
     /// [`DeviceAllocator::record_stream_ptr`].
     pub fn record_stream_ptr(&self, ptr: DevicePtr, stream: B::Stream) -> Res<(), B> {
-        self.inner.lock().record_stream_ptr(ptr, stream)
+        self.try_run(|a| a.record_stream_ptr(ptr, stream))
     }
 
     /// [`DeviceAllocator::empty_cache`].
     pub fn empty_cache(&self) -> Res<(), B> {
-        self.inner.lock().empty_cache()
+        self.try_run(|a| a.empty_cache())
     }
 
     /// A copy of the statistics (the lock is held only for the copy).
-    pub fn stats(&self) -> DeviceStats {
-        *self.inner.lock().stats()
+    pub fn stats(&self) -> Res<DeviceStats, B> {
+        self.run(|a| *a.stats())
     }
 
     /// [`DeviceAllocator::cache_info`].
-    pub fn cache_info(&self) -> CacheInfo {
-        self.inner.lock().cache_info()
+    pub fn cache_info(&self) -> Res<CacheInfo, B> {
+        self.run(|a| a.cache_info())
     }
 
-    /// Whether `ptr` lies in a segment of this device.
-    pub fn owns(&self, ptr: DevicePtr) -> bool {
-        self.inner.lock().owns(ptr)
+    /// Whether `ptr` lies in a segment of this device (under its lock; a
+    /// [`SegmentRegistry`] answers without it).
+    pub fn owns(&self, ptr: DevicePtr) -> Res<bool, B> {
+        self.run(|a| a.owns(ptr))
     }
 
     /// [`DeviceAllocator::share_ipc_handle`].
     pub fn share_ipc_handle(&self, ptr: DevicePtr) -> Res<ShareableHandle, B> {
-        self.inner.lock().share_ipc_handle(ptr)
+        self.try_run(|a| a.share_ipc_handle(ptr))
     }
 
     /// [`DeviceAllocator::release_ipc_share`].
     pub fn release_ipc_share(&self, ptr: DevicePtr) -> Res<(), B> {
-        self.inner.lock().release_ipc_share(ptr)
+        self.try_run(|a| a.release_ipc_share(ptr))
     }
 
     /// [`DeviceAllocator::open_ipc_handle`].
     pub fn open_ipc_handle(&self, handle: &ShareableHandle) -> Res<DevicePtr, B> {
-        self.inner.lock().open_ipc_handle(handle)
+        self.try_run(|a| a.open_ipc_handle(handle))
     }
 
     /// [`DeviceAllocator::close_ipc_handle`].
     pub fn close_ipc_handle(&self, handle: &ShareableHandle) -> Res<(), B> {
-        self.inner.lock().close_ipc_handle(handle)
+        self.try_run(|a| a.close_ipc_handle(handle))
     }
 
     /// [`DeviceAllocator::enable_peer_access`].
     pub fn enable_peer_access(&self, peer: u32) -> Res<PeerAccess, B> {
-        self.inner.lock().enable_peer_access(peer)
+        self.try_run(|a| a.enable_peer_access(peer))
     }
 
-    /// [`DeviceAllocator::check_invariants`].
+    /// [`DeviceAllocator::check_invariants`]; a failed device fails it.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        self.inner.lock().check_invariants()
+        self.run(|a| a.check_invariants())
+            .unwrap_or(Err(InvariantViolation::new(
+                "device failed: a call panicked while it held the device's lock",
+                None,
+                0,
+                1,
+            )))
     }
 
     /// Run `f` with the allocator locked (several operations as one).
-    pub fn with<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> R) -> R {
-        f(&mut self.inner.lock())
+    /// Out-of-memory observers are told once the lock is released (of the
+    /// first 4 out-of-memory errors `f` ran into). Refused on a failed
+    /// device; a panic in `f` fails the device.
+    pub fn with<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> R) -> Res<R, B> {
+        self.run(f)
     }
 
-    /// The allocator, unlocked.
+    /// [`with`](Self::with) for an `f` that returns a result: its error, or
+    /// the refusal of a failed device.
+    pub fn try_with<R>(
+        &self,
+        f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> Res<R, B>,
+    ) -> Res<R, B> {
+        self.try_run(f)
+    }
+
+    /// The allocator, unlocked (out-of-memory observers are called at the
+    /// failing allocation again). A failed device's allocator may be
+    /// half-updated: check it before trusting it.
     pub fn into_inner(self) -> DeviceAllocator<B, S, E, H, P> {
-        self.inner.into_inner()
+        self.inner.into_inner().alloc.keeping_oom_notices(false)
     }
 
     /// [`DeviceAllocator::create_pool`].
     pub fn create_pool(&self, id: MempoolId, options: PoolOptions) -> Res<(), B> {
-        self.inner.lock().create_pool(id, options)
+        self.try_run(|a| a.create_pool(id, options))
     }
 
     /// [`DeviceAllocator::begin_allocate_to_pool`]: from now on, requests on
@@ -169,37 +256,37 @@ where
         id: MempoolId,
         filter: StreamFilter<B::Stream>,
     ) -> Res<(), B> {
-        self.inner.lock().begin_allocate_to_pool(id, filter)
+        self.try_run(|a| a.begin_allocate_to_pool(id, filter))
     }
 
     /// [`DeviceAllocator::end_allocate_to_pool`].
     pub fn end_allocate_to_pool(&self, id: MempoolId) -> Res<(), B> {
-        self.inner.lock().end_allocate_to_pool(id)
+        self.try_run(|a| a.end_allocate_to_pool(id))
     }
 
     /// [`DeviceAllocator::capture_begin`].
     pub fn capture_begin(&self, id: MempoolId, filter: StreamFilter<B::Stream>) -> Res<(), B> {
-        self.inner.lock().capture_begin(id, filter)
+        self.try_run(|a| a.capture_begin(id, filter))
     }
 
     /// [`DeviceAllocator::capture_end`].
     pub fn capture_end(&self, id: MempoolId) -> Res<(), B> {
-        self.inner.lock().capture_end(id)
+        self.try_run(|a| a.capture_end(id))
     }
 
     /// [`DeviceAllocator::release_pool`].
     pub fn release_pool(&self, id: MempoolId) -> Res<(), B> {
-        self.inner.lock().release_pool(id)
+        self.try_run(|a| a.release_pool(id))
     }
 
     /// [`DeviceAllocator::pool_use_count`].
-    pub fn pool_use_count(&self, id: MempoolId) -> u32 {
-        self.inner.lock().pool_use_count(id)
+    pub fn pool_use_count(&self, id: MempoolId) -> Res<u32, B> {
+        self.run(|a| a.pool_use_count(id))
     }
 
     /// [`DeviceAllocator::empty_cache_pool`].
     pub fn empty_cache_pool(&self, id: MempoolId) -> Res<(), B> {
-        self.inner.lock().empty_cache_pool(id)
+        self.try_run(|a| a.empty_cache_pool(id))
     }
 }
 
@@ -213,23 +300,29 @@ pub struct DeviceAllocation {
     pub allocation: Allocation,
 }
 
-/// A fixed set of devices, each behind its own lock. `free_ptr` and
-/// `record_stream_ptr` find the device that owns the pointer.
+/// A fixed set of devices, each behind its own lock. `free_ptr`,
+/// `record_stream_ptr` and the IPC calls find the device that owns a
+/// pointer in a [`SegmentRegistry`] that every device keeps up to date,
+/// without taking any device's lock: a `record_stream` on one device never
+/// waits behind an `empty_cache` or a device free on another.
 ///
 /// ```
 /// use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator,
-///     MultiDeviceAllocator};
+///     MultiDeviceAllocator, SegmentTable};
+/// static SEGMENTS: SegmentTable<64> = SegmentTable::new();
 /// let dev = |base: u64| CachingAllocator::new(DeviceAllocator::new(
 ///     TinyBackend { next: base, ..TinyBackend::default() }, [BlockSlot::VACANT; 32], Config::DEFAULT));
-/// let m = MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]);
+/// let m = MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)], &SEGMENTS)?;
 /// let x = m.malloc(1, 512, 0)?;
+/// assert_eq!(m.owner(x.allocation.ptr), Some(1));      // no device locked
 /// m.free_ptr(x.allocation.ptr)?;                       // routed to device 1
-/// assert_eq!(m.device(1).unwrap().stats().allocation.all().allocated, 1);
+/// assert_eq!(m.device(1).unwrap().stats()?.allocation.all().allocated, 1);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
 /// ```
 pub struct MultiDeviceAllocator<B: DeviceBackend, S, const E: usize, const D: usize, H = NoHistory>
 {
     devices: [CachingAllocator<B, S, E, H>; D],
+    registry: &'static dyn SegmentRegistry,
 }
 
 impl<B, S, const E: usize, const D: usize, H> MultiDeviceAllocator<B, S, E, D, H>
@@ -238,9 +331,24 @@ where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
     H: HistoryStorage,
 {
-    /// The devices, index = device number. Their address ranges must not overlap.
-    pub const fn new(devices: [CachingAllocator<B, S, E, H>; D]) -> Self {
-        MultiDeviceAllocator { devices }
+    /// The devices, index = device number (their address ranges must not
+    /// overlap), each registering its segments in `registry` under its
+    /// number (the segments they hold already too). Give each
+    /// `MultiDeviceAllocator` a registry of its own. Fails if the registry
+    /// refuses a segment a device holds, or a device failed.
+    pub fn new(
+        devices: [CachingAllocator<B, S, E, H>; D],
+        registry: &'static dyn SegmentRegistry,
+    ) -> Res<Self, B> {
+        for (k, d) in devices.iter().enumerate() {
+            if let Err(e) = d.try_with(|a| a.attach_segment_registry(registry, k as u32)) {
+                for d in &devices[..k] {
+                    let _ = d.with(|a| a.detach_segment_registry());
+                }
+                return Err(e);
+            }
+        }
+        Ok(MultiDeviceAllocator { devices, registry })
     }
 
     /// One device.
@@ -270,9 +378,15 @@ where
         }
     }
 
-    /// The device whose segments contain `ptr`.
+    /// The device whose segments contain `ptr`, from the registry: no
+    /// device's lock is taken. A pointer to a live allocation is always
+    /// found on its device; one to memory being created or released right
+    /// now may be `None`, and is never another device's.
     pub fn owner(&self, ptr: DevicePtr) -> Option<usize> {
-        self.devices.iter().position(|d| d.owns(ptr))
+        self.registry
+            .owner(ptr.0)
+            .map(|d| d as usize)
+            .filter(|&d| d < D)
     }
 
     /// Free by address, on whichever device owns it (null is a no-op).
@@ -343,9 +457,9 @@ where
     ) -> Res<(), B> {
         let to = self.get(dst_device)?;
         let from = self.get(src_device)?;
-        let expandable =
-            to.with(|a| a.has_expandable_segments()) || from.with(|a| a.has_expandable_segments());
-        from.with(|a| {
+        let expandable = to.with(|a| a.has_expandable_segments())?
+            || from.with(|a| a.has_expandable_segments())?;
+        from.try_with(|a| {
             if !needs_peer_copy(src_device, dst_device, expandable, p2p_enabled) {
                 a.memcpy_async(dst, src, bytes, stream)
             } else {
@@ -369,7 +483,8 @@ where
         Ok(())
     }
 
-    /// The devices, unwrapped.
+    /// The devices, unwrapped (their segments stay in the registry, which
+    /// they keep up to date, until they are detached from it).
     pub fn into_devices(self) -> [CachingAllocator<B, S, E, H>; D] {
         self.devices
     }

@@ -229,6 +229,25 @@ pub enum Error<E> {
         /// The address involved.
         ptr: DevicePtr,
     },
+    /// An operation that must not run while a stream capture is under way
+    /// on the device (it would make device calls that invalidate it).
+    CaptureUnderway {
+        /// The operation.
+        what: &'static str,
+    },
+    /// An earlier call panicked while it held this device's lock, so the
+    /// device's metadata may be half-updated: the thread-safe front ends
+    /// refuse every later call on it.
+    DeviceFailed {
+        /// The device's ordinal.
+        device: u32,
+    },
+    /// The table that maps segment addresses to devices is full: the new
+    /// segment was given back to the device.
+    SegmentTableFull {
+        /// Its capacity.
+        capacity: usize,
+    },
     /// The backend failed.
     Backend(E),
 }
@@ -308,6 +327,20 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::IpcNotShared { ptr } => write!(f, "release of an IPC share of {ptr}, which has no share outstanding"),
             Error::Unsupported { what, backend } => write!(f, "{what} is not supported by {backend}"),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),
+            Error::CaptureUnderway { what } => write!(
+                f,
+                "{what} is refused while a stream capture (CUDA graph) is under way on this device: \
+                 it would make device calls that invalidate the capture"
+            ),
+            Error::DeviceFailed { device } => write!(
+                f,
+                "device {device} failed: an earlier call panicked while it held the device's lock, \
+                 so its allocator's metadata may be half-updated; every call on it is refused"
+            ),
+            Error::SegmentTableFull { capacity } => write!(
+                f,
+                "the segment table is full ({capacity} segments): give it more entries"
+            ),
             Error::Backend(e) => write!(f, "device backend error: {e}"),
         }
     }

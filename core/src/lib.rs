@@ -82,6 +82,7 @@ pub mod policy;
 mod pool;
 mod private_pool;
 mod segment_index;
+mod segment_table;
 mod snapshot;
 pub mod stats;
 mod sync;
@@ -108,6 +109,7 @@ pub use history::{
 pub use invariants::InvariantViolation;
 pub use pool::Pool;
 pub use private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
+pub use segment_table::{RegistryRefusal, SegmentRegistry, SegmentTable};
 pub use snapshot::{
     AllocatorSettings, BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments, Snapshot,
 };

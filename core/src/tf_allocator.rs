@@ -233,7 +233,7 @@ where
         };
         // The counters change under the allocator's lock (always taken
         // first), so a `clear_stats` sees each allocation wholly or not.
-        self.allocator.with(|a| {
+        self.allocator.try_with(|a| {
             let x = a.malloc_aligned(num_bytes, alignment, self.stream, flags)?;
             if x.size > 0 {
                 let mut c = self.counters.lock();
@@ -269,14 +269,14 @@ where
     /// `RequestedSize(ptr)`: the bytes asked for.
     pub fn requested_size(&self, ptr: DevicePtr) -> Res<u64, B> {
         self.allocator
-            .with(|a| a.allocation_info_ptr(ptr))
+            .try_with(|a| a.allocation_info_ptr(ptr))
             .map(|i| i.requested_size)
     }
 
     /// `AllocatedSize(ptr)`: the bytes of the block (at least the request).
     pub fn allocated_size(&self, ptr: DevicePtr) -> Res<u64, B> {
         self.allocator
-            .with(|a| a.allocation_info_ptr(ptr))
+            .try_with(|a| a.allocation_info_ptr(ptr))
             .map(|i| i.allocated_size)
     }
 
@@ -284,20 +284,23 @@ where
     /// (from 1, as BFC's).
     pub fn allocation_id(&self, ptr: DevicePtr) -> Res<i64, B> {
         self.allocator
-            .with(|a| a.allocation_info_ptr(ptr))
+            .try_with(|a| a.allocation_info_ptr(ptr))
             .map(|i| i.allocation_id as i64)
     }
 
     /// `AllocatedSizeSlow(ptr)`: the bytes of the live allocation that
-    /// contains `ptr` (its start or any byte inside it), else 0.
+    /// contains `ptr` (its start or any byte inside it), else 0 (also on a
+    /// failed device).
     pub fn allocated_size_slow(&self, ptr: DevicePtr) -> u64 {
-        self.allocator.with(|a| match a.allocation_info_ptr(ptr) {
-            Ok(i) => i.allocated_size,
-            Err(Error::InteriorPointer { base, .. }) => {
-                a.allocation_info_ptr(base).map_or(0, |i| i.allocated_size)
-            }
-            Err(_) => 0,
-        })
+        self.allocator
+            .with(|a| match a.allocation_info_ptr(ptr) {
+                Ok(i) => i.allocated_size,
+                Err(Error::InteriorPointer { base, .. }) => {
+                    a.allocation_info_ptr(base).map_or(0, |i| i.allocated_size)
+                }
+                Err(_) => 0,
+            })
+            .unwrap_or(0)
     }
 
     /// `GetStats()`. Asks the device for its total memory when no memory
@@ -313,7 +316,7 @@ where
                     .map_err(Error::Backend),
             };
             (*a.stats(), a.cache_info(), limit, *self.counters.lock())
-        });
+        })?;
         let all = |s: &crate::stats::StatArray| *s.all();
         let allocated = all(&stats.allocated_bytes);
         let reserved = all(&stats.reserved_bytes);
@@ -335,13 +338,14 @@ where
     /// `ClearStats()`, as BFC does it: `num_allocs` and
     /// `largest_alloc_size` restart from 0, `peak_bytes_in_use` becomes
     /// `bytes_in_use`; nothing else changes (`peak_pool_bytes` neither).
-    /// Returns true (supported).
+    /// Returns true (supported; false on a failed device).
     pub fn clear_stats(&self) -> bool {
-        self.allocator.with(|a| {
-            a.reset_peak_allocated_bytes();
-            *self.counters.lock() = Counters::default();
-        });
-        true
+        self.allocator
+            .with(|a| {
+                a.reset_peak_allocated_bytes();
+                *self.counters.lock() = Counters::default();
+            })
+            .is_ok()
     }
 
     /// `SetSafeFrontier(count)`: nothing to do (there is no `freed_by_func`

@@ -39,6 +39,7 @@ PROTOTYPES = {
     "cachealloc_version": (c_char_p, []),
     "cachealloc_last_error": (c_char_p, []),
     "cachealloc_debug_force_internal_error": (c_int, []),
+    "cachealloc_debug_fail_inside_lock": (c_int, []),
     "cachealloc_record_history": (c_int, [c_int, c_int, c_size_t]),
     "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),
     "cachealloc_attach_oom_observer": (c_int, [OOM_OBSERVER, c_void_p]),

@@ -1,7 +1,8 @@
 //! The backend conformance suite: the same checks for any [`Harness`] (the
 //! mock always; CUDA and HIP on their stub drivers, and where a device is
-//! present): the device checks, then every PyTorch-parity scenario and every
-//! expandable-segment scenario the device can run.
+//! present): the device checks, then every PyTorch-parity scenario, every
+//! expandable-segment scenario and every private-pool (CUDA graph)
+//! scenario the device can run.
 
 use crate::harness::{Harness, Logged};
 use crate::scenario;
@@ -138,11 +139,16 @@ pub fn run<H: Harness>(h: &H, data: &Path) -> Result<SuiteReport, String> {
         check(&mut r, name, f(h));
     }
     let mut all = scenario::load_all(data)?;
-    // Expandable segments (virtual memory), where the data has them.
-    match scenario::load_suite(data, "expandable") {
-        Ok(more) => all.extend(more),
-        Err(e) if crate::testdata_overridden() => println!("{}: {e}", h.name()),
-        Err(e) => return Err(e),
+    // Expandable segments (virtual memory) and private pools (CUDA graph
+    // captures, begun and ended on the device as `torch.cuda.graph` does,
+    // so a device that models the capture rules checks that no call
+    // invalidates them), where the data has them.
+    for suite in ["expandable", "pools"] {
+        match scenario::load_suite(data, suite) {
+            Ok(more) => all.extend(more),
+            Err(e) if crate::testdata_overridden() => println!("{}: {e}", h.name()),
+            Err(e) => return Err(e),
+        }
     }
     for v in all {
         let sc = scenario::parse(&v)?;

@@ -24,10 +24,13 @@ use cachealloc_core::{
     Allocation, BlockId, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, Error,
     MallocFlags, MempoolId, OomReport, PoolOptions, StreamFilter,
 };
-use cachealloc_mock::{MockDevice, MockError, MockMachine};
+use cachealloc_mock::{CaptureMode, MockDevice, MockError, MockMachine};
 use std::collections::{BTreeMap, BTreeSet};
 
 const MIB: u64 = 1 << 20;
+/// The stream an all-streams capture captures on the simulated device (no
+/// op uses it).
+const CAPTURE_STREAM: u64 = 100;
 
 /// The allocator the fuzz targets drive: small event capacity so full queues happen.
 pub type FuzzAllocator = DeviceAllocator<MockDevice, Box<[BlockSlot]>, 8>;
@@ -280,6 +283,9 @@ struct Shadow {
     freed: Vec<BlockId>,
     /// (pool, streams mask, capture), newest last.
     routes: Vec<(MempoolId, u8, bool)>,
+    /// The simulated device's captures begun for each capture route (as
+    /// the runtime begins capturing after `capture_begin`): its streams.
+    device_captures: Vec<(MempoolId, Vec<u64>)>,
     /// Segment base -> the pool its blocks were handed to.
     segment_pool: BTreeMap<u64, MempoolId>,
 }
@@ -344,6 +350,43 @@ impl Shadow {
 
     fn capturing(&self) -> bool {
         self.routes.iter().any(|r| r.2)
+    }
+
+    /// The runtime begins capturing the streams of capture `id` (an
+    /// all-streams capture: a stream of its own) on the simulated device,
+    /// those not captured already; from now on the device refuses what the
+    /// driver refuses during a capture.
+    fn begin_device_capture(&mut self, a: &mut FuzzAllocator, id: MempoolId, streams: &[u64]) {
+        let all = [CAPTURE_STREAM];
+        let streams = if streams.is_empty() {
+            &all[..]
+        } else {
+            streams
+        };
+        let mut begun = Vec::new();
+        for &s in streams {
+            if !a.backend().is_capturing(s) {
+                a.backend_mut()
+                    .begin_capture(s, CaptureMode::Global)
+                    .expect("begin capture");
+                begun.push(s);
+            }
+        }
+        self.device_captures.push((id, begun));
+    }
+
+    /// The runtime ends the device captures of `id`: none may have been
+    /// invalidated by a call the allocator made meanwhile.
+    fn end_device_capture(&mut self, a: &mut FuzzAllocator, id: MempoolId) {
+        let Some(k) = self.device_captures.iter().position(|c| c.0 == id) else {
+            return;
+        };
+        let (_, streams) = self.device_captures.remove(k);
+        for s in streams {
+            if let Err(e) = a.backend_mut().end_capture(s) {
+                panic!("the capture of stream {s} into {id:?}: {e}");
+            }
+        }
     }
 
     /// No capture is left: streams recorded during one are done.
@@ -516,10 +559,9 @@ fn injected(e: &Error<MockError>) -> bool {
 
 /// After an OOM from the full ladder: no releasable cached whole segment is
 /// left (of the default pools, or of a pool nobody uses), and the device (or
-/// the limit) really cannot supply the segment. Inside a capture there is
-/// no flush rung: the oversize rung may release some blocks, too few to
-/// retry, and PyTorch then raises with room on the device; nothing is
-/// checked there. With expandable segments the flush unmapped every free
+/// the limit) really cannot supply the segment. While a capture is under
+/// way no rung gives memory back (it would invalidate the capture): nothing
+/// is checked there. With expandable segments the flush unmapped every free
 /// page, and wherever the request goes it maps at most its size in whole
 /// pages (a new reservation maps exactly that): the device must lack them.
 fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, r: &OomReport, in_capture: bool) {
@@ -588,6 +630,7 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
         released: BTreeMap::new(),
         freed: Vec::new(),
         routes: Vec::new(),
+        device_captures: Vec::new(),
         segment_pool: BTreeMap::new(),
     };
     let debug = std::env::var_os("CACHEALLOC_FUZZ_DEBUG").is_some();
@@ -627,6 +670,7 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
     }
     for k in 0..3 {
         let id = pool_id(k);
+        shadow.end_device_capture(&mut a, id);
         let _ = a.end_allocate_to_pool(id);
         while a.pool_use_count(id) > 0 {
             a.release_pool(id).expect("release of a pool in use");
@@ -727,11 +771,9 @@ fn step(
                     cov.ooms += 1;
                     assert!(bytes < 1 << 60);
                     if mode == Mode::NoFalseOom && !no_retry {
-                        let in_capture = sh
-                            .routes
-                            .iter()
-                            .any(|r| r.2 && (r.1 == 0 || r.1 & (1 << stream) != 0));
-                        assert_true_oom(a, capacity, &r, in_capture);
+                        // No rung gives memory back while any capture is
+                        // under way on the device.
+                        assert_true_oom(a, capacity, &r, sh.capturing());
                     }
                 }
                 Err(Error::MetadataExhausted { .. }) => cov.exhausted += 1,
@@ -883,11 +925,15 @@ fn step(
             };
             if r.is_ok() {
                 sh.routes.push((id, mask, capture));
+                if capture {
+                    sh.begin_device_capture(a, id, &list);
+                }
             }
             pool_result(r);
         }
         FuzzOp::PoolEnd { pool } => {
             let id = pool_id(pool);
+            sh.end_device_capture(a, id);
             if a.end_allocate_to_pool(id).is_ok() {
                 sh.routes.retain(|r| r.0 != id);
                 if !sh.capturing() {

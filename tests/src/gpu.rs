@@ -37,6 +37,14 @@ pub trait GpuApi {
     fn make_current(b: &Self::B) -> Result<(), String>;
     /// Queue a memset of `n` bytes at `ptr` on `s` (work for a stream).
     fn memset(b: &Self::B, ptr: DevicePtr, n: u64, s: StreamOf<Self>) -> Result<(), String>;
+    /// Begin capturing `s` into a graph in global mode, as
+    /// `torch.cuda.graph` does (`cuStreamBeginCapture_v2`,
+    /// `hipStreamBeginCapture`).
+    fn begin_capture(b: &Self::B, s: StreamOf<Self>) -> Result<(), String>;
+    /// End the capture of `s`; its graph, instantiated, launched once on
+    /// `s` (a replay) and destroyed. The driver's error when a call made
+    /// meanwhile invalidated the capture.
+    fn end_capture(b: &Self::B, s: StreamOf<Self>) -> Result<(), String>;
 }
 
 /// Bytes of the buffer a real GPU's streams are kept busy with.
@@ -143,5 +151,11 @@ impl<G: GpuApi> Harness for GpuHarness<G> {
     }
     fn simulated(&self) -> bool {
         self.stub.is_some()
+    }
+    fn begin_capture(&self, b: &mut G::B, k: u64) -> Result<(), String> {
+        G::begin_capture(b, self.stream(k))
+    }
+    fn end_capture(&self, b: &mut G::B, k: u64) -> Result<(), String> {
+        G::end_capture(b, self.stream(k))
     }
 }

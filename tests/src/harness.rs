@@ -7,7 +7,7 @@
 use cachealloc_core::{
     DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
 };
-use cachealloc_mock::MockDevice;
+use cachealloc_mock::{CaptureMode, MockDevice};
 
 /// A device under test.
 pub trait Harness {
@@ -30,6 +30,20 @@ pub trait Harness {
     fn deterministic(&self) -> bool;
     /// Whether the device can be given a capacity.
     fn simulated(&self) -> bool;
+    /// The runtime begins capturing stream `k` into a graph (global mode,
+    /// as `torch.cuda.graph`): from now until [`end_capture`](Self::end_capture)
+    /// the device refuses the calls the driver refuses during a capture.
+    /// Where that cannot be modelled, nothing.
+    fn begin_capture(&self, b: &mut Self::B, k: u64) -> Result<(), String> {
+        let _ = (b, k);
+        Ok(())
+    }
+    /// The runtime ends the capture of stream `k`: an error if a call made
+    /// meanwhile invalidated it.
+    fn end_capture(&self, b: &mut Self::B, k: u64) -> Result<(), String> {
+        let _ = (b, k);
+        Ok(())
+    }
 }
 
 /// The simulated device.
@@ -57,6 +71,13 @@ impl Harness for MockHarness {
     }
     fn simulated(&self) -> bool {
         true
+    }
+    fn begin_capture(&self, b: &mut MockDevice, k: u64) -> Result<(), String> {
+        b.begin_capture(k, CaptureMode::Global)
+            .map_err(|e| e.to_string())
+    }
+    fn end_capture(&self, b: &mut MockDevice, k: u64) -> Result<(), String> {
+        b.end_capture(k).map_err(|e| e.to_string())
     }
 }
 
@@ -150,6 +171,9 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     }
     fn time_us(&mut self) -> u64 {
         self.inner.time_us()
+    }
+    fn set_capture_underway(&mut self, underway: bool) {
+        self.inner.set_capture_underway(underway)
     }
     const PLATFORM: &'static str = B::PLATFORM;
     const NAME: &'static str = B::NAME;

@@ -268,6 +268,8 @@ pub struct Run<'h, H: Harness> {
     pub orphans: Vec<Allocation>,
     /// Pool ids by name: `(0, k)` for the k-th name seen.
     pub pools: Vec<String>,
+    /// Captures under way in the device's model: pool name, streams.
+    pub capturing: Vec<(String, Vec<u64>)>,
 }
 
 impl<'h, H: Harness> Run<'h, H> {
@@ -286,6 +288,7 @@ impl<'h, H: Harness> Run<'h, H> {
             last_oom: None,
             orphans: Vec::new(),
             pools: Vec::new(),
+            capturing: Vec::new(),
         })
     }
 
@@ -384,19 +387,30 @@ impl<'h, H: Harness> Run<'h, H> {
                 };
                 let a = &mut self.alloc;
                 if *capture {
-                    a.capture_begin(id, filter)
+                    // As `torch.cuda.graph`: the allocator first, then the
+                    // runtime begins capturing (the device model then
+                    // refuses what the driver refuses during a capture).
+                    a.capture_begin(id, filter).map_err(|e| e.to_string())?;
+                    let ks = match streams {
+                        Streams::All => Vec::new(),
+                        Streams::These(list) => list.clone(),
+                    };
+                    for &k in &ks {
+                        h.begin_capture(&mut a.backend_mut().inner, k)?;
+                    }
+                    self.capturing.push((pool.clone(), ks));
                 } else {
                     a.begin_allocate_to_pool(id, filter)
+                        .map_err(|e| e.to_string())?;
                 }
-                .map_err(|e| e.to_string())?;
             }
             Step::PoolEnd { pool, capture } => {
                 let id = self.pool_id(pool);
-                let a = &mut self.alloc;
                 if *capture {
-                    a.capture_end(id)
+                    self.end_capture_of(pool)?;
+                    self.alloc.capture_end(id)
                 } else {
-                    a.end_allocate_to_pool(id)
+                    self.alloc.end_allocate_to_pool(id)
                 }
                 .map_err(|e| e.to_string())?;
             }
@@ -506,6 +520,15 @@ impl<'h, H: Harness> Run<'h, H> {
     /// End every routing and capture, and release every pool to use count
     /// 0: pools in use keep their memory, so a teardown starts here.
     pub fn end_pools(&mut self) -> Result<(), String> {
+        // Every capture is ended, even after one reports an error.
+        let mut ended = Ok(());
+        while let Some((pool, _)) = self.capturing.last().cloned() {
+            let r = self.end_capture_of(&pool);
+            if ended.is_ok() {
+                ended = r;
+            }
+        }
+        ended?;
         for k in 0..self.pools.len() {
             let id = MempoolId(0, k as u64 + 1);
             let _ = self.alloc.end_allocate_to_pool(id);
@@ -514,6 +537,26 @@ impl<'h, H: Harness> Run<'h, H> {
             }
         }
         Ok(())
+    }
+
+    /// The runtime ends the capture into `pool` on every stream it began
+    /// on: an error if a call made meanwhile invalidated it.
+    fn end_capture_of(&mut self, pool: &str) -> Result<(), String> {
+        let Some(k) = self.capturing.iter().position(|(p, _)| p == pool) else {
+            return Ok(());
+        };
+        let (_, ks) = self.capturing.remove(k);
+        let h = self.harness;
+        let mut ended = Ok(());
+        for k in ks {
+            let r = h
+                .end_capture(&mut self.alloc.backend_mut().inner, k)
+                .map_err(|e| format!("the capture of stream {k} into pool {pool}: {e}"));
+            if ended.is_ok() {
+                ended = r;
+            }
+        }
+        ended
     }
 
     /// Free what is live, wait for all streams, empty the cache and drop the

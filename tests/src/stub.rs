@@ -75,10 +75,18 @@ pub struct StubCounters {
     pub live_mappings: u64,
     /// Other processes' IPC handles opened here and not closed.
     pub live_imports: u64,
+    /// Stream captures begun and not ended.
+    pub live_captures: u64,
+    /// Calls refused because a stream was capturing (each invalidated the
+    /// captures that refused it).
+    pub capture_violations: u64,
+    /// Graphs and instantiated graphs not destroyed.
+    pub live_graphs: u64,
 }
 
 impl StubCounters {
-    /// Whether nothing is left alive and no bad handle was used.
+    /// Whether nothing is left alive, no bad handle was used and no call
+    /// broke a capture's rules.
     pub fn clean(&self) -> bool {
         self.live_allocations == 0
             && self.live_events == 0
@@ -89,6 +97,9 @@ impl StubCounters {
             && self.live_physical == 0
             && self.live_mappings == 0
             && self.live_imports == 0
+            && self.live_captures == 0
+            && self.capture_violations == 0
+            && self.live_graphs == 0
     }
 }
 

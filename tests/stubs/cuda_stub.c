@@ -26,8 +26,16 @@ enum {
     CUDA_ERROR_ALREADY_MAPPED = 208,
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_CAPTURED_EVENT = 907,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -48,6 +56,14 @@ static CUresult cu(stub_status s) {
     case ST_ALREADY_MAPPED: return CUDA_ERROR_ALREADY_MAPPED;
     case ST_PEER_UNSUPPORTED: return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     case ST_PEER_ALREADY_ENABLED: return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    case ST_ILLEGAL_STATE: return CUDA_ERROR_ILLEGAL_STATE;
+    case ST_CAPTURE_UNSUPPORTED: return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    case ST_CAPTURE_INVALIDATED: return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    case ST_CAPTURE_UNMATCHED: return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    case ST_CAPTURE_ISOLATION: return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    case ST_CAPTURE_IMPLICIT: return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    case ST_CAPTURED_EVENT: return CUDA_ERROR_CAPTURED_EVENT;
+    case ST_CAPTURE_WRONG_THREAD: return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     }
     return CUDA_ERROR_UNKNOWN;
 }
@@ -143,8 +159,8 @@ STUB_EXPORT CUresult cuCtxSynchronize(void) {
 }
 
 STUB_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
-    (void)flags;
-    return cu(stub_op_stream_create("cuStreamCreate", stream));
+    /* CU_STREAM_NON_BLOCKING = 1 */
+    return cu(stub_op_stream_create("cuStreamCreate", stream, flags));
 }
 
 STUB_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
@@ -199,6 +215,44 @@ STUB_EXPORT CUresult cuEventSynchronize(CUevent event) {
 
 STUB_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
     return cu(stub_op_event("cuEventDestroy_v2", event, STUB_EVENT_DESTROY));
+}
+
+/* ------------------------------------------------ stream capture, graphs */
+
+typedef void *CUgraph;
+typedef void *CUgraphExec;
+
+STUB_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+    return cu(stub_op_begin_capture("cuStreamBeginCapture_v2", stream, mode));
+}
+
+STUB_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
+    return cu(stub_op_end_capture("cuStreamEndCapture", stream, graph));
+}
+
+STUB_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
+    return cu(stub_op_is_capturing("cuStreamIsCapturing", stream, status));
+}
+
+STUB_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    return cu(stub_op_exchange_mode("cuThreadExchangeStreamCaptureMode", mode));
+}
+
+STUB_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    return cu(stub_op_graph_instantiate("cuGraphInstantiateWithFlags", exec, graph));
+}
+
+STUB_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    return cu(stub_op_graph_launch("cuGraphLaunch", exec, stream));
+}
+
+STUB_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    return cu(stub_op_graph_destroy("cuGraphExecDestroy", exec, 1));
+}
+
+STUB_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+    return cu(stub_op_graph_destroy("cuGraphDestroy", graph, 0));
 }
 
 /* ------------------------------------------------ virtual memory (VMM) */
@@ -340,6 +394,14 @@ static const char *stub_cu_name(CUresult e) {
     case CUDA_ERROR_ALREADY_MAPPED: return "CUDA_ERROR_ALREADY_MAPPED";
     case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED";
     case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: return "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED";
+    case CUDA_ERROR_ILLEGAL_STATE: return "CUDA_ERROR_ILLEGAL_STATE";
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: return "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
+    case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: return "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED";
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION: return "CUDA_ERROR_STREAM_CAPTURE_ISOLATION";
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: return "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT";
+    case CUDA_ERROR_CAPTURED_EVENT: return "CUDA_ERROR_CAPTURED_EVENT";
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: return "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD";
     case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return NULL;
     }

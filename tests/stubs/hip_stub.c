@@ -24,8 +24,16 @@ enum {
     hipErrorAlreadyMapped = 208,
     hipErrorPeerAccessUnsupported = 217,
     hipErrorInvalidHandle = 400,
+    hipErrorIllegalState = 401,
     hipErrorNotReady = 600,
     hipErrorPeerAccessAlreadyEnabled = 704,
+    hipErrorStreamCaptureUnsupported = 900,
+    hipErrorStreamCaptureInvalidated = 901,
+    hipErrorStreamCaptureUnmatched = 903,
+    hipErrorStreamCaptureIsolation = 905,
+    hipErrorStreamCaptureImplicit = 906,
+    hipErrorCapturedEvent = 907,
+    hipErrorStreamCaptureWrongThread = 908,
     hipErrorUnknown = 999,
 };
 
@@ -46,6 +54,14 @@ static hipError_t hip(stub_status s) {
     case ST_ALREADY_MAPPED: return hipErrorAlreadyMapped;
     case ST_PEER_UNSUPPORTED: return hipErrorPeerAccessUnsupported;
     case ST_PEER_ALREADY_ENABLED: return hipErrorPeerAccessAlreadyEnabled;
+    case ST_ILLEGAL_STATE: return hipErrorIllegalState;
+    case ST_CAPTURE_UNSUPPORTED: return hipErrorStreamCaptureUnsupported;
+    case ST_CAPTURE_INVALIDATED: return hipErrorStreamCaptureInvalidated;
+    case ST_CAPTURE_UNMATCHED: return hipErrorStreamCaptureUnmatched;
+    case ST_CAPTURE_ISOLATION: return hipErrorStreamCaptureIsolation;
+    case ST_CAPTURE_IMPLICIT: return hipErrorStreamCaptureImplicit;
+    case ST_CAPTURED_EVENT: return hipErrorCapturedEvent;
+    case ST_CAPTURE_WRONG_THREAD: return hipErrorStreamCaptureWrongThread;
     }
     return hipErrorUnknown;
 }
@@ -98,8 +114,8 @@ STUB_EXPORT hipError_t hipDeviceSynchronize(void) {
 }
 
 STUB_EXPORT hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned flags) {
-    (void)flags;
-    return hip(stub_op_stream_create("hipStreamCreateWithFlags", stream));
+    /* hipStreamNonBlocking = 1 */
+    return hip(stub_op_stream_create("hipStreamCreateWithFlags", stream, flags));
 }
 
 STUB_EXPORT hipError_t hipStreamDestroy(hipStream_t stream) {
@@ -154,6 +170,48 @@ STUB_EXPORT hipError_t hipEventSynchronize(hipEvent_t event) {
 
 STUB_EXPORT hipError_t hipEventDestroy(hipEvent_t event) {
     return hip(stub_op_event("hipEventDestroy", event, STUB_EVENT_DESTROY));
+}
+
+/* ------------------------------------------------ stream capture, graphs */
+
+typedef void *hipGraph_t;
+typedef void *hipGraphExec_t;
+typedef void *hipGraphNode_t;
+
+STUB_EXPORT hipError_t hipStreamBeginCapture(hipStream_t stream, int mode) {
+    return hip(stub_op_begin_capture("hipStreamBeginCapture", stream, mode));
+}
+
+STUB_EXPORT hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *graph) {
+    return hip(stub_op_end_capture("hipStreamEndCapture", stream, graph));
+}
+
+STUB_EXPORT hipError_t hipStreamIsCapturing(hipStream_t stream, int *status) {
+    return hip(stub_op_is_capturing("hipStreamIsCapturing", stream, status));
+}
+
+STUB_EXPORT hipError_t hipThreadExchangeStreamCaptureMode(int *mode) {
+    return hip(stub_op_exchange_mode("hipThreadExchangeStreamCaptureMode", mode));
+}
+
+STUB_EXPORT hipError_t hipGraphInstantiate(hipGraphExec_t *exec, hipGraph_t graph, hipGraphNode_t *error_node,
+                                           char *log, size_t log_size) {
+    (void)error_node;
+    (void)log;
+    (void)log_size;
+    return hip(stub_op_graph_instantiate("hipGraphInstantiate", exec, graph));
+}
+
+STUB_EXPORT hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t stream) {
+    return hip(stub_op_graph_launch("hipGraphLaunch", exec, stream));
+}
+
+STUB_EXPORT hipError_t hipGraphExecDestroy(hipGraphExec_t exec) {
+    return hip(stub_op_graph_destroy("hipGraphExecDestroy", exec, 1));
+}
+
+STUB_EXPORT hipError_t hipGraphDestroy(hipGraph_t graph) {
+    return hip(stub_op_graph_destroy("hipGraphDestroy", graph, 0));
 }
 
 /* ------------------------------------------------ virtual memory (VMM) */
@@ -304,6 +362,14 @@ STUB_EXPORT const char *hipGetErrorName(hipError_t error) {
     case hipErrorAlreadyMapped: return "hipErrorAlreadyMapped";
     case hipErrorPeerAccessUnsupported: return "hipErrorPeerAccessUnsupported";
     case hipErrorPeerAccessAlreadyEnabled: return "hipErrorPeerAccessAlreadyEnabled";
+    case hipErrorIllegalState: return "hipErrorIllegalState";
+    case hipErrorStreamCaptureUnsupported: return "hipErrorStreamCaptureUnsupported";
+    case hipErrorStreamCaptureInvalidated: return "hipErrorStreamCaptureInvalidated";
+    case hipErrorStreamCaptureUnmatched: return "hipErrorStreamCaptureUnmatched";
+    case hipErrorStreamCaptureIsolation: return "hipErrorStreamCaptureIsolation";
+    case hipErrorStreamCaptureImplicit: return "hipErrorStreamCaptureImplicit";
+    case hipErrorCapturedEvent: return "hipErrorCapturedEvent";
+    case hipErrorStreamCaptureWrongThread: return "hipErrorStreamCaptureWrongThread";
     case hipErrorUnknown: return "hipErrorUnknown";
     default: return "hipErrorUnknown";
     }

@@ -27,6 +27,22 @@
  * - peer access per pair of devices (each pair can, unless told it
  *   cannot), "already enabled" the second time; device-to-device copies
  *   checked against live allocations and opened handles;
+ * - stream capture (CUDA graphs), with the drivers' rules
+ *   (docs/capture-notes.md): a capture begins on a stream (never the
+ *   legacy one) in a mode, and other streams join it by waiting for an
+ *   event recorded in it; stream-ordered work on a capturing stream is
+ *   captured, not run; while a capture is active, a "potentially unsafe"
+ *   call (device malloc and free, memory info, event query and
+ *   synchronization, stream synchronization, the virtual-memory calls)
+ *   from a thread whose interaction mode prohibits it (the thread's own
+ *   non-relaxed capture, or another thread's global one, unless the thread
+ *   exchanged its mode for relaxed) fails with "capture unsupported" and
+ *   invalidates the captures that prohibit it; some calls conflict with a
+ *   capture in any mode (synchronizing a capturing stream or its device,
+ *   querying an event recorded in a capture, using the legacy stream while
+ *   a blocking stream captures, waiting across a capture's boundary);
+ *   ending an invalidated capture fails with "capture invalidated" and
+ *   gives no graph; graphs instantiate and launch;
  * - fault injection by call name (or any call) and index;
  * - counters of what is still alive, read through `cachealloc_stub_counters`.
  *
@@ -58,6 +74,7 @@
 #define STUB_EVENT_BASE 0x20000000ull
 #define STUB_CONTEXT_BASE 0x30000000ull
 #define STUB_PHYSICAL_BASE 0x40000000ull
+#define STUB_GRAPH_BASE 0x50000000ull
 #define STUB_GRANULARITY (2ull << 20)
 #define STUB_HANDLE_STEP 0x10ull
 
@@ -75,6 +92,9 @@ typedef struct {
     uint64_t live_physical;
     uint64_t live_mappings;
     uint64_t live_imports;
+    uint64_t live_captures;
+    uint64_t capture_violations;
+    uint64_t live_graphs;
 } stub_counters;
 
 typedef struct {
@@ -89,10 +109,30 @@ typedef struct {
     int device, live;
 } stub_import;
 
+/* Capture status (the drivers' CU_STREAM_CAPTURE_STATUS_* values) and
+ * modes (CU_STREAM_CAPTURE_MODE_*). */
+#define STUB_CAPTURE_NONE 0
+#define STUB_CAPTURE_ACTIVE 1
+#define STUB_CAPTURE_INVALIDATED 2
+#define STUB_MODE_GLOBAL 0
+#define STUB_MODE_THREAD_LOCAL 1
+#define STUB_MODE_RELAXED 2
+
 typedef struct {
     int device, live;
     uint64_t epoch;
+    int blocking; /* created without the non-blocking flag */
+    int capture;  /* STUB_CAPTURE_* */
+    int capture_mode;
+    pthread_t capture_thread; /* the thread that began the capture */
+    uint64_t capture_id;      /* the capture sequence it is part of */
+    int capture_origin;       /* it began the capture (others joined) */
 } stub_stream;
+
+/* A graph (from an ended capture) or an instantiated one. */
+typedef struct {
+    int live, exec;
+} stub_graph;
 
 typedef struct {
     uint64_t addr, size;
@@ -114,6 +154,7 @@ typedef struct {
     int live, recorded, done, device;
     long stream; /* index into streams, or -1 - device for a default stream */
     uint64_t stream_epoch, device_epoch;
+    uint64_t capture_id; /* last recorded inside this capture (0: outside) */
 } stub_event;
 
 typedef struct {
@@ -157,8 +198,13 @@ static stub_fault stub_faults[64];
 static size_t stub_nfaults;
 static stub_call_count stub_call_counts[64];
 static size_t stub_ncall_counts;
+static stub_graph *stub_graphs;
+static size_t stub_ngraphs, stub_cap_graphs;
 static uint64_t stub_calls, stub_injected, stub_bad_handles;
+static uint64_t stub_capture_ids, stub_capture_violations;
 static __thread int stub_current = -1; /* this thread's device, -1: none */
+/* This thread's capture interaction mode (cuThreadExchangeStreamCaptureMode). */
+static __thread int stub_thread_mode = STUB_MODE_GLOBAL;
 
 #define STUB_GROW(arr, n, cap)                                                 \
     do {                                                                       \
@@ -210,6 +256,8 @@ static void stub_reset_locked(int devices, uint64_t capacity) {
     stub_nallocs = stub_nstreams = stub_nevents = 0;
     stub_nreservations = stub_nphysicals = stub_nmappings = 0;
     stub_nimports = 0;
+    stub_ngraphs = 0;
+    stub_capture_violations = 0;
     memset(stub_peer_enabled, 0, sizeof(stub_peer_enabled));
     memset(stub_peer_denied, 0, sizeof(stub_peer_denied));
     stub_nfaults = 0;
@@ -341,15 +389,20 @@ static int stub_in_allocation(uint64_t addr, uint64_t n) {
     return 0;
 }
 
-static void *stub_stream_create_locked(int device) {
+static void *stub_stream_create_locked(int device, int blocking) {
     STUB_GROW(stub_streams, stub_nstreams, stub_cap_streams);
-    stub_streams[stub_nstreams] = (stub_stream){device, 1, 0};
+    stub_stream st;
+    memset(&st, 0, sizeof st);
+    st.device = device;
+    st.live = 1;
+    st.blocking = blocking;
+    stub_streams[stub_nstreams] = st;
     return stub_handle(STUB_STREAM_BASE, stub_nstreams++);
 }
 
 static void *stub_event_create_locked(int device) {
     STUB_GROW(stub_events, stub_nevents, stub_cap_events);
-    stub_events[stub_nevents] = (stub_event){1, 0, 0, device, 0, 0, 0};
+    stub_events[stub_nevents] = (stub_event){1, 0, 0, device, 0, 0, 0, 0};
     return stub_handle(STUB_EVENT_BASE, stub_nevents++);
 }
 
@@ -361,7 +414,10 @@ static void stub_event_record_locked(long e, long s, int device) {
     ev->stream = s;
     ev->stream_epoch = stub_stream_epoch(s);
     ev->device_epoch = stub_dev[device].device_epoch;
+    ev->capture_id = 0;
 }
+
+
 
 static void stub_stream_sync_locked(long s) {
     if (s >= 0)
@@ -379,6 +435,12 @@ static long stub_reservation_of(uint64_t addr, uint64_t n) {
         if (r->live && addr >= r->addr && addr - r->addr + n <= r->size) return (long)i;
     }
     return -1;
+}
+
+/* The device of the reservation holding `addr` (0 if none). */
+static int stub_addr_device(uint64_t addr) {
+    long i = stub_reservation_of(addr, 1);
+    return i < 0 ? 0 : stub_reservations[i].device;
 }
 
 /* Whether a live mapping overlaps [addr, addr + n). */
@@ -439,9 +501,102 @@ typedef enum {
     ST_ALREADY_MAPPED,
     ST_PEER_UNSUPPORTED,
     ST_PEER_ALREADY_ENABLED,
+    ST_ILLEGAL_STATE,         /* capture begun twice, ended without one */
+    ST_CAPTURE_UNSUPPORTED,   /* prohibited while a stream captures */
+    ST_CAPTURE_INVALIDATED,   /* the capture was invalidated */
+    ST_CAPTURE_UNMATCHED,     /* ended on a stream that did not begin it */
+    ST_CAPTURE_ISOLATION,     /* a wait across the capture's boundary */
+    ST_CAPTURE_IMPLICIT,      /* the legacy stream while a blocking stream captures */
+    ST_CAPTURED_EVENT,        /* an event recorded in a capture queried */
+    ST_CAPTURE_WRONG_THREAD,  /* a non-relaxed capture ended by another thread */
 } stub_status;
 
 static __thread int stub_injected_code;
+
+/* ---------------------------------------------------------------- capture */
+
+/* Whether stream `s` (a live one) is part of a capture, active or not. */
+static int stub_in_capture(long s) {
+    return s >= 0 && stub_streams[s].capture != STUB_CAPTURE_NONE;
+}
+
+/* Whether capturing stream `st` prohibits a potentially unsafe call by the
+ * calling thread now: the thread's own non-relaxed capture does, unless it
+ * exchanged its mode for relaxed; another thread's capture does when both
+ * it and this thread are in global mode. */
+static int stub_capture_prohibits(const stub_stream *st) {
+    if (st->capture != STUB_CAPTURE_ACTIVE || st->capture_mode == STUB_MODE_RELAXED) return 0;
+    if (stub_thread_mode == STUB_MODE_RELAXED) return 0;
+    if (pthread_equal(st->capture_thread, pthread_self())) return 1;
+    return stub_thread_mode == STUB_MODE_GLOBAL && st->capture_mode == STUB_MODE_GLOBAL;
+}
+
+/* Invalidate every stream of capture sequence `id`. */
+static void stub_invalidate_capture(uint64_t id) {
+    for (size_t i = 0; i < stub_nstreams; i++)
+        if (stub_streams[i].capture != STUB_CAPTURE_NONE && stub_streams[i].capture_id == id)
+            stub_streams[i].capture = STUB_CAPTURE_INVALIDATED;
+}
+
+/* A potentially unsafe call on `device`: ST_OK, or (a capture prohibits
+ * it) ST_CAPTURE_UNSUPPORTED, with every capture that prohibits it
+ * invalidated. (Captures on other devices are not affected.) */
+static stub_status stub_unsafe_locked(int device) {
+    int hit = 0;
+    for (size_t i = 0; i < stub_nstreams; i++) {
+        stub_stream *st = &stub_streams[i];
+        if (st->live && st->device == device && stub_capture_prohibits(st)) {
+            stub_invalidate_capture(st->capture_id);
+            hit = 1;
+        }
+    }
+    if (!hit) return ST_OK;
+    stub_capture_violations++;
+    return ST_CAPTURE_UNSUPPORTED;
+}
+
+/* A call that conflicts with every capture on `device` in any mode (a
+ * device synchronization): ST_CAPTURE_UNSUPPORTED, every one invalidated. */
+static stub_status stub_conflict_device_locked(int device) {
+    int hit = 0;
+    for (size_t i = 0; i < stub_nstreams; i++) {
+        stub_stream *st = &stub_streams[i];
+        if (st->live && st->device == device && st->capture == STUB_CAPTURE_ACTIVE) {
+            stub_invalidate_capture(st->capture_id);
+            hit = 1;
+        }
+    }
+    if (!hit) return ST_OK;
+    stub_capture_violations++;
+    return ST_CAPTURE_UNSUPPORTED;
+}
+
+/* Work on the legacy default stream of `device`: it synchronizes with
+ * every blocking stream, so a blocking stream's capture makes it an
+ * implicit dependency on uncaptured work (ST_CAPTURE_IMPLICIT, the
+ * capture invalidated). */
+static stub_status stub_legacy_locked(int device) {
+    int hit = 0;
+    for (size_t i = 0; i < stub_nstreams; i++) {
+        stub_stream *st = &stub_streams[i];
+        if (st->live && st->device == device && st->blocking && st->capture == STUB_CAPTURE_ACTIVE) {
+            stub_invalidate_capture(st->capture_id);
+            hit = 1;
+        }
+    }
+    if (!hit) return ST_OK;
+    stub_capture_violations++;
+    return ST_CAPTURE_IMPLICIT;
+}
+
+/* Stream-ordered work queued on stream `s` of `device`: the legacy
+ * stream's rule; on a stream of an invalidated capture, the capture's
+ * error; else ST_OK (captured if the stream captures). */
+static stub_status stub_enqueue_locked(long s, int device) {
+    if (s < 0) return stub_legacy_locked(device);
+    if (stub_streams[s].capture == STUB_CAPTURE_INVALIDATED) return ST_CAPTURE_INVALIDATED;
+    return ST_OK;
+}
 
 /* Take the lock and count the call; ST_INJECTED (lock released) if a
  * planted failure fires. */
@@ -497,10 +652,18 @@ static stub_status stub_device_locked(int *dev) {
         if (s_ != ST_OK) return stub_end(s_);                                  \
     } while (0)
 
+/* A potentially unsafe call on device `dev`: return the capture's refusal. */
+#define STUB_UNSAFE(dev)                                                       \
+    do {                                                                       \
+        stub_status c_ = stub_unsafe_locked(dev);                              \
+        if (c_ != ST_OK) return stub_end(c_);                                  \
+    } while (0)
+
 /* Allocate `size` bytes; a zero size is an error unless `zero_is_null`. */
 static stub_status stub_op_malloc(const char *name, uint64_t *out, uint64_t size, int zero_is_null) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
+    STUB_UNSAFE(dev);
     if (!out) return stub_end(ST_INVALID_VALUE);
     if (size == 0 && zero_is_null) {
         *out = 0;
@@ -517,7 +680,7 @@ static stub_status stub_op_malloc(const char *name, uint64_t *out, uint64_t size
 static stub_status stub_op_free(const char *name, uint64_t addr, int null_ok) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
-    (void)dev;
+    STUB_UNSAFE(dev);
     if (addr == 0 && null_ok) return stub_end(ST_OK);
     return stub_end(stub_free_locked(addr) ? ST_INVALID_VALUE : ST_OK);
 }
@@ -525,6 +688,7 @@ static stub_status stub_op_free(const char *name, uint64_t addr, int null_ok) {
 static stub_status stub_op_mem_info(const char *name, size_t *free_bytes, size_t *total) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
+    STUB_UNSAFE(dev);
     if (!free_bytes || !total) return stub_end(ST_INVALID_VALUE);
     *total = stub_dev[dev].capacity;
     *free_bytes = stub_dev[dev].capacity - stub_dev[dev].held;
@@ -535,15 +699,17 @@ static stub_status stub_op_memset(const char *name, uint64_t addr, uint64_t n, v
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
     if (!stub_in_allocation(addr, n)) return stub_end(ST_INVALID_VALUE);
-    if (stub_stream_of(stream, dev) == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
-    return stub_end(ST_OK);
+    long s = stub_stream_of(stream, dev);
+    if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    return stub_end(stub_enqueue_locked(s, dev));
 }
 
-static stub_status stub_op_stream_create(const char *name, void **stream) {
+/* A stream; `flags` bit 0 is the drivers' non-blocking flag. */
+static stub_status stub_op_stream_create(const char *name, void **stream, unsigned flags) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
     if (!stream) return stub_end(ST_INVALID_VALUE);
-    *stream = stub_stream_create_locked(dev);
+    *stream = stub_stream_create_locked(dev, !(flags & 1));
     return stub_end(ST_OK);
 }
 
@@ -553,6 +719,7 @@ static stub_status stub_op_stream_destroy(const char *name, void *stream) {
     if (r != ST_OK) return stub_end(r);
     long s = stream ? stub_stream_of(stream, 0) : STUB_BAD_STREAM;
     if (s < 0) return stub_end(ST_BAD_HANDLE);
+    if (stub_in_capture(s)) return stub_end(ST_ILLEGAL_STATE);
     stub_streams[s].live = 0;
     return stub_end(ST_OK);
 }
@@ -562,6 +729,18 @@ static stub_status stub_op_stream_sync(const char *name, void *stream) {
     STUB_DEVICE(dev);
     long s = stub_stream_of(stream, dev);
     if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    int sdev = s >= 0 ? stub_streams[s].device : dev;
+    if (stub_in_capture(s)) {
+        /* Waiting for a capturing stream conflicts with its capture. */
+        stub_invalidate_capture(stub_streams[s].capture_id);
+        stub_capture_violations++;
+        return stub_end(ST_CAPTURE_UNSUPPORTED);
+    }
+    if (s < 0) {
+        stub_status c = stub_legacy_locked(sdev);
+        if (c != ST_OK) return stub_end(c);
+    }
+    STUB_UNSAFE(sdev);
     stub_stream_sync_locked(s);
     return stub_end(ST_OK);
 }
@@ -569,6 +748,8 @@ static stub_status stub_op_stream_sync(const char *name, void *stream) {
 static stub_status stub_op_device_sync(const char *name) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
+    stub_status c = stub_conflict_device_locked(dev);
+    if (c != ST_OK) return stub_end(c);
     stub_dev[dev].device_epoch++;
     return stub_end(ST_OK);
 }
@@ -590,12 +771,18 @@ static stub_status stub_op_event_record(const char *name, void *event, void *str
     if (e < 0 || s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
     int sdev = s >= 0 ? stub_streams[s].device : dev;
     if (stub_events[e].device != sdev) return stub_end(ST_BAD_HANDLE);
+    stub_status c = stub_enqueue_locked(s, sdev);
+    if (c != ST_OK) return stub_end(c);
     stub_event_record_locked(e, s, sdev);
+    if (stub_in_capture(s)) stub_events[e].capture_id = stub_streams[s].capture_id; /* a graph node */
     return stub_end(ST_OK);
 }
 
 /* Make `stream` wait for `event` on the device: both must be live and of
- * one device. (The stub runs no work, so the wait changes nothing else.) */
+ * one device. (The stub runs no work, so the wait changes nothing else.)
+ * A stream that waits for an event recorded in a capture joins that
+ * capture; a capturing stream may not wait for an event from outside its
+ * capture (the dependency would cross its boundary). */
 static stub_status stub_op_stream_wait(const char *name, void *stream, void *event) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
@@ -604,6 +791,27 @@ static stub_status stub_op_stream_wait(const char *name, void *stream, void *eve
     if (e < 0 || s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
     int sdev = s >= 0 ? stub_streams[s].device : dev;
     if (stub_events[e].device != sdev) return stub_end(ST_BAD_HANDLE);
+    stub_status c = stub_enqueue_locked(s, sdev);
+    if (c != ST_OK) return stub_end(c);
+    uint64_t id = stub_events[e].capture_id;
+    if (stub_in_capture(s)) {
+        if (id != stub_streams[s].capture_id) {
+            stub_invalidate_capture(stub_streams[s].capture_id);
+            stub_capture_violations++;
+            return stub_end(ST_CAPTURE_ISOLATION);
+        }
+    } else if (id != 0 && s >= 0) {
+        /* Join the capture of the stream the event was recorded on. */
+        long from = stub_events[e].stream;
+        if (from >= 0 && stub_streams[from].capture_id == id && stub_in_capture(from)) {
+            stub_stream *st = &stub_streams[s];
+            st->capture = stub_streams[from].capture;
+            st->capture_mode = stub_streams[from].capture_mode;
+            st->capture_thread = stub_streams[from].capture_thread;
+            st->capture_id = id;
+            st->capture_origin = 0;
+        }
+    }
     return stub_end(ST_OK);
 }
 
@@ -616,6 +824,11 @@ static stub_status stub_op_event(const char *name, void *event, stub_event_op op
     if (r != ST_OK) return stub_end(r);
     long e = stub_event_of(event);
     if (e < 0) return stub_end(ST_BAD_HANDLE);
+    if (op != STUB_EVENT_DESTROY) {
+        /* An event recorded in a capture is a graph node, not work. */
+        if (stub_events[e].capture_id != 0) return stub_end(ST_CAPTURED_EVENT);
+        STUB_UNSAFE(stub_events[e].device);
+    }
     switch (op) {
     case STUB_EVENT_QUERY:
         return stub_end(stub_event_ready(&stub_events[e]) ? ST_OK : ST_NOT_READY);
@@ -652,6 +865,7 @@ static stub_status stub_op_total_mem(const char *name, size_t *out, int device) 
 static stub_status stub_op_reserve(const char *name, uint64_t *out, uint64_t size) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
+    STUB_UNSAFE(dev);
     if (!out || size == 0 || size % STUB_GRANULARITY) return stub_end(ST_INVALID_VALUE);
     stub_device *d = &stub_dev[dev];
     if (size > STUB_DEVICE_SPAN || d->next_addr + size > STUB_DEVICE_BASE + (uint64_t)(dev + 1) * STUB_DEVICE_SPAN)
@@ -674,6 +888,7 @@ static stub_status stub_op_address_free(const char *name, uint64_t addr, uint64_
         stub_bad_handles++;
         return stub_end(ST_INVALID_VALUE);
     }
+    STUB_UNSAFE(stub_reservations[i].device);
     stub_reservations[i].live = 0;
     return stub_end(ST_OK);
 }
@@ -685,6 +900,7 @@ static stub_status stub_op_mem_create(const char *name, void **out, uint64_t siz
     if (r != ST_OK) return stub_end(r);
     if (!out || size == 0 || size % STUB_GRANULARITY) return stub_end(ST_INVALID_VALUE);
     if (device < 0 || device >= stub_devices) return stub_end(ST_INVALID_DEVICE);
+    STUB_UNSAFE(device);
     stub_device *d = &stub_dev[device];
     if (size > d->capacity - d->held) return stub_end(ST_OUT_OF_MEMORY);
     STUB_GROW(stub_physicals, stub_nphysicals, stub_cap_physicals);
@@ -700,6 +916,7 @@ static stub_status stub_op_mem_release(const char *name, void *handle) {
     if (r != ST_OK) return stub_end(r);
     long p = stub_physical_of(handle);
     if (p < 0) return stub_end(ST_INVALID_VALUE);
+    STUB_UNSAFE(stub_physicals[p].device);
     stub_physicals[p].released = 1;
     stub_physical_settle(p);
     return stub_end(ST_OK);
@@ -720,6 +937,7 @@ static stub_status stub_op_mem_map(const char *name, uint64_t addr, uint64_t siz
         stub_bad_handles++;
         return stub_end(ST_INVALID_VALUE);
     }
+    STUB_UNSAFE(stub_addr_device(addr));
     STUB_GROW(stub_mappings, stub_nmappings, stub_cap_mappings);
     stub_mappings[stub_nmappings++] = (stub_mapping){addr, size, p, 1, 0};
     ph->mapped = 1;
@@ -736,6 +954,7 @@ static stub_status stub_op_set_access(const char *name, uint64_t addr, uint64_t 
         stub_bad_handles++;
         return stub_end(ST_INVALID_VALUE);
     }
+    STUB_UNSAFE(stub_addr_device(addr));
     for (size_t i = 0; i < stub_nmappings; i++) {
         stub_mapping *m = &stub_mappings[i];
         if (m->live && m->addr >= addr && m->addr + m->size <= addr + size) m->access = 1;
@@ -752,6 +971,7 @@ static stub_status stub_op_mem_unmap(const char *name, uint64_t addr, uint64_t s
         stub_bad_handles++;
         return stub_end(ST_INVALID_VALUE);
     }
+    STUB_UNSAFE(stub_addr_device(addr));
     for (size_t i = 0; i < stub_nmappings; i++) {
         stub_mapping *m = &stub_mappings[i];
         if (m->live && m->addr >= addr && m->addr + m->size <= addr + size) {
@@ -884,7 +1104,125 @@ static stub_status stub_op_memcpy(const char *name, uint64_t dst, uint64_t src, 
     STUB_DEVICE(dev);
     if (dst_dev >= stub_devices || src_dev >= stub_devices) return stub_end(ST_INVALID_DEVICE);
     if (n > 0 && (!stub_accessible(dst, n) || !stub_accessible(src, n))) return stub_end(ST_INVALID_VALUE);
-    if (stub_stream_of(stream, dev) == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    long s = stub_stream_of(stream, dev);
+    if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    return stub_end(stub_enqueue_locked(s, dev));
+}
+
+/* ------------------------------------------------- stream capture, graphs */
+
+/* Begin capturing `stream` in `mode` (not the legacy stream, not one that
+ * captures already). */
+static stub_status stub_op_begin_capture(const char *name, void *stream, int mode) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (mode < STUB_MODE_GLOBAL || mode > STUB_MODE_RELAXED) return stub_end(ST_INVALID_VALUE);
+    if (stream == NULL) return stub_end(ST_CAPTURE_UNSUPPORTED);
+    long s = stub_stream_of(stream, dev);
+    if (s < 0) return stub_end(ST_BAD_HANDLE);
+    stub_stream *st = &stub_streams[s];
+    if (st->capture != STUB_CAPTURE_NONE) return stub_end(ST_ILLEGAL_STATE);
+    st->capture = STUB_CAPTURE_ACTIVE;
+    st->capture_mode = mode;
+    st->capture_thread = pthread_self();
+    st->capture_id = ++stub_capture_ids;
+    st->capture_origin = 1;
+    return stub_end(ST_OK);
+}
+
+/* A new graph (or, with `exec`, an instantiated one). */
+static void *stub_graph_create_locked(int exec) {
+    STUB_GROW(stub_graphs, stub_ngraphs, stub_cap_graphs);
+    stub_graphs[stub_ngraphs] = (stub_graph){1, exec};
+    return stub_handle(STUB_GRAPH_BASE, stub_ngraphs++);
+}
+
+/* End the capture begun on `stream`: the graph in `*graph`, or (the
+ * capture was invalidated) NULL and ST_CAPTURE_INVALIDATED; every stream
+ * of the capture stops capturing. */
+static stub_status stub_op_end_capture(const char *name, void *stream, void **graph) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!graph) return stub_end(ST_INVALID_VALUE);
+    long s = stream ? stub_stream_of(stream, dev) : STUB_BAD_STREAM;
+    if (s < 0) return stub_end(ST_BAD_HANDLE);
+    stub_stream *st = &stub_streams[s];
+    if (st->capture == STUB_CAPTURE_NONE) return stub_end(ST_ILLEGAL_STATE);
+    if (!st->capture_origin) return stub_end(ST_CAPTURE_UNMATCHED);
+    if (st->capture_mode != STUB_MODE_RELAXED && !pthread_equal(st->capture_thread, pthread_self()))
+        return stub_end(ST_CAPTURE_WRONG_THREAD);
+    int invalidated = st->capture == STUB_CAPTURE_INVALIDATED;
+    uint64_t id = st->capture_id;
+    for (size_t i = 0; i < stub_nstreams; i++)
+        if (stub_streams[i].capture != STUB_CAPTURE_NONE && stub_streams[i].capture_id == id) {
+            stub_streams[i].capture = STUB_CAPTURE_NONE;
+            stub_streams[i].capture_origin = 0;
+        }
+    *graph = invalidated ? NULL : stub_graph_create_locked(0);
+    return stub_end(invalidated ? ST_CAPTURE_INVALIDATED : ST_OK);
+}
+
+/* The capture status of `stream` (STUB_CAPTURE_*; the legacy stream never
+ * captures). */
+static stub_status stub_op_is_capturing(const char *name, void *stream, int *status) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!status) return stub_end(ST_INVALID_VALUE);
+    long s = stub_stream_of(stream, dev);
+    if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    *status = s >= 0 ? stub_streams[s].capture : STUB_CAPTURE_NONE;
+    return stub_end(ST_OK);
+}
+
+/* Exchange the calling thread's capture interaction mode with `*mode`. */
+static stub_status stub_op_exchange_mode(const char *name, int *mode) {
+    STUB_BEGIN(name);
+    if (!mode || *mode < STUB_MODE_GLOBAL || *mode > STUB_MODE_RELAXED) return stub_end(ST_INVALID_VALUE);
+    int old = stub_thread_mode;
+    stub_thread_mode = *mode;
+    *mode = old;
+    return stub_end(ST_OK);
+}
+
+/* The live graph (or instantiated graph, `exec`) of a handle, or -1. */
+static long stub_graph_of(const void *h, int exec) {
+    long i = stub_index(h, STUB_GRAPH_BASE, stub_ngraphs);
+    if (i < 0 || !stub_graphs[i].live || stub_graphs[i].exec != exec) {
+        stub_bad_handles++;
+        return -1;
+    }
+    return i;
+}
+
+/* Instantiate `graph` into `*exec`. */
+static stub_status stub_op_graph_instantiate(const char *name, void **exec, void *graph) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (!exec) return stub_end(ST_INVALID_VALUE);
+    if (stub_graph_of(graph, 0) < 0) return stub_end(ST_BAD_HANDLE);
+    *exec = stub_graph_create_locked(1);
+    return stub_end(ST_OK);
+}
+
+/* Launch (replay) an instantiated graph on `stream`: stream-ordered work. */
+static stub_status stub_op_graph_launch(const char *name, void *exec, void *stream) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (stub_graph_of(exec, 1) < 0) return stub_end(ST_BAD_HANDLE);
+    long s = stub_stream_of(stream, dev);
+    if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    return stub_end(stub_enqueue_locked(s, dev));
+}
+
+/* Destroy a graph (`exec`: an instantiated one). */
+static stub_status stub_op_graph_destroy(const char *name, void *graph, int exec) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    long g = stub_graph_of(graph, exec);
+    if (g < 0) return stub_end(ST_BAD_HANDLE);
+    stub_graphs[g].live = 0;
     return stub_end(ST_OK);
 }
 
@@ -979,6 +1317,11 @@ STUB_EXPORT void cachealloc_stub_counters(stub_counters *out) {
         }
     for (size_t i = 0; i < stub_nmappings; i++) out->live_mappings += stub_mappings[i].live != 0;
     for (size_t i = 0; i < stub_nimports; i++) out->live_imports += stub_imports[i].live != 0;
+    for (size_t i = 0; i < stub_nstreams; i++)
+        out->live_captures += stub_streams[i].live && stub_streams[i].capture_origin &&
+                              stub_streams[i].capture != STUB_CAPTURE_NONE;
+    out->capture_violations = stub_capture_violations;
+    for (size_t i = 0; i < stub_ngraphs; i++) out->live_graphs += stub_graphs[i].live != 0;
     out->bad_handles = stub_bad_handles;
     out->calls = stub_calls;
     out->injected = stub_injected;

@@ -1,6 +1,6 @@
 //! Routing and captures: which pool a request goes to (the newest routing
-//! whose stream filter accepts its stream), whether it is made inside a CUDA
-//! graph capture, and the frees a capture defers. While a capture is under
+//! whose stream filter accepts its stream), whether a CUDA graph capture is
+//! under way, and the frees a capture defers. While a capture is under
 //! way, PyTorch may not query or record events: a `free` of a block that
 //! other streams used is parked (PyTorch's deferred blocks) and settled when
 //! no capture is left, at the next `malloc` that processes events, or at
@@ -34,19 +34,11 @@ where
             .map_or(0, |r| r.owner)
     }
 
-    /// Whether a request on `stream` is made inside a capture (PyTorch's
-    /// `is_capture_context()`: a capture is under way and takes this stream).
-    #[inline]
-    pub(super) fn in_capture(&self, stream: B::Stream) -> bool {
-        self.captures > 0
-            && self
-                .routes
-                .iter()
-                .any(|r| r.capture && r.filter.accepts(stream))
-    }
-
-    /// Whether a capture is under way (frees, `record_stream` and
-    /// `empty_cache` come from the capturing thread while one is).
+    /// Whether a capture is under way on this device. PyTorch asks whether
+    /// the calling thread's stream is capturing (`is_capture_context`); a
+    /// device call from any thread can invalidate a capture in the
+    /// driver's default (global) mode, so every call is treated as made
+    /// inside it.
     #[inline]
     pub(super) fn capturing(&self) -> bool {
         self.captures > 0

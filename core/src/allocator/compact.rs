@@ -137,7 +137,8 @@ where
         // there would only churn.
         let need = self.bytes_to_map(c, size);
         let excess = (self.total_allocated_memory + need).saturating_sub(self.reserved_high);
-        if excess > 0 {
+        // Unmapping waits for streams: never while a capture is under way.
+        if excess > 0 && !self.capturing() {
             let lo = self.slot(c).addr;
             let kept = (lo, lo.saturating_add(size));
             if self.reclaim(excess.min(need), kept)? > 0 {
@@ -302,6 +303,12 @@ where
             if b != NIL {
                 return Ok((b, Pool::Large));
             }
+        }
+        // A hand-over records an event on the other stream and makes this
+        // one wait for it: a capturing stream may not wait on work from
+        // outside its capture, so not while a capture is under way.
+        if self.capturing() {
+            return Ok((NIL, pool));
         }
         Ok((
             self.take_from_another_stream(owner, pool, skey, size)?,

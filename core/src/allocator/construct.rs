@@ -101,6 +101,9 @@ where
             reserved_high: 0,
             ipc_opened: super::ipc::Opened::EMPTY,
             ipc_shared: super::ipc::Shared::EMPTY,
+            registry: None,
+            keep_oom: false,
+            oom_kept: heapless::Vec::new(),
         }
     }
 }

@@ -211,6 +211,7 @@ where
             Err(e) => return Err(vm_error::<B>(e)),
         };
         self.check_new_segment(ptr, size, true)?;
+        self.register_segment(ptr, size, true)?;
         let Some(i) = self.arena.alloc() else {
             return Err(self.exhausted());
         };
@@ -466,9 +467,10 @@ where
             let s = self.slot(u);
             (s.addr, s.size, Pool::of(s.flags), s.owner)
         };
-        self.backend
-            .release_address_space(DevicePtr(addr), size)
-            .map_err(vm_error::<B>)?;
+        self.unregister_begin(addr);
+        let r = self.backend.release_address_space(DevicePtr(addr), size);
+        self.unregister_end(addr, r.is_ok());
+        r.map_err(vm_error::<B>)?;
         block_pool_mut(&mut self.pools, &mut self.private, owner, pool)
             .remove_unmapped(self.arena.slots_mut(), u);
         self.segments.remove(self.arena.slots_mut(), u);

@@ -172,21 +172,4 @@ where
             self.history.push(e);
         }
     }
-
-    /// Tell the out-of-memory observers.
-    pub(super) fn notify_out_of_memory(
-        &self,
-        alloc_size: u64,
-        device_total: u64,
-        device_free: u64,
-    ) {
-        for o in self.oom_observers.iter() {
-            o.out_of_memory(
-                self.backend.ordinal(),
-                alloc_size,
-                device_total,
-                device_free,
-            );
-        }
-    }
 }

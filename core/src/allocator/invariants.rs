@@ -79,6 +79,7 @@ where
         let t = self.walk_segments()?;
         self.check_pools(&t)?;
         self.check_ipc_shares()?;
+        self.check_registry()?;
         expect(
             "segment list: every slot in use belongs to a segment",
             None,
@@ -106,6 +107,34 @@ where
             self.live.len() as i64,
         )?;
         self.compare_stats(&t.stats)
+    }
+
+    /// With a segment registry attached, it holds exactly this allocator's
+    /// segments (and reservations), each visible with its range. (Its
+    /// entries of this device change only under this allocator's `&mut`.)
+    fn check_registry(&self) -> Result<(), InvariantViolation> {
+        let Some((registry, device)) = self.registry else {
+            return Ok(());
+        };
+        let slots = self.arena.slots();
+        let mut heads = 0i64;
+        let mut h = self.segments.first(slots);
+        while h != NIL {
+            let s = &slots[h as usize];
+            ensure(
+                registry.holds(device, s.addr, s.seg_size),
+                "segment registry: a held segment is not registered with its range",
+                Some(h),
+            )?;
+            heads += 1;
+            h = self.segments.successor(slots, s.addr);
+        }
+        expect(
+            "segment registry: holds exactly this device's segments",
+            None,
+            heads,
+            registry.count(device) as i64,
+        )
     }
 
     /// Each compact segment named in the table is the head of a held

@@ -4,9 +4,11 @@
 //! free-memory callbacks, garbage collection (with a memory limit and a GC
 //! threshold), a new segment from the device, a free block of a `use_on_oom`
 //! pool (default-pool requests only), releasing oversize cached blocks,
-//! releasing every cached segment and retrying (counted; not inside a
-//! capture), and finally out of memory with the numbers of PyTorch's
-//! message.
+//! releasing every cached segment and retrying (counted), and finally out
+//! of memory with the numbers of PyTorch's message. While a capture is
+//! under way on the device, no event is queried and no rung gives memory
+//! back to the device (each would invalidate the capture): only the cache,
+//! the callbacks, new segments and the `use_on_oom` pools serve.
 
 use super::{DeviceAllocator, Res};
 use crate::allocation::{Allocation, MallocFlags};
@@ -53,7 +55,9 @@ where
         } else {
             self.reserve_slots()?;
         }
-        let capture = self.in_capture(stream);
+        // While a capture is under way on this device (on any stream), no
+        // event is queried: the driver refuses it and invalidates the capture.
+        let capture = self.capturing();
         if !capture && (!self.events.is_empty() || self.deferred.len > 0) {
             self.process_events()?;
         }
@@ -88,7 +92,10 @@ where
             (found, pool) = self.compact_fallbacks(owner, pool, skey, size)?;
         }
         if found == NIL {
-            if self.gc_enabled() {
+            // The rungs that give memory back to the device (garbage
+            // collection, oversize blocks, the flush) free segments: never
+            // while a capture is under way (see docs/capture-notes.md).
+            if self.gc_enabled() && !capture {
                 self.garbage_collect_cached_blocks()?;
             }
             found = self.alloc_block(owner, pool, skey, size, alloc_size, false)?;
@@ -96,11 +103,11 @@ where
                 found = self.use_on_oom_fallback(pool, skey, size, aligned);
             }
             if found == NIL && !flags.contains(MallocFlags::NO_RETRY) {
-                if self.release_available_cached_blocks(owner, pool, skey, size)? {
+                if !capture && self.release_available_cached_blocks(owner, pool, skey, size)? {
                     found = self.alloc_block(owner, pool, skey, size, alloc_size, false)?;
                 }
                 if found == NIL && !capture {
-                    self.release_cached_blocks(false)?;
+                    self.release_cached_blocks()?;
                     found = self.alloc_block(owner, pool, skey, size, alloc_size, true)?;
                 }
             }
@@ -225,6 +232,7 @@ where
             Err(MallocError::Other(e)) => return Err(Error::Backend(e)),
         };
         self.check_new_segment(ptr, alloc_size, false)?;
+        self.register_segment(ptr, alloc_size, false)?;
         let Some(i) = self.arena.alloc() else {
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),

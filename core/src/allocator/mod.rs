@@ -23,6 +23,8 @@ pub use ipc::{needs_peer_copy, ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC
 mod lookup;
 mod malloc;
 mod pools;
+mod registry;
+pub(crate) use registry::{deliver_oom_notices, OomNotice};
 mod release;
 mod split;
 mod storage;
@@ -41,6 +43,7 @@ use crate::policy;
 use crate::pool::{Pool, Pools};
 use crate::private_pool::{block_pool, block_pool_mut, PoolTable, Route};
 use crate::segment_index::SegmentIndex;
+use crate::segment_table::SegmentRegistry;
 use crate::snapshot::{BlockState, CacheInfo, Segments};
 use crate::stats::DeviceStats;
 
@@ -193,6 +196,14 @@ pub struct DeviceAllocator<
     ipc_opened: ipc::Opened,
     /// Allocations shared through IPC with consumers outstanding.
     ipc_shared: ipc::Shared,
+    /// The registry of segment ranges this device keeps up to date, and
+    /// its device number there.
+    registry: Option<(&'static dyn SegmentRegistry, u32)>,
+    /// Whether out-of-memory notices are kept for the observers instead of
+    /// calling them (while a thread-safe front end owns the allocator: it
+    /// calls them once its lock is released), and the ones kept.
+    keep_oom: bool,
+    oom_kept: heapless::Vec<OomNotice, 4>,
 }
 
 /// The list of deferred blocks.
@@ -314,8 +325,16 @@ where
 
     /// Wait for every pending end-of-life event, then return every cached
     /// segment that is entirely free to the device. Peaks are kept.
+    ///
+    /// While a capture is under way it does nothing: waiting for events
+    /// and freeing device memory would invalidate the capture (PyTorch
+    /// still empties freeable private pools then). The next `empty_cache`
+    /// after the capture does the work.
     pub fn empty_cache(&mut self) -> Res<(), B> {
-        self.release_cached_blocks(self.capturing())
+        if self.capturing() {
+            return Ok(());
+        }
+        self.release_cached_blocks()
     }
 
     /// `set_per_process_memory_fraction`: from now on no new segment may take
@@ -463,10 +482,16 @@ where
     /// many there are. With none, the device then holds nothing of this
     /// allocator. A backend error leaves the allocator consistent; call again
     /// to retry. (There is no `Drop` doing this: a drop cannot report a
-    /// failure, and an allocator in a `static` is never dropped.)
+    /// failure, and an allocator in a `static` is never dropped.) Refused
+    /// with [`Error::CaptureUnderway`] while a capture is under way.
     pub fn release_all(&mut self) -> Res<u32, B> {
+        if self.capturing() {
+            return Err(Error::CaptureUnderway {
+                what: "release_all (teardown)",
+            });
+        }
         self.close_all_ipc_handles()?;
-        self.release_cached_blocks(self.capturing())?;
+        self.release_cached_blocks()?;
         self.release_empty_reservations()?;
         self.release_idle_events()?;
         Ok(self.live.len())

@@ -93,9 +93,15 @@ where
     }
 
     /// `CUDAGraph::capture_begin`: [`begin_allocate_to_pool`](Self::begin_allocate_to_pool)
-    /// plus a capture under way on those streams: requests made on them skip
-    /// event processing and the cache-flush rung of the ladder, and frees of
-    /// blocks that other streams used wait for the capture to end.
+    /// plus a capture under way on the device, to be called before the
+    /// runtime begins capturing (and [`capture_end`](Self::capture_end)
+    /// after it ended). Until then the allocator makes no device call that
+    /// could invalidate a capture (docs/capture-notes.md): no event is
+    /// queried or recorded (frees of blocks that other streams used wait
+    /// for the capture to end), no rung of the ladder gives memory back,
+    /// `empty_cache` does nothing, and the backend is told
+    /// ([`DeviceBackend::set_capture_underway`]) so that it makes its device
+    /// mallocs and page maps in relaxed capture mode.
     pub fn capture_begin(&mut self, id: MempoolId, filter: StreamFilter<B::Stream>) -> Res<(), B> {
         self.begin(id, filter, true)
     }
@@ -128,6 +134,9 @@ where
         }
         if capture {
             self.captures += 1;
+            if self.captures == 1 {
+                self.backend.set_capture_underway(true);
+            }
         }
         Ok(())
     }
@@ -143,6 +152,9 @@ where
         let r = self.routes.remove(k);
         if r.capture {
             self.captures -= 1;
+            if self.captures == 0 {
+                self.backend.set_capture_underway(false);
+            }
         }
         Ok(())
     }
@@ -204,7 +216,8 @@ where
     /// default id, [`empty_cache`](Self::empty_cache); for a freeable pool,
     /// wait for its blocks' events (one `num_sync_all_streams`), return its
     /// whole free segments and delete it if none is left; for a pool in use,
-    /// or one that does not exist, nothing.
+    /// or one that does not exist, nothing; nothing either while a capture
+    /// is under way (as [`empty_cache`](Self::empty_cache)).
     pub fn empty_cache_pool(&mut self, id: MempoolId) -> Res<(), B> {
         if id.is_default() {
             return self.empty_cache();
@@ -213,6 +226,11 @@ where
             return Ok(());
         };
         if self.private.get(owner).is_none_or(|p| p.use_count > 0) {
+            return Ok(());
+        }
+        if self.capturing() {
+            // PyTorch asserts here; the pool stays freeable, and the next
+            // `empty_cache` after the capture returns it.
             return Ok(());
         }
         self.synchronize_and_free_events(Some(owner))?;

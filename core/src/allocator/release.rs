@@ -29,9 +29,10 @@ where
             (s.addr, s.size, Pool::of(s.flags), s.stream, s.owner)
         };
         let entry = self.record_segment_free(addr, size, stream);
-        self.backend
-            .free(DevicePtr(addr), size)
-            .map_err(Error::Backend)?;
+        self.unregister_begin(addr);
+        let r = self.backend.free(DevicePtr(addr), size);
+        self.unregister_end(addr, r.is_ok());
+        r.map_err(Error::Backend)?;
         self.keep(entry);
         self.cache_remove(i);
         if let Some(p) = self.private.get_mut(owner) {
@@ -116,16 +117,15 @@ where
         Ok(released >= key)
     }
 
-    /// `release_cached_blocks`: unless called inside a capture (`in_capture`),
-    /// wait for all events and release every whole cached segment of the
-    /// default pools, large pool first; then empty every freeable private
-    /// pool.
-    pub(super) fn release_cached_blocks(&mut self, in_capture: bool) -> Res<(), B> {
-        if !in_capture {
-            self.synchronize_and_free_events(None)?;
-            self.release_whole_segments(0, Pool::Large)?;
-            self.release_whole_segments(0, Pool::Small)?;
-        }
+    /// `release_cached_blocks`: wait for all events and release every whole
+    /// cached segment of the default pools, large pool first; then empty
+    /// every freeable private pool. Never called while a capture is under
+    /// way (PyTorch still empties freeable pools then; their device frees
+    /// would invalidate the capture).
+    pub(super) fn release_cached_blocks(&mut self) -> Res<(), B> {
+        self.synchronize_and_free_events(None)?;
+        self.release_whole_segments(0, Pool::Large)?;
+        self.release_whole_segments(0, Pool::Small)?;
         let mut owner = 1u8;
         while (owner as usize) <= self.private.capacity() {
             if self.private.get(owner).is_some_and(|p| p.use_count == 0) {

@@ -4,7 +4,8 @@
 
 use cachealloc_core::{
     BlockSlot, CachingAllocator, Config, DeviceAllocator, DeviceBackend, DevicePtr, Error,
-    MultiDeviceAllocator, PeerAccess, ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
+    MultiDeviceAllocator, PeerAccess, SegmentTable, ShareableHandle, DEFAULT_IPC_HANDLES,
+    DEFAULT_IPC_SHARES,
 };
 use cachealloc_mock::{MockCopy, MockDevice, MockError, MockMachine};
 
@@ -265,7 +266,8 @@ fn two_devices_of_a_multi_device_allocator() {
             Config::parse(conf).unwrap(),
         ))
     };
-    let multi = MultiDeviceAllocator::new([dev(0, ""), dev(1, "")]);
+    let table: &'static SegmentTable<64> = Box::leak(Box::default());
+    let multi = MultiDeviceAllocator::new([dev(0, ""), dev(1, "")], table).unwrap();
     // Peer access, both ways; again is no error; itself or a missing
     // device is.
     assert_eq!(multi.enable_peer_access(0, 1).unwrap(), PeerAccess::Enabled);
@@ -300,6 +302,7 @@ fn two_devices_of_a_multi_device_allocator() {
             $m.device($d)
                 .unwrap()
                 .with(|a| a.backend().copies().to_vec())
+                .unwrap()
         };
     }
     assert_eq!(copies!(multi, 0)[0].peer, None);
@@ -307,14 +310,17 @@ fn two_devices_of_a_multi_device_allocator() {
     // Now device 1 holds an expandable segment: without p2p the copy
     // goes through the driver's peer copy (PyTorch's memcpyAsync).
     let multi = {
-        let [d0, _] = multi.into_devices();
-        MultiDeviceAllocator::new([d0, dev(1, "expandable_segments:True")])
+        let [d0, d1] = multi.into_devices();
+        // The new device 1 is simulated at the old one's addresses.
+        d1.with(|a| a.detach_segment_registry()).unwrap();
+        MultiDeviceAllocator::new([d0, dev(1, "expandable_segments:True")], table).unwrap()
     };
     let z = multi.malloc(1, 1 << 20, 0).unwrap();
     assert!(multi
         .device(1)
         .unwrap()
-        .with(|a| a.has_expandable_segments()));
+        .with(|a| a.has_expandable_segments())
+        .unwrap());
     multi
         .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5, false)
         .unwrap();

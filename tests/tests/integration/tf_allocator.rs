@@ -29,7 +29,10 @@ fn allocate_and_deallocate_raw() {
     let p = t.allocate_raw(Tf::ALLOCATOR_ALIGNMENT, 1000).unwrap();
     assert_eq!(p.0 % 64, 0);
     // Every request is on the facade's stream.
-    let info = t.allocator().with(|a| a.allocation_info_ptr(p)).unwrap();
+    let info = t
+        .allocator()
+        .try_with(|a| a.allocation_info_ptr(p))
+        .unwrap();
     assert_eq!(info.stream, 7);
     let q = t.allocate_raw(1 << 16, 3 * MIB).unwrap();
     assert_eq!(q.0 % (1 << 16), 0);
@@ -98,7 +101,7 @@ fn no_retry_on_failure_skips_the_release_and_retry_rung() {
         .allocate_raw_with(64, 21 * MIB, &AllocationAttributes::NO_RETRY)
         .unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
-    let s = t.allocator().stats();
+    let s = t.allocator().stats().unwrap();
     assert_eq!(s.num_alloc_retries, 0, "no release-and-retry");
     assert_eq!(
         s.reserved_bytes.all().current,
@@ -109,7 +112,7 @@ fn no_retry_on_failure_skips_the_release_and_retry_rung() {
     let q = t
         .allocate_raw_with(64, 21 * MIB, &AllocationAttributes::default())
         .unwrap();
-    let s = t.allocator().stats();
+    let s = t.allocator().stats().unwrap();
     assert_eq!(s.num_alloc_retries, 1);
     assert_eq!(s.reserved_bytes.all().current, 22 * MIB as i64);
     t.deallocate_raw(q).unwrap();
@@ -184,7 +187,7 @@ fn allocator_stats_against_a_hand_count() {
     t.allocator().free(other.id.unwrap()).unwrap();
     // PyTorch's own peak of reserved memory was not touched either.
     assert_eq!(
-        t.allocator().stats().reserved_bytes.all().peak,
+        t.allocator().stats().unwrap().reserved_bytes.all().peak,
         22 * MIB as i64
     );
     let text = s.to_string();
