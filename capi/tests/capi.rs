@@ -104,7 +104,10 @@ fn compile(source: &Path, out: &Path, cxx: bool) {
         .arg("-o")
         .arg(out)
         .arg(format!("-L{}", lib.display()))
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        // DT_RPATH, not RUNPATH: it wins over LD_LIBRARY_PATH, which cargo
+        // sets to target/debug too, where an older libcachealloc.so (from
+        // a `cargo build`) would otherwise be loaded instead of this test's.
+        .arg(format!("-Wl,-rpath,{},--disable-new-dtags", lib.display()))
         .args(["-lcachealloc", "-ldl"]);
     run(&mut cmd, &format!("compiling {}", source.display()));
 }
@@ -587,4 +590,86 @@ fn ipc_between_two_processes_on_the_cuda_stub() {
     assert!(stdout.contains("ok consumer: opened"), "{stdout}");
     assert!(stdout.contains("ipc_test: all checks passed"), "{stdout}");
     print!("{stdout}");
+}
+
+/// `tests/c/graph_test.c`, built in `dir`.
+fn build_graph_test(dir: &Path) -> PathBuf {
+    let exe = dir.join("graph_test");
+    compile(&manifest_dir().join("tests/c/graph_test.c"), &exe, false);
+    exe
+}
+
+/// `LD_LIBRARY_PATH` with `kind`'s stub first.
+fn stub_path(kind: cachealloc_tests::stub::StubKind) -> Option<std::ffi::OsString> {
+    let mut path = kind.dir()?.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    Some(path)
+}
+
+/// Run graph_test on `backend` (`mock`, `cuda`, `hip`) under `conf`.
+fn graph_test(backend: &str, conf: &str) -> String {
+    let dir = scratch(&format!(
+        "graph-{backend}-{}",
+        conf.replace([':', ','], "-")
+    ));
+    let exe = build_graph_test(&dir);
+    let mut cmd = program(&exe, backend);
+    cmd.arg(backend)
+        .env("CACHEALLOC_CONF", conf)
+        .env("CACHEALLOC_MOCK_CAPACITY", "1GiB")
+        .env("CACHEALLOC_STUB_DEVICES", "2");
+    let kind = match backend {
+        "cuda" => Some(cachealloc_tests::stub::StubKind::Cuda),
+        "hip" => Some(cachealloc_tests::stub::StubKind::Hip),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        cmd.env(
+            "LD_LIBRARY_PATH",
+            stub_path(kind).expect("the stub drivers (Linux)"),
+        );
+    }
+    let out = run(&mut cmd, &format!("graph_test {backend} {conf:?}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains("graph_test: all checks passed"), "{stdout}");
+    print!("{stdout}");
+    stdout
+}
+
+/// An out-of-memory observer that reads the statistics, records an
+/// annotation and allocates on the failing device returns (no deadlock),
+/// and a panic inside a device's lock fails that device only.
+#[test]
+fn observers_call_back_and_a_panic_fails_one_device() {
+    let out = graph_test("mock", "");
+    assert!(out.contains("ok an OOM observer that calls back into the same device returns"));
+    assert!(out.contains("failed device 1 only"));
+}
+
+/// torch.cuda.graph's sequence through the C library on the CUDA stub
+/// driver, which refuses what the real driver refuses during a capture:
+/// the capture is never invalidated, with and without expandable segments.
+#[test]
+fn graph_capture_through_the_c_library_on_the_cuda_stub() {
+    if cuda_stub_path().is_none() {
+        println!("the stub drivers are built on Linux only: skipped");
+        return;
+    }
+    for conf in ["", "expandable_segments:True"] {
+        let out = graph_test("cuda", conf);
+        assert!(out.contains("never invalidated"), "{out}");
+    }
+}
+
+/// The same on the HIP stub runtime (the library built with `hip`).
+#[cfg(feature = "hip")]
+#[test]
+fn graph_capture_through_the_c_library_on_the_hip_stub() {
+    for conf in ["", "expandable_segments:True"] {
+        let out = graph_test("hip", conf);
+        assert!(out.contains("never invalidated"), "{out}");
+    }
 }

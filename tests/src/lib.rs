@@ -25,6 +25,7 @@ pub mod ops;
 pub mod oracle;
 pub mod scenario;
 pub mod stub;
+pub mod stub_capture;
 pub mod stub_ipc;
 pub mod stub_suite;
 

@@ -509,6 +509,21 @@ macro_rules! stub_tests {
         }
 
         #[test]
+        fn stub_capture_rules() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_capture::capture_rules::<$api>(&s);
+            }
+        }
+
+        #[test]
+        fn stub_graph_capture_like_torch() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_capture::graph_like_torch::<$api>(&s, "");
+                $crate::stub_capture::graph_like_torch::<$api>(&s, "expandable_segments:True");
+            }
+        }
+
+        #[test]
         fn stub_symbol_inventory() {
             if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
                 let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

@@ -695,10 +695,14 @@ static stub_status stub_op_mem_info(const char *name, size_t *free_bytes, size_t
     return stub_end(ST_OK);
 }
 
+static int stub_accessible(uint64_t addr, uint64_t n);
+
+/* Set `n` bytes at `addr` (an allocation, an opened handle or mapped
+ * pages) on `stream`. */
 static stub_status stub_op_memset(const char *name, uint64_t addr, uint64_t n, void *stream) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
-    if (!stub_in_allocation(addr, n)) return stub_end(ST_INVALID_VALUE);
+    if (!stub_accessible(addr, n)) return stub_end(ST_INVALID_VALUE);
     long s = stub_stream_of(stream, dev);
     if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
     return stub_end(stub_enqueue_locked(s, dev));

@@ -1,8 +1,8 @@
 /*
- * What the C tests of libcachealloc share (abi_test.c, ipc_test.c): checks
- * that stop at the first failure with the library's last error, and the
- * project's stub driver's counters (tests/stubs/stub_core.h, field for
- * field).
+ * What the C tests of libcachealloc share (abi_test.c, ipc_test.c,
+ * graph_test.c): checks that stop at the first failure with the library's
+ * last error, and the project's stub driver's counters
+ * (tests/stubs/stub_core.h, field for field).
  */
 #ifndef CACHEALLOC_TEST_CHECK_H
 #define CACHEALLOC_TEST_CHECK_H
@@ -45,7 +45,7 @@ static inline int error_has(const char *text) {
 typedef struct {
     uint64_t live_allocations, live_bytes, live_events, live_streams, retained_contexts,
         bad_handles, calls, injected, live_reservations, live_physical, live_mappings,
-        live_imports;
+        live_imports, live_captures, capture_violations, live_graphs;
 } stub_counters;
 
 #endif
