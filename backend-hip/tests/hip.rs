@@ -4,12 +4,15 @@
 //!   and the backend turns that into an error value;
 //! - on the project's stub runtime (`libamdhip64.so.5` from
 //!   `cachealloc-tests`), in a child process that has the stub first on
-//!   `LD_LIBRARY_PATH` (the `stub_*` tests; in this process they do
-//!   nothing): the conformance suite with every scenario and no leaks, no
-//!   device, another thread, the caller's device restored, a failure at
-//!   every runtime call, the symbol inventory (the binary binds every HIP
-//!   symbol at start, so a missing one stops the child outright);
-//! - on a real GPU when there is one: the conformance suite, leaving out
+//!   `LD_LIBRARY_PATH` (the `stub_*` tests, ignored in this process and
+//!   run by `ffi_checks_run_on_the_stub_in_a_child_process`): the
+//!   conformance suite with every scenario and no leaks, no device,
+//!   another thread, the caller's device restored, a failure at every
+//!   runtime call, the capture rules and a graph capture as
+//!   torch.cuda.graph makes it, the symbol inventory (the binary binds
+//!   every HIP symbol at start, so a missing one stops the child outright);
+//! - on a real GPU (`real_device_conformance`, ignored unless asked for
+//!   with `-- --ignored real_device`): the conformance suite, leaving out
 //!   the scenarios that need a simulated capacity or event timing.
 #![cfg(feature = "rocm")]
 
@@ -127,10 +130,8 @@ fn opening_a_device_without_a_gpu_is_no_device() {
 }
 
 #[test]
+#[ignore = "needs an AMD GPU (run on a GPU machine with `--features rocm -- --ignored real_device`)"]
 fn real_device_conformance() {
-    if in_child() {
-        return;
-    }
     backend_suite::run_and_report(&GpuHarness::<Hip>::new(None), &testdata_dir());
 }
 
@@ -146,8 +147,9 @@ cachealloc_tests::stub_tests!(
 );
 
 #[test]
+#[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
 fn stub_a_runtime_without_devices_is_no_device() {
-    let Some(s) = child_stub(StubKind::Hip) else {
+    let Some(s) = child_stub(StubKind::Hip, "stub_a_runtime_without_devices_is_no_device") else {
         return;
     };
     s.reset(0, u64::MAX); // hipGetDeviceCount says hipErrorNoDevice
@@ -170,8 +172,9 @@ fn stub_a_runtime_without_devices_is_no_device() {
 }
 
 #[test]
+#[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
 fn stub_errors_name_the_call_and_the_code() {
-    let Some(s) = child_stub(StubKind::Hip) else {
+    let Some(s) = child_stub(StubKind::Hip, "stub_errors_name_the_call_and_the_code") else {
         return;
     };
     let mut b = HipBackend::new(0).unwrap();

@@ -382,11 +382,12 @@ fn c_abi_on_the_simulated_device() {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "the stub drivers are built on Linux only"
+)]
 fn c_abi_on_the_cuda_stub() {
-    let Some(path) = cuda_stub_path() else {
-        println!("the stub drivers are built on Linux only: skipped");
-        return;
-    };
+    let path = cuda_stub_path().expect("the stub drivers (built on Linux)");
     let dir = scratch("cuda");
     let exe = build_abi_test(&dir);
     let out = run(
@@ -571,11 +572,12 @@ fn ipc_on_the_simulated_device() {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "the stub drivers are built on Linux only"
+)]
 fn ipc_between_two_processes_on_the_cuda_stub() {
-    let Some(path) = cuda_stub_path() else {
-        println!("the stub drivers are built on Linux only: skipped");
-        return;
-    };
+    let path = cuda_stub_path().expect("the stub drivers (built on Linux)");
     let dir = scratch("ipc-cuda");
     let exe = build_ipc_test(&dir);
     let out = run(
@@ -653,11 +655,11 @@ fn observers_call_back_and_a_panic_fails_one_device() {
 /// driver, which refuses what the real driver refuses during a capture:
 /// the capture is never invalidated, with and without expandable segments.
 #[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "the stub drivers are built on Linux only"
+)]
 fn graph_capture_through_the_c_library_on_the_cuda_stub() {
-    if cuda_stub_path().is_none() {
-        println!("the stub drivers are built on Linux only: skipped");
-        return;
-    }
     for conf in ["", "expandable_segments:True"] {
         let out = graph_test("cuda", conf);
         assert!(out.contains("never invalidated"), "{out}");
@@ -667,6 +669,10 @@ fn graph_capture_through_the_c_library_on_the_cuda_stub() {
 /// The same on the HIP stub runtime (the library built with `hip`).
 #[cfg(feature = "hip")]
 #[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "the stub drivers are built on Linux only"
+)]
 fn graph_capture_through_the_c_library_on_the_hip_stub() {
     for conf in ["", "expandable_segments:True"] {
         let out = graph_test("hip", conf);

@@ -41,7 +41,7 @@ fn main() {
         t.join().expect("join");
         // What must hold in every interleaving.
         a.check_invariants().expect("consistent");
-        assert_eq!(a.stats().allocation.all().current, 0);
+        assert_eq!(a.stats().expect("stats").allocation.all().current, 0);
     });
     println!(
         "loom explored {} interleavings; the invariants held in each",

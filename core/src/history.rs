@@ -285,7 +285,9 @@ impl<'a> Iterator for HistoryEntries<'a> {
 /// Sees every trace entry as it is recorded (PyTorch's
 /// `AllocatorTraceTracker`), whether or not history is on, before the skip
 /// filter. Called while the allocator is in use (under the lock of a
-/// `CachingAllocator`): it must not call back into the same allocator. Any
+/// `CachingAllocator`, as PyTorch calls its trackers): it must not call back
+/// into the same allocator, and a panic in it fails a `CachingAllocator`'s
+/// device (its metadata may be half-updated then). Any
 /// `Fn(&TraceEntry) + Sync` is one.
 pub trait TraceTracker: Sync {
     /// An entry was recorded.
@@ -302,8 +304,10 @@ impl<F: Fn(&TraceEntry) + Sync> TraceTracker for F {
 /// after the whole ladder failed and before the error returns: the device,
 /// the segment size that could not be had, the memory limit if one is set
 /// (else the device's total), and the device's free bytes. Not for the
-/// 1 EiB refusal, nor when a retry succeeds. The same calling rules as
-/// [`TraceTracker`]. Any `Fn(u32, u64, u64, u64) + Sync` is one.
+/// 1 EiB refusal, nor when a retry succeeds. A `CachingAllocator` calls it
+/// once its lock is released (PyTorch's order), so it may call back into
+/// the allocator, on that device too; a bare `DeviceAllocator` calls it at
+/// the failing allocation. Any `Fn(u32, u64, u64, u64) + Sync` is one.
 pub trait OutOfMemoryObserver: Sync {
     /// An allocation failed for good.
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64);

@@ -245,8 +245,9 @@ def attach_oom_observer(observer):
     """Call ``observer(device, alloc_size, device_total, device_free)`` at every
     final out-of-memory of any device, before the failing allocation returns
     NULL (``torch._C._cuda_attach_out_of_memory_observer``). It runs on the
-    allocating thread with that device's allocator locked: it must not call
-    cachealloc, nor wait for a thread that may be allocating. There is no
+    allocating thread once that device's lock is released (PyTorch's order),
+    so it may call cachealloc, on that device too: read ``memory_stats``,
+    ``record_annotation``, take a ``snapshot``, free memory. There is no
     detach."""
     if not callable(observer):
         raise TypeError("cachealloc: the observer must be callable")

@@ -461,6 +461,65 @@ class OutOfMemory(unittest.TestCase):
         self.assertEqual(mine[0][2], GiB)
 
 
+    def test_an_observer_may_call_back_into_the_failing_device(self):
+        # Observers run once the device's lock is released (PyTorch's order):
+        # one that reads memory_stats, records an annotation and allocates on
+        # the device that just failed returns (it used to deadlock).
+        d = fresh_device()
+        seen = []
+
+        def observer(device, alloc_size, device_total, device_free):
+            if device != d:
+                return
+            stats = cachealloc.memory_stats(device)
+            cachealloc.record_annotation("inside the OOM observer", device=device)
+            p = cachealloc.caching_allocator_alloc(4096, device=device)
+            cachealloc.caching_allocator_delete(p)
+            seen.append(stats["num_ooms"])
+
+        cachealloc.attach_oom_observer(observer)
+        result = []
+        t = threading.Thread(
+            target=lambda: result.append(_lib.lib().cachealloc_alloc(2 * GiB, d, None)),
+            daemon=True,
+        )
+        t.start()
+        t.join(timeout=60)
+        self.assertFalse(t.is_alive(), "deadlock: the observer never returned")
+        self.assertEqual(result, [None])
+        self.assertEqual(seen, [1], "it ran once and saw the OOM counted")
+        self.assertEqual(cachealloc.memory_stats(d)["num_ooms"], 1)
+
+    def test_a_panic_inside_a_device_lock_fails_that_device(self):
+        # In a process of its own: a failed device stays failed, and the
+        # calls on every device (empty_cache(-1)) would report it.
+        code = r"""
+import cachealloc
+from cachealloc import _lib
+lib = _lib.lib()
+p = lib.cachealloc_alloc(1000, 1, None)
+assert p is not None
+assert lib.cachealloc_debug_fail_inside_lock() == 0
+assert lib.cachealloc_alloc(1000, 1, None) is None
+assert "internal error" in _lib.last_error(), _lib.last_error()
+try:
+    cachealloc.memory_stats(1)
+    raise SystemExit("memory_stats of a failed device answered")
+except RuntimeError as e:
+    assert "device 1 failed" in str(e), e
+assert lib.cachealloc_alloc(1000, 1, None) is None
+assert "device 1 failed" in _lib.last_error()
+q = lib.cachealloc_alloc(1000, 0, None)
+assert q is not None, "device 0 works on"
+lib.cachealloc_free(q, 1000, 0, None)
+print("ok: device 1 failed, device 0 works")
+"""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("ok: device 1 failed, device 0 works", r.stdout)
+
+
 def fake_torch(cuda_available, initialized=False):
     """Stand-in torch, torch.cuda and torch.cuda.memory modules that record
     what install() does with them."""

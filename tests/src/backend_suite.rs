@@ -171,11 +171,15 @@ pub fn run<H: Harness>(h: &H, data: &Path) -> Result<SuiteReport, String> {
     Ok(r)
 }
 
-/// Run and report for a test: prints every line; panics on a failure;
-/// prints one line saying why when there is no device.
+/// Run and report for a test: prints every line; panics on a failure, and
+/// when there is no device (a test that needs a GPU is `#[ignore]`d, and
+/// runs only where one was asked for).
 pub fn run_and_report<H: Harness>(h: &H, data: &Path) {
     match run(h, data) {
-        Err(why) => println!("{}: backend conformance suite skipped: {why}", h.name()),
+        Err(why) => panic!(
+            "{}: no device to run the backend conformance suite on: {why}",
+            h.name()
+        ),
         Ok(r) => {
             for p in &r.passed {
                 println!("{}: ok   {p}", h.name());

@@ -7,7 +7,10 @@
 //! a test that wants the stub re-runs its own test binary in a child process
 //! with the stub's folder first on the path ([`run_in_child`]); the parent
 //! keeps testing the machine's real situation (no driver, no device). Tests
-//! meant for the child start with `if !stub::in_child() { return; }`.
+//! meant for the child are `#[ignore]`d (the parent lists them as ignored,
+//! not as passed) and get their stub from `stub_suite::child_stub`, which
+//! runs the test in a child process of its own when it is asked for in the
+//! parent (`-- --ignored stub_...`).
 //! [`Stub`] reaches the stub's control functions (capacity, fault
 //! injection, leak counters) through the library the process loaded.
 
@@ -111,10 +114,27 @@ pub fn in_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
-/// Re-run this test binary, only the tests whose names contain `filter`,
-/// one at a time, with the `kind` stub first on `LD_LIBRARY_PATH`. Returns
-/// the child's output; `Err` with it when the child failed (or why it could
-/// not run).
+/// How many tests a test binary's output says passed (its `N passed`
+/// summary lines added up).
+pub fn passed_in(output: &str) -> usize {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("test result: "))
+        .filter_map(|l| {
+            l.split(" passed;")
+                .next()?
+                .rsplit(' ')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Re-run this test binary, only the (ignored) tests whose names contain
+/// `filter`, one at a time, with the `kind` stub first on
+/// `LD_LIBRARY_PATH`. Returns the child's output; `Err` with it when the
+/// child failed (or why it could not run).
 pub fn run_in_child(kind: StubKind, filter: &str) -> Result<String, String> {
     let dir = kind
         .dir()
@@ -125,8 +145,10 @@ pub fn run_in_child(kind: StubKind, filter: &str) -> Result<String, String> {
         path.push(":");
         path.push(old);
     }
+    // The tests meant for the child are `#[ignore]`d (in the parent they
+    // would do nothing): the child runs them with `--ignored`.
     let out = Command::new(exe)
-        .args([filter, "--test-threads=1", "--nocapture"])
+        .args([filter, "--ignored", "--test-threads=1", "--nocapture"])
         .env("LD_LIBRARY_PATH", path)
         .env(CHILD, "1")
         .output()
@@ -150,7 +172,13 @@ pub fn run_in_child(kind: StubKind, filter: &str) -> Result<String, String> {
 pub fn run_another_process(test: &str, env: &[(&str, &str)]) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let out = Command::new(exe)
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .args([
+            test,
+            "--exact",
+            "--include-ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
         .envs(env.iter().copied())
         .output()
         .map_err(|e| format!("cannot start the process: {e}"))?;

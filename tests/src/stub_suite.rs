@@ -12,9 +12,26 @@ use crate::stub::{self, Stub, StubCounters, StubKind};
 use cachealloc_core::{Allocation, BlockSlot, Config, DeviceAllocator, DeviceBackend};
 use std::path::Path;
 
-/// The stub this child process runs on, reset to two unlimited devices;
-/// `None` in the parent (the test then does nothing there).
-pub fn child_stub(kind: StubKind) -> Option<Stub> {
+/// The stub this child process runs on, reset to two unlimited devices.
+/// In the parent (a `stub_` test asked for by name there, `-- --ignored`),
+/// the test `test` runs in a child process of its own, whose result is this
+/// one's, and this returns `None`.
+pub fn child_stub(kind: StubKind, test: &str) -> Option<Stub> {
+    if !stub::in_child() {
+        match stub::run_in_child(kind, test) {
+            Ok(out) => println!("{test}: ran in a child process on the stub:\n{out}"),
+            Err(out) => panic!("{test} failed in the child process on the stub:\n{out}"),
+        }
+        return None;
+    }
+    let s = Stub::open(kind).unwrap_or_else(|e| panic!("the child must load the stub: {e}"));
+    s.reset(2, u64::MAX);
+    Some(s)
+}
+
+/// The stub of a helper process another test starts (which set the
+/// environment); `None` elsewhere.
+pub fn consumer_stub(kind: StubKind) -> Option<Stub> {
     if !stub::in_child() {
         return None;
     }
@@ -418,8 +435,10 @@ pub fn out_of_memory<G: GpuApi>(stub: &Stub, malloc_call: &str, oom_code: i32) {
 ///
 /// `Cuda` implements [`GpuApi`]; `malloc` is its driver's allocation call,
 /// `oom` and `unknown` its out-of-memory and "unknown error" codes; `prefix`
-/// and `extra` feed the symbol inventory. The generated `stub_*` tests do
-/// nothing in the parent process.
+/// and `extra` feed the symbol inventory. The generated `stub_*` tests are
+/// `#[ignore]`d: `ffi_checks_run_on_the_stub_in_a_child_process` runs them
+/// all in one child process (asked for by name in the parent, one runs in a
+/// child of its own).
 #[macro_export]
 macro_rules! stub_tests {
     ($api:ty, malloc: $malloc:literal, oom: $oom:expr, unknown: $unknown:expr,
@@ -431,101 +450,119 @@ macro_rules! stub_tests {
             }
             let kind = <$api as $crate::gpu::GpuApi>::STUB;
             match $crate::stub::run_in_child(kind, "stub_") {
-                Ok(out) => println!("{out}"),
+                Ok(out) => {
+                    println!("{out}");
+                    let n = $crate::stub::passed_in(&out);
+                    assert!(n >= 12, "only {n} stub tests ran in the child:\n{out}");
+                    println!("{n} stub tests passed in the child process on the stub driver");
+                }
                 Err(out) => panic!("the stub tests failed in the child:\n{out}"),
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_conformance_suite() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_conformance_suite") {
                 $crate::stub_suite::conformance::<$api>(&s, &$crate::testdata_dir());
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_backend_moved_to_another_thread() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_backend_moved_to_another_thread") {
                 $crate::stub_suite::moved_to_another_thread::<$api>(&s);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_restores_the_callers_device() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_restores_the_callers_device") {
                 $crate::stub_suite::restores_the_current_device::<$api>(&s);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_every_call_can_fail() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_every_call_can_fail") {
                 $crate::stub_suite::every_call_can_fail::<$api>(&s, $unknown);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_every_virtual_memory_call_can_fail() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_every_virtual_memory_call_can_fail") {
                 $crate::stub_suite::every_virtual_memory_call_can_fail::<$api>(&s, $unknown);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_every_compact_call_can_fail() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_every_compact_call_can_fail") {
                 $crate::stub_suite::every_compact_call_can_fail::<$api>(&s, $unknown);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_out_of_memory() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_out_of_memory") {
                 $crate::stub_suite::out_of_memory::<$api>(&s, $malloc, $oom);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_ipc_between_two_processes() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_ipc_between_two_processes") {
                 $crate::stub_ipc::ipc_between_processes::<$api>(&s, "ipc_consumer_process");
             }
         }
 
-        /// The consumer process of `stub_ipc_between_two_processes` (does
-        /// nothing in any other process).
+        /// The consumer process of `stub_ipc_between_two_processes` (run
+        /// by it, in a process of its own).
         #[test]
+        #[ignore = "the consumer process of stub_ipc_between_two_processes, which starts it"]
         fn ipc_consumer_process() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::consumer_stub(<$api as $crate::gpu::GpuApi>::STUB) {
                 $crate::stub_ipc::ipc_consumer::<$api>(&s);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_peer_access_and_copies() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_peer_access_and_copies") {
                 $crate::stub_ipc::peer_access_and_copies::<$api>(&s);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_capture_rules() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_capture_rules") {
                 $crate::stub_capture::capture_rules::<$api>(&s);
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_graph_capture_like_torch() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_graph_capture_like_torch") {
                 $crate::stub_capture::graph_like_torch::<$api>(&s, "");
                 $crate::stub_capture::graph_like_torch::<$api>(&s, "expandable_segments:True");
             }
         }
 
         #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_symbol_inventory() {
-            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_symbol_inventory") {
                 let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
                 $crate::stub_suite::symbol_inventory(&s, &src, $prefix, &[$($extra),*]);
             }

@@ -1,6 +1,7 @@
 //! loom models of the thread-safe front end. Tiny capacities, slots and
 //! segments, so a split, a merge, a full slot table and an OOM retry happen
-//! within a few operations. Every model checks: no two live allocations
+//! within a few operations; owner lookups in the segment registry race
+//! segment release and reuse. Every model checks: no two live allocations
 //! overlap, `check_invariants()` at the end (stats == a recount), and after
 //! teardown the mock holds 0 bytes.
 //!
@@ -9,7 +10,7 @@
 
 use cachealloc_core::{
     Allocation, BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error,
-    MultiDeviceAllocator,
+    MultiDeviceAllocator, SegmentTable,
 };
 use cachealloc_mock::MockDevice;
 use cachealloc_tests::teardown;
@@ -130,7 +131,7 @@ fn concurrent_malloc_free() {
                 // unless the slot table is full first.
                 match a.malloc(3 * MIB, 0) {
                     Err(Error::OutOfMemory(_)) => {
-                        assert!(a.stats().num_alloc_retries >= 1);
+                        assert!(a.stats().unwrap().num_alloc_retries >= 1);
                         SAW_OOM_RETRY.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(Error::MetadataExhausted { .. }) => {
@@ -149,7 +150,7 @@ fn concurrent_malloc_free() {
         }
         t1.join().unwrap();
         t2.join().unwrap();
-        let s = a.stats();
+        let s = a.stats().unwrap();
         if s.inactive_split.all().allocated > 0 && s.inactive_split.all().freed > 0 {
             SAW_SPLIT_MERGE.fetch_add(1, Ordering::Relaxed);
         }
@@ -181,7 +182,7 @@ fn pending_free_and_process_events() {
             let (a, reg) = (a.clone(), reg.clone());
             thread::spawn(move || {
                 free(&a, &reg, x);
-                a.with(|d| d.backend_mut().sync(Some(0)));
+                a.with(|d| d.backend_mut().sync(Some(0))).unwrap();
             })
         };
         let t2 = {
@@ -240,7 +241,7 @@ fn stats_read_races_malloc_and_free() {
             })
         };
         for _ in 0..2 {
-            let s = a.stats();
+            let s = a.stats().unwrap();
             for arr in [
                 &s.allocation,
                 &s.allocated_bytes,
@@ -283,11 +284,13 @@ fn record_stream_races_free() {
         t1.join().unwrap();
         match t2.join().unwrap() {
             Ok(()) => assert_eq!(
-                a.stats().active.all().current,
+                a.stats().unwrap().active.all().current,
                 1,
                 "the free waits for stream 2"
             ),
-            Err(Error::StaleHandle { .. }) => assert_eq!(a.stats().active.all().current, 0),
+            Err(Error::StaleHandle { .. }) => {
+                assert_eq!(a.stats().unwrap().active.all().current, 0)
+            }
             Err(e) => panic!("unexpected: {e}"),
         }
         let a = Arc::try_unwrap(a).ok().unwrap();
@@ -306,8 +309,9 @@ fn two_devices_route_frees_across_threads() {
                 Config::DEFAULT,
             ))
         };
+        let table: &'static SegmentTable<8> = Box::leak(Box::default());
         let m: Arc<MultiDeviceAllocator<MockDevice, Vec<BlockSlot>, 4, 2>> =
-            Arc::new(MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)]));
+            Arc::new(MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)], table).unwrap());
         let a = m.malloc(0, 4096, 0).unwrap();
         let b = m.malloc(1, 4096, 0).unwrap();
         let t1 = {
@@ -326,7 +330,7 @@ fn two_devices_route_frees_across_threads() {
         t2.join().unwrap();
         m.check_invariants().unwrap();
         for d in 0..2 {
-            let s = m.device(d).unwrap().stats();
+            let s = m.device(d).unwrap().stats().unwrap();
             assert_eq!(s.allocation.all().current, 0);
             assert_eq!(s.allocation.all().allocated, if d == 0 { 2 } else { 1 });
         }
@@ -334,6 +338,64 @@ fn two_devices_route_frees_across_threads() {
         let [d0, d1] = m.into_devices();
         finish(d0, []);
         finish(d1, []);
+    });
+}
+
+/// The device that owns a pointer comes from the segment registry, without
+/// any device's lock, while device 0 releases its segment and device 1
+/// creates one in the same address space (the space hands device 1 the
+/// addresses device 0 just gave back): device 1's live pointer is always
+/// found on device 1, and device 0's pointer is found on device 0, or on
+/// nobody once its release began, or on device 1 only once device 1 got it.
+#[test]
+fn owner_lookup_races_segment_release_and_reuse() {
+    use cachealloc_tests::shared_space::{SharedSpace, Space};
+    model("owner_lookup_races_segment_release_and_reuse", || {
+        let space = Space::new(2);
+        let table: &'static SegmentTable<8> = Box::leak(Box::default());
+        let dev = |d: u32| -> CachingAllocator<SharedSpace, Vec<BlockSlot>, 4> {
+            CachingAllocator::new(DeviceAllocator::with_events(
+                space.device(d),
+                vec![BlockSlot::VACANT; 8],
+                Config::DEFAULT,
+            ))
+        };
+        let m = Arc::new(MultiDeviceAllocator::new([dev(0), dev(1)], table).unwrap());
+        let x = m.malloc(0, 4096, 0).unwrap();
+        let p = x.allocation.ptr;
+        let t1 = {
+            let m = m.clone();
+            thread::spawn(move || {
+                m.free(&x).unwrap();
+                m.device(0).unwrap().empty_cache().unwrap();
+            })
+        };
+        let t2 = {
+            let m = m.clone();
+            thread::spawn(move || {
+                let y = m.malloc(1, 4096, 0).unwrap();
+                assert_eq!(
+                    m.owner(y.allocation.ptr),
+                    Some(1),
+                    "device 1's live pointer"
+                );
+                y
+            })
+        };
+        let seen = m.owner(p);
+        t1.join().unwrap();
+        let y = t2.join().unwrap();
+        if seen == Some(1) {
+            assert_eq!(
+                y.allocation.ptr, p,
+                "device 1 was named for an address it never held"
+            );
+        }
+        assert_ne!(m.owner(p), Some(0), "device 0 released it");
+        m.check_invariants().unwrap();
+        m.free(&y).unwrap();
+        m.device(1).unwrap().empty_cache().unwrap();
+        assert!(table.is_empty());
     });
 }
 
@@ -356,12 +418,16 @@ fn allocation_races_end_allocate_to_pool() {
             let (a, reg) = (a.clone(), reg.clone());
             thread::spawn(move || {
                 let x = try_malloc(&a, &reg, 4096, 1).expect("room for 4 KiB");
-                let pool = a.with(|d| d.allocation_info(x.id.unwrap()).unwrap().pool);
-                let owner = a.with(|d| {
-                    d.segments()
-                        .find(|s| s.blocks().any(|b| b.address == x.ptr))
-                        .map(|s| s.pool_id)
-                });
+                let pool = a
+                    .with(|d| d.allocation_info(x.id.unwrap()).unwrap().pool)
+                    .unwrap();
+                let owner = a
+                    .with(|d| {
+                        d.segments()
+                            .find(|s| s.blocks().any(|b| b.address == x.ptr))
+                            .map(|s| s.pool_id)
+                    })
+                    .unwrap();
                 assert_eq!(owner, Some(pool), "the segment and the allocation disagree");
                 assert!(pool == POOL || pool == MempoolId::DEFAULT);
                 if pool == POOL {
@@ -374,7 +440,7 @@ fn allocation_races_end_allocate_to_pool() {
         };
         a.capture_end(POOL).unwrap();
         t1.join().unwrap();
-        assert_eq!(a.pool_use_count(POOL), 1);
+        assert_eq!(a.pool_use_count(POOL).unwrap(), 1);
         a.release_pool(POOL).unwrap();
         let a = Arc::try_unwrap(a).ok().expect("threads joined");
         finish(a, []);
@@ -422,7 +488,7 @@ fn expandable_segments_grow_while_others_unmap() {
         a.empty_cache().unwrap();
         t1.join().unwrap();
         let y = t2.join().unwrap();
-        let s = a.stats();
+        let s = a.stats().unwrap();
         if s.num_device_free > 0 {
             SAW_UNMAP.fetch_add(1, Ordering::Relaxed);
         }
@@ -479,16 +545,18 @@ fn compact_hand_over_races_free_and_empty_cache() {
         let y = t2.join().unwrap();
         if let (Some((p, s)), Some(y)) = (x, &y) {
             let overlap = y.ptr.0 < p + s && p < y.ptr.0 + y.size;
-            let waited = a.with(|d| {
-                let m = d.backend();
-                m.stream_waits().contains(&(2, 1)) || m.stream_synchronizations().contains(&1)
-            });
+            let waited = a
+                .with(|d| {
+                    let m = d.backend();
+                    m.stream_waits().contains(&(2, 1)) || m.stream_synchronizations().contains(&1)
+                })
+                .unwrap();
             assert!(
                 !overlap || waited,
                 "stream 2 reused stream 1's memory unordered"
             );
         }
-        if a.with(|d| d.stream_handovers()) > 0 {
+        if a.with(|d| d.stream_handovers()).unwrap() > 0 {
             SAW_HANDOVER.fetch_add(1, Ordering::Relaxed);
         }
         if y.is_none() {

@@ -7,6 +7,7 @@
 
 mod aligned;
 mod backend_conformance;
+mod capture;
 mod checkpoint;
 mod compact;
 mod conformance;
@@ -15,6 +16,7 @@ mod differential;
 mod errors;
 mod expandable;
 mod fault_injection;
+mod front_ends;
 mod fuzz_logic;
 mod fuzz_trace;
 mod history;

@@ -36,6 +36,9 @@ fn third_party_recordings_match_the_model_with_expandable_segments() {
         shared_part("real-traces"),
         testdata_part("oracle/pytorch_sim.py"),
     ) else {
+        println!(
+            "third-party recordings: 0 checked (../shared/real-traces is not beside the checkout)"
+        );
         return;
     };
     compare_with_the_model("real-shared", &dir, &["expandable_segments:True"]);
@@ -95,5 +98,12 @@ fn compare_with_the_model(name: &str, dir: &Path, confs: &[&str]) {
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
+    println!(
+        "{name}: {} traces checked under {} configurations ({} replays), {} differ",
+        traces.len(),
+        confs.len(),
+        jobs.len(),
+        failures.len()
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
