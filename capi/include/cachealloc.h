@@ -315,8 +315,13 @@ void cachealloc_record_stream(void *ptr, void *stream);
  * `filter` is PyTorch's `std::function<bool(cudaStream_t)>`, passed as a
  * pointer that C cannot call: it is ignored, and every stream of the
  * device is routed to the pool while it is active (an all-streams filter).
- * PyTorch's capture rules hold meanwhile: no event is queried, and a freed
- * block that other streams used waits for the end of the routing.
+ * Until `cachealloc_end_allocate_to_pool` the device is treated as
+ * capturing (PyTorch calls this before `cudaStreamBeginCapture` and the end
+ * after `cudaStreamEndCapture`): the library makes no driver call that
+ * could invalidate a capture (no event query or record, no device free, no
+ * synchronization; a freed block that other streams used waits for the
+ * end), and makes its device mallocs and page maps in relaxed capture
+ * mode.
  * Errors (already routing to this pool, too many pools) go to
  * `cachealloc_last_error()`.
  */

@@ -28,11 +28,20 @@
 //! Every exported function runs its body under `catch_unwind`: no panic
 //! crosses the boundary (built with `panic = "abort"`, one aborts instead).
 //! A failure returns NULL or -1 (or nothing, for PyTorch's `void` hooks)
-//! and leaves its message in [`cachealloc_last_error`].
+//! and leaves its message in [`cachealloc_last_error`]. A panic while a
+//! device's lock was held fails that device for good: every later call on
+//! it fails with "device N failed ..." (its metadata may be half-updated),
+//! while the other devices work on. Out-of-memory observers run once the
+//! device's lock is released and may call back into the library. The
+//! device that owns a pointer (`cachealloc_record_stream`,
+//! `cachealloc_base_alloc`, the IPC calls) is found in a map of segment
+//! ranges that the devices keep up to date, without any device's lock
+//! (`segments.rs`).
 
 // The exported functions, one file a group (the header lists them in this
 // order: cbindgen follows the declarations).
-/// The last error, and the guard around every exported function.
+/// The last error, the guard around every exported function, the debug
+/// hooks.
 mod error;
 /// `record_history`, annotations.
 mod history;
@@ -50,6 +59,7 @@ mod stats;
 // The machinery.
 mod backend;
 mod registry;
+/// Segment ranges by device, read without a device's lock.
 mod segments;
 mod settings;
 

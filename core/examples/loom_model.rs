@@ -23,6 +23,18 @@ fn main() {
     static EXECUTIONS: AtomicUsize = AtomicUsize::new(0);
     loom::model(|| {
         EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+        // An allocator is tens of KiB, built on the stack and moved into
+        // its `Arc`: run the body in a thread with a stack larger than
+        // loom's default.
+        loom::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(body)
+            .expect("spawn")
+            .join()
+            .expect("the model panicked");
+    });
+
+    fn body() {
         let a = Arc::new(CachingAllocator::new(DeviceAllocator::new(
             TinyBackend::default(),
             vec![BlockSlot::VACANT; 16],
@@ -42,7 +54,7 @@ fn main() {
         // What must hold in every interleaving.
         a.check_invariants().expect("consistent");
         assert_eq!(a.stats().expect("stats").allocation.all().current, 0);
-    });
+    }
     println!(
         "loom explored {} interleavings; the invariants held in each",
         EXECUTIONS.load(Ordering::Relaxed)

@@ -22,7 +22,7 @@ use crate::private_pool::{MempoolId, PoolOptions, StreamFilter};
 use crate::segment_table::SegmentRegistry;
 use crate::snapshot::CacheInfo;
 use crate::stats::DeviceStats;
-use crate::sync::Mutex;
+use crate::sync::{Guard, Mutex};
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 
@@ -70,10 +70,13 @@ where
 {
     /// Wrap an allocator (`const`, for statics; not under loom).
     #[cfg(not(loom))]
-    pub const fn new(allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
+    #[inline(always)]
+    pub const fn new(mut allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
+        // Its out-of-memory observers are called once the lock is released.
+        allocator.keep_oom = true;
         CachingAllocator {
             inner: Mutex::new(Guarded {
-                alloc: allocator.keeping_oom_notices(true),
+                alloc: allocator,
                 busy: false,
             }),
         }
@@ -81,35 +84,68 @@ where
 
     /// Wrap an allocator.
     #[cfg(loom)]
-    pub fn new(allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
+    #[inline(always)]
+    pub fn new(mut allocator: DeviceAllocator<B, S, E, H, P>) -> Self {
+        allocator.keep_oom = true;
         CachingAllocator {
             inner: Mutex::new(Guarded {
-                alloc: allocator.keeping_oom_notices(true),
+                alloc: allocator,
                 busy: false,
             }),
         }
     }
 
-    /// Run `f` on the allocator, under the lock; then, with the lock
-    /// released, tell the out-of-memory observers of what `f` ran into.
-    /// Refused on a failed device; a panic in `f` fails it.
+    /// Take the lock for one call (`None` on a failed device); the device
+    /// is marked busy until [`leave`](Self::leave), so a call that never
+    /// gets there (it panicked) fails the device.
     #[inline]
-    fn run<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> R) -> Res<R, B> {
+    fn enter(&self) -> Option<Guard<'_, Guarded<DeviceAllocator<B, S, E, H, P>>>> {
         let mut g = self.inner.lock();
         if g.busy {
-            return Err(Error::DeviceFailed {
-                device: g.alloc.backend().ordinal(),
-            });
+            return None;
         }
         g.busy = true;
-        let r = f(&mut g.alloc);
-        g.busy = false;
-        if !g.alloc.has_oom_notices() {
-            return Ok(r);
+        Some(g)
+    }
+
+    /// The refusal of a failed device.
+    #[cold]
+    #[inline(never)]
+    fn failed(&self) -> Error<B::Error> {
+        Error::DeviceFailed {
+            device: self.inner.lock().alloc.backend().ordinal(),
         }
-        let notices = g.alloc.take_oom_notices();
+    }
+
+    /// The call finished: release the lock, then tell the out-of-memory
+    /// observers of what the call ran into.
+    #[inline]
+    fn leave(mut g: Guard<'_, Guarded<DeviceAllocator<B, S, E, H, P>>>) {
+        g.busy = false;
+        if g.alloc.has_oom_notices() {
+            Self::deliver_after_unlock(g);
+        }
+    }
+
+    /// Take the out-of-memory notices, release the lock, tell the
+    /// observers.
+    #[cold]
+    #[inline(never)]
+    fn deliver_after_unlock(mut g: Guard<'_, Guarded<DeviceAllocator<B, S, E, H, P>>>) {
+        let delivery = g.alloc.take_oom_notices();
         drop(g);
-        crate::allocator::deliver_oom_notices(&notices);
+        delivery.deliver();
+    }
+
+    /// Run `f` on the allocator for one call ([`enter`](Self::enter),
+    /// [`leave`](Self::leave)).
+    #[inline]
+    fn run<R>(&self, f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> R) -> Res<R, B> {
+        let Some(mut g) = self.enter() else {
+            return Err(self.failed());
+        };
+        let r = f(&mut g.alloc);
+        Self::leave(g);
         Ok(r)
     }
 
@@ -119,7 +155,12 @@ where
         &self,
         f: impl FnOnce(&mut DeviceAllocator<B, S, E, H, P>) -> Res<R, B>,
     ) -> Res<R, B> {
-        self.run(f)?
+        let Some(mut g) = self.enter() else {
+            return Err(self.failed());
+        };
+        let r = f(&mut g.alloc);
+        Self::leave(g);
+        r
     }
 
     /// Whether a call panicked while it held the lock: the device refuses
@@ -241,7 +282,9 @@ where
     /// failing allocation again). A failed device's allocator may be
     /// half-updated: check it before trusting it.
     pub fn into_inner(self) -> DeviceAllocator<B, S, E, H, P> {
-        self.inner.into_inner().alloc.keeping_oom_notices(false)
+        let mut a = self.inner.into_inner().alloc;
+        a.keep_oom = false;
+        a
     }
 
     /// [`DeviceAllocator::create_pool`].

@@ -42,6 +42,7 @@ impl<T> Mutex<T> {
     }
 
     #[cfg(loom)]
+    #[inline(always)]
     pub(crate) fn new(value: T) -> Self {
         Mutex(Inner::new(value))
     }

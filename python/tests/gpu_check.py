@@ -63,6 +63,14 @@ def _timing_key(key):
 # benchmark-mode autotuning unless that is the point.
 
 
+def _step(opt, loss, losses):
+    """One optimizer step on `loss`, kept in `losses`."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+
+
 def _seed(torch):
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
@@ -82,11 +90,7 @@ def mlp(torch, dev):
         g = torch.Generator(device=dev).manual_seed(step)
         x = torch.randn(256, 512, device=dev, generator=g)
         y = torch.randint(0, 10, (256,), device=dev, generator=g)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        _step(opt, torch.nn.functional.cross_entropy(model(x), y), losses)
     return losses
 
 
@@ -111,11 +115,7 @@ def _train_conv(torch, dev):
         g = torch.Generator(device=dev).manual_seed(step)
         x = torch.randn(64, 3, 64, 64, device=dev, generator=g).to(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (64,), device=dev, generator=g)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        _step(opt, torch.nn.functional.cross_entropy(model(x), y), losses)
     return losses
 
 
@@ -154,11 +154,7 @@ def transformer(torch, dev):
         tok = torch.randint(0, vocab, (8, seq + 1), device=dev, generator=g)
         mask = torch.nn.Transformer.generate_square_subsequent_mask(seq, device=dev)
         h = enc(emb(tok[:, :-1]), mask=mask, is_causal=True)
-        loss = torch.nn.functional.cross_entropy(head(h).reshape(-1, vocab), tok[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        _step(opt, torch.nn.functional.cross_entropy(head(h).reshape(-1, vocab), tok[:, 1:].reshape(-1)), losses)
     return losses
 
 

@@ -24,7 +24,6 @@ pub mod harness;
 pub mod ops;
 pub mod oracle;
 pub mod scenario;
-pub mod shared_space;
 pub mod stub;
 pub mod stub_capture;
 pub mod stub_ipc;

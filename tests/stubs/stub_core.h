@@ -538,55 +538,49 @@ static void stub_invalidate_capture(uint64_t id) {
             stub_streams[i].capture = STUB_CAPTURE_INVALIDATED;
 }
 
-/* A potentially unsafe call on `device`: ST_OK, or (a capture prohibits
- * it) ST_CAPTURE_UNSUPPORTED, with every capture that prohibits it
- * invalidated. (Captures on other devices are not affected.) */
-static stub_status stub_unsafe_locked(int device) {
+/* Which captures a call on a device conflicts with. */
+typedef enum {
+    STUB_PROHIBITING, /* a potentially unsafe call: those whose mode prohibits it */
+    STUB_ANY,         /* a device synchronization: every active one */
+    STUB_BLOCKING,    /* legacy-stream work: those of blocking streams */
+} stub_conflict;
+
+/* A call on `device` that conflicts with its captures of kind `which`:
+ * ST_OK if there is none, else `code`, with each of them invalidated.
+ * (Captures on other devices are not affected.) */
+static stub_status stub_conflicts_locked(int device, stub_conflict which, stub_status code) {
     int hit = 0;
     for (size_t i = 0; i < stub_nstreams; i++) {
         stub_stream *st = &stub_streams[i];
-        if (st->live && st->device == device && stub_capture_prohibits(st)) {
+        if (!st->live || st->device != device || st->capture != STUB_CAPTURE_ACTIVE) continue;
+        int conflicts = which == STUB_PROHIBITING ? stub_capture_prohibits(st)
+                        : which == STUB_BLOCKING  ? st->blocking
+                                                  : 1;
+        if (conflicts) {
             stub_invalidate_capture(st->capture_id);
             hit = 1;
         }
     }
     if (!hit) return ST_OK;
     stub_capture_violations++;
-    return ST_CAPTURE_UNSUPPORTED;
+    return code;
 }
 
-/* A call that conflicts with every capture on `device` in any mode (a
- * device synchronization): ST_CAPTURE_UNSUPPORTED, every one invalidated. */
+/* A potentially unsafe call on `device` (refused: "capture unsupported"). */
+static stub_status stub_unsafe_locked(int device) {
+    return stub_conflicts_locked(device, STUB_PROHIBITING, ST_CAPTURE_UNSUPPORTED);
+}
+
+/* A synchronization of `device`: conflicts with its captures in any mode. */
 static stub_status stub_conflict_device_locked(int device) {
-    int hit = 0;
-    for (size_t i = 0; i < stub_nstreams; i++) {
-        stub_stream *st = &stub_streams[i];
-        if (st->live && st->device == device && st->capture == STUB_CAPTURE_ACTIVE) {
-            stub_invalidate_capture(st->capture_id);
-            hit = 1;
-        }
-    }
-    if (!hit) return ST_OK;
-    stub_capture_violations++;
-    return ST_CAPTURE_UNSUPPORTED;
+    return stub_conflicts_locked(device, STUB_ANY, ST_CAPTURE_UNSUPPORTED);
 }
 
 /* Work on the legacy default stream of `device`: it synchronizes with
  * every blocking stream, so a blocking stream's capture makes it an
- * implicit dependency on uncaptured work (ST_CAPTURE_IMPLICIT, the
- * capture invalidated). */
+ * implicit dependency on uncaptured work. */
 static stub_status stub_legacy_locked(int device) {
-    int hit = 0;
-    for (size_t i = 0; i < stub_nstreams; i++) {
-        stub_stream *st = &stub_streams[i];
-        if (st->live && st->device == device && st->blocking && st->capture == STUB_CAPTURE_ACTIVE) {
-            stub_invalidate_capture(st->capture_id);
-            hit = 1;
-        }
-    }
-    if (!hit) return ST_OK;
-    stub_capture_violations++;
-    return ST_CAPTURE_IMPLICIT;
+    return stub_conflicts_locked(device, STUB_BLOCKING, ST_CAPTURE_IMPLICIT);
 }
 
 /* Stream-ordered work queued on stream `s` of `device`: the legacy

@@ -8,6 +8,9 @@
 //! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p cachealloc-tests --test loom
 #![cfg(loom)]
 
+#[path = "common/shared_space.rs"]
+mod shared_space;
+
 use cachealloc_core::{
     Allocation, BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error,
     MultiDeviceAllocator, SegmentTable,
@@ -349,7 +352,7 @@ fn two_devices_route_frees_across_threads() {
 /// nobody once its release began, or on device 1 only once device 1 got it.
 #[test]
 fn owner_lookup_races_segment_release_and_reuse() {
-    use cachealloc_tests::shared_space::{SharedSpace, Space};
+    use shared_space::{SharedSpace, Space};
     model("owner_lookup_races_segment_release_and_reuse", || {
         let space = Space::new(2);
         let table: &'static SegmentTable<8> = Box::leak(Box::default());

@@ -59,28 +59,6 @@ static int cuda_mode;
 static cudaStream_t side_stream; /* the second stream of the sequence */
 
 
-/* ------------------------------------------------------------ statistics */
-
-typedef struct {
-    const char *key;
-    int64_t value;
-    int found;
-} stat_query;
-
-static void find_stat(const char *key, int64_t value, void *user) {
-    stat_query *q = user;
-    if (strcmp(key, q->key) == 0) {
-        q->value = value;
-        q->found = 1;
-    }
-}
-
-static int64_t stat(int device, const char *key) {
-    stat_query q = {key, 0, 0};
-    CHECK(cachealloc_memory_stats(device, find_stat, &q) == 0, "memory_stats(%d)", device);
-    CHECK(q.found, "no statistic %s", key);
-    return q.value;
-}
 
 static void print_stat(const char *key, int64_t value, void *user) {
     (void)user;

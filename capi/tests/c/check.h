@@ -1,7 +1,7 @@
 /*
  * What the C tests of libcachealloc share (abi_test.c, ipc_test.c,
  * graph_test.c): checks that stop at the first failure with the library's
- * last error, and the project's stub driver's counters
+ * last error, a statistic by key, and the project's stub driver's counters
  * (tests/stubs/stub_core.h, field for field).
  */
 #ifndef CACHEALLOC_TEST_CHECK_H
@@ -40,6 +40,28 @@ static inline int error_has(const char *text) {
     do {                                                                           \
         if (!(cond)) FAIL(__VA_ARGS__);                                            \
     } while (0)
+
+/* One statistic of `device` (memory_stats through a callback). */
+typedef struct {
+    const char *key;
+    int64_t value;
+    int found;
+} stat_query;
+
+static inline void find_stat(const char *key, int64_t value, void *user) {
+    stat_query *q = user;
+    if (strcmp(key, q->key) == 0) {
+        q->value = value;
+        q->found = 1;
+    }
+}
+
+static inline int64_t stat(int device, const char *key) {
+    stat_query q = {key, 0, 0};
+    CHECK(cachealloc_memory_stats(device, find_stat, &q) == 0, "memory_stats(%d)", device);
+    CHECK(q.found, "no statistic %s", key);
+    return q.value;
+}
 
 /* The stub driver's counters. */
 typedef struct {

@@ -38,28 +38,6 @@
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
 
-/* ------------------------------------------------------------- statistics */
-
-typedef struct {
-    const char *key;
-    int64_t value;
-    int found;
-} stat_query;
-
-static void find_stat(const char *key, int64_t value, void *user) {
-    stat_query *q = user;
-    if (strcmp(key, q->key) == 0) {
-        q->value = value;
-        q->found = 1;
-    }
-}
-
-static int64_t stat(int device, const char *key) {
-    stat_query q = {key, 0, 0};
-    CHECK(cachealloc_memory_stats(device, find_stat, &q) == 0 && q.found, "stat %s", key);
-    return q.value;
-}
-
 /* ------------------------------------------- an observer that calls back */
 
 typedef struct {

@@ -24,7 +24,7 @@ mod lookup;
 mod malloc;
 mod pools;
 mod registry;
-pub(crate) use registry::{deliver_oom_notices, OomNotice};
+pub(crate) use registry::OomNotice;
 mod release;
 mod split;
 mod storage;
@@ -202,7 +202,7 @@ pub struct DeviceAllocator<
     /// Whether out-of-memory notices are kept for the observers instead of
     /// calling them (while a thread-safe front end owns the allocator: it
     /// calls them once its lock is released), and the ones kept.
-    keep_oom: bool,
+    pub(crate) keep_oom: bool,
     oom_kept: heapless::Vec<OomNotice, 4>,
 }
 

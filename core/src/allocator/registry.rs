@@ -12,28 +12,35 @@ use crate::error::Error;
 use crate::history::{HistoryStorage, OutOfMemoryObserver};
 use crate::segment_table::{RegistryRefusal, SegmentRegistry};
 
-/// An out-of-memory to tell the observers about, with the observers
-/// attached at the time.
-#[derive(Clone)]
+/// An out-of-memory to tell the observers about: their arguments.
+#[derive(Clone, Copy)]
 pub(crate) struct OomNotice {
-    pub(crate) observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
     pub(crate) device: u32,
     pub(crate) alloc_size: u64,
     pub(crate) device_total: u64,
     pub(crate) device_free: u64,
 }
 
-impl OomNotice {
-    /// Call the observers.
+/// The notices a call left, with the observers to tell (taken under the
+/// lock, delivered after it).
+pub(crate) struct OomDelivery {
+    observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
+    notices: heapless::Vec<OomNotice, 4>,
+}
+
+impl OomDelivery {
+    /// Call the observers, for each notice.
     pub(crate) fn deliver(&self) {
-        for o in self.observers.iter() {
-            o.out_of_memory(
-                self.device,
-                self.alloc_size,
-                self.device_total,
-                self.device_free,
-            );
+        for n in self.notices.iter() {
+            deliver(&self.observers, n);
         }
+    }
+}
+
+/// Call `observers` with notice `n`.
+fn deliver(observers: &[&'static dyn OutOfMemoryObserver], n: &OomNotice) {
+    for o in observers {
+        o.out_of_memory(n.device, n.alloc_size, n.device_total, n.device_free);
     }
 }
 
@@ -142,15 +149,6 @@ where
         }
     }
 
-    /// Keep out-of-memory notices for [`take_oom_notices`](Self::take_oom_notices)
-    /// instead of calling the observers (`true`), or call them at the
-    /// failing allocation (`false`, the default). The thread-safe front
-    /// ends keep them, to call the observers once their lock is released.
-    pub(crate) const fn keeping_oom_notices(mut self, keep: bool) -> Self {
-        self.keep_oom = keep;
-        self
-    }
-
     /// Whether notices were kept since they were last taken.
     #[inline]
     pub(crate) fn has_oom_notices(&self) -> bool {
@@ -158,9 +156,13 @@ where
     }
 
     /// The notices kept since the last call (at most 4: a fifth
-    /// out-of-memory before they are taken is not told).
-    pub(crate) fn take_oom_notices(&mut self) -> heapless::Vec<OomNotice, 4> {
-        core::mem::take(&mut self.oom_kept)
+    /// out-of-memory before they are taken is not told), with the
+    /// observers attached now.
+    pub(crate) fn take_oom_notices(&mut self) -> OomDelivery {
+        OomDelivery {
+            observers: self.oom_observers.clone(),
+            notices: core::mem::take(&mut self.oom_kept),
+        }
     }
 
     /// Tell the out-of-memory observers now, or keep the notice.
@@ -174,7 +176,6 @@ where
             return;
         }
         let notice = OomNotice {
-            observers: self.oom_observers.clone(),
             device: self.backend.ordinal(),
             alloc_size,
             device_total,
@@ -183,17 +184,8 @@ where
         if self.keep_oom {
             let _ = self.oom_kept.push(notice);
         } else {
-            notice.deliver();
+            deliver(&self.oom_observers, &notice);
         }
-    }
-}
-
-/// Tell the observers of each notice (cold: after an out-of-memory).
-#[cold]
-#[inline(never)]
-pub(crate) fn deliver_oom_notices(notices: &[OomNotice]) {
-    for n in notices {
-        n.deliver();
     }
 }
 

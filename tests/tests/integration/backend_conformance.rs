@@ -1,5 +1,6 @@
-//! The backend conformance suite on the simulated device (CUDA and HIP run
-//! the same suite from their own crates' tests when a device is present).
+//! The backend conformance suite on the simulated device, its captures
+//! modelled (CUDA and HIP run the same suite on their stub drivers, and on
+//! a device when asked).
 
 use cachealloc_tests::harness::MockHarness;
 use cachealloc_tests::{backend_suite, scenario, testdata_dir};
@@ -15,7 +16,8 @@ fn mock_passes_the_backend_conformance_suite() {
         r.skipped
     );
     let scenarios = scenario::load_all(&data).unwrap().len()
-        + scenario::load_suite(&data, "expandable").map_or(0, |v| v.len());
+        + scenario::load_suite(&data, "expandable").map_or(0, |v| v.len())
+        + scenario::load_suite(&data, "pools").map_or(0, |v| v.len());
     let checks = backend_suite::device_checks::<MockHarness>().len();
     assert_eq!(r.passed.len(), checks + scenarios);
     backend_suite::run_and_report(&MockHarness, &data);

@@ -6,12 +6,12 @@
 //! created and released on other threads, and the registry is part of the
 //! invariant checker (shown failing).
 
+use crate::shared_space::{SharedSpace, Space};
 use cachealloc_core::{
     BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error, MultiDeviceAllocator,
     SegmentRegistry, SegmentTable, TraceEntry,
 };
 use cachealloc_mock::MockDevice;
-use cachealloc_tests::shared_space::{SharedSpace, Space};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

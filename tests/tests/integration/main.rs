@@ -22,5 +22,7 @@ mod fuzz_trace;
 mod history;
 mod ipc;
 mod real_traces;
+#[path = "../common/shared_space.rs"]
+mod shared_space;
 mod snapshots;
 mod tf_allocator;

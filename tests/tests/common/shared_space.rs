@@ -5,7 +5,9 @@
 //! release, where answering with the wrong device is possible at all. Every
 //! segment takes one slot of [`SLOT`] bytes; the most recently freed slot is
 //! handed out first. Events are always complete. Under `cfg(loom)` its lock
-//! is loom's.
+//! is loom's. (A module of the integration tests and of the loom models,
+//! where loom is a dev-dependency.)
+#![allow(dead_code)]
 
 use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};
 use std::fmt;
