@@ -8,7 +8,9 @@
 //! the allocator's [`set_capture_underway`](cachealloc_core::DeviceBackend::set_capture_underway)
 //! stands for the relaxed mode a GPU backend switches to around the calls
 //! the allocator still makes during a capture (malloc, page maps, memory
-//! info); the others it must not make at all.
+//! info); the others it must not make at all, event records included
+//! (stricter than the drivers, which take a record on a stream outside the
+//! capture: the allocator records none then).
 
 use crate::calls::CallKind;
 
@@ -51,10 +53,12 @@ fn class(kind: CallKind) -> Class {
         | CallKind::EventQuery
         | CallKind::EventSynchronize
         | CallKind::StreamSynchronize => Class::Unsafe,
-        CallKind::EventCreate
-        | CallKind::EventRecord
-        | CallKind::EventDestroy
-        | CallKind::StreamWaitEvent => Class::Safe,
+        // Stricter than the drivers (which take these on streams outside
+        // the capture): the allocator creates, records and destroys no
+        // event while a capture is under way (PyTorch's deferral), and the
+        // simulated device holds it to that.
+        CallKind::EventCreate | CallKind::EventRecord | CallKind::EventDestroy => Class::Unsafe,
+        CallKind::StreamWaitEvent => Class::Safe,
     }
 }
 

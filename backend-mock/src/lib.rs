@@ -764,9 +764,9 @@ mod tests {
             d.begin_capture(1, CaptureMode::Global),
             Err(MockError::CaptureState { stream: 1 })
         );
-        // Stream-ordered work and events on the capturing stream are fine.
-        d.event_record(&e, 1).unwrap();
-        d.stream_wait_event(1, &e).unwrap();
+        // Waiting for an event recorded on the same stream is fine; an
+        // event record is refused (the allocator must not make one).
+        d.stream_wait_event(2, &e).unwrap();
         // The allocator said a capture is under way: malloc is relaxed.
         d.set_capture_underway(true);
         assert!(d.malloc(2 << 20).is_ok());
@@ -788,8 +788,8 @@ mod tests {
         d.set_capture_underway(false);
         d.begin_capture(3, CaptureMode::Global).unwrap();
         assert!(d.malloc(2 << 20).is_err());
-        d.event_record(&e, 2).unwrap();
         assert!(d.stream_wait_event(3, &e).is_err(), "isolation");
+        assert!(d.event_record(&e, 2).is_err(), "no event record");
         assert_eq!(
             d.end_capture(3),
             Err(MockError::CaptureInvalidated {
@@ -800,7 +800,7 @@ mod tests {
         assert!(d.event_query(&e).is_ok());
         assert_eq!(d.end_capture(4), Ok(()));
         assert_eq!(d.end_capture(4), Err(MockError::CaptureState { stream: 4 }));
-        assert_eq!(d.capture_violations(), 3);
+        assert_eq!(d.capture_violations(), 4);
         // The refused free changed nothing: it can be made now.
         d.free(p, 2 << 20).unwrap();
     }

@@ -284,6 +284,7 @@ where
     pub fn into_inner(self) -> DeviceAllocator<B, S, E, H, P> {
         let mut a = self.inner.into_inner().alloc;
         a.keep_oom = false;
+        a.oom_kept.clear();
         a
     }
 

@@ -6,8 +6,9 @@
 //!   silently accept everything): a device malloc in global mode, a free
 //!   even in the backend's relaxed mode, an event query, a synchronization
 //!   of the capturing stream or of the device, a query of an event
-//!   recorded inside the capture; the backend's relaxed mode lets a malloc,
-//!   a page map and a memory-info call through;
+//!   recorded inside the capture, a stream that joined the capture and was
+//!   not joined back; the backend's relaxed mode lets a malloc, a page map
+//!   and a memory-info call through;
 //! - [`graph_like_torch`]: what `torch.cuda.graph` does, through the
 //!   thread-safe allocator (the C library's front end), with and without
 //!   expandable segments: warm-up on a side stream, `empty_cache`,
@@ -87,6 +88,34 @@ pub fn capture_rules<G: GpuApi>(stub: &Stub) {
     G::begin_capture(&b, s).expect("begin");
     refused(G::synchronize(&b, None), "a device synchronization");
     ends_invalidated::<G>(&b, s, "after a device synchronization");
+
+    // A stream that joined the capture (it waited for an event recorded in
+    // it) and was not joined back: the capture ends unjoined, with no graph.
+    let s2 = G::create_stream(&b).expect("stream");
+    let fork = b.event_create().expect("event");
+    G::begin_capture(&b, s).expect("begin");
+    b.event_record(&fork, s).expect("record the fork");
+    b.stream_wait_event(s2, &fork)
+        .expect("the other stream joins");
+    let e2 = G::end_capture(&b, s).expect_err("a fork not joined back");
+    assert!(
+        e2.contains("904") || e2.to_lowercase().contains("unjoined"),
+        "{e2}"
+    );
+    // Joined back: the capture ends with its graph.
+    G::begin_capture(&b, s).expect("begin");
+    b.event_record(&fork, s).expect("record the fork");
+    b.stream_wait_event(s2, &fork)
+        .expect("the other stream joins");
+    let join = b.event_create().expect("event");
+    b.event_record(&join, s2).expect("record the join");
+    b.stream_wait_event(s, &join)
+        .expect("the origin waits for it");
+    G::end_capture(&b, s).expect("joined back");
+    for ev in [&fork, &join] {
+        b.event_destroy(ev).expect("destroy an event");
+    }
+    G::destroy_stream(&b, s2).expect("destroy the stream");
 
     // An event recorded inside a capture is a graph node: querying it is
     // an error (captured event), which does not invalidate the capture.

@@ -30,6 +30,7 @@ enum {
     hipErrorStreamCaptureUnsupported = 900,
     hipErrorStreamCaptureInvalidated = 901,
     hipErrorStreamCaptureUnmatched = 903,
+    hipErrorStreamCaptureUnjoined = 904,
     hipErrorStreamCaptureIsolation = 905,
     hipErrorStreamCaptureImplicit = 906,
     hipErrorCapturedEvent = 907,
@@ -58,6 +59,7 @@ static hipError_t hip(stub_status s) {
     case ST_CAPTURE_UNSUPPORTED: return hipErrorStreamCaptureUnsupported;
     case ST_CAPTURE_INVALIDATED: return hipErrorStreamCaptureInvalidated;
     case ST_CAPTURE_UNMATCHED: return hipErrorStreamCaptureUnmatched;
+    case ST_CAPTURE_UNJOINED: return hipErrorStreamCaptureUnjoined;
     case ST_CAPTURE_ISOLATION: return hipErrorStreamCaptureIsolation;
     case ST_CAPTURE_IMPLICIT: return hipErrorStreamCaptureImplicit;
     case ST_CAPTURED_EVENT: return hipErrorCapturedEvent;
@@ -366,6 +368,7 @@ STUB_EXPORT const char *hipGetErrorName(hipError_t error) {
     case hipErrorStreamCaptureUnsupported: return "hipErrorStreamCaptureUnsupported";
     case hipErrorStreamCaptureInvalidated: return "hipErrorStreamCaptureInvalidated";
     case hipErrorStreamCaptureUnmatched: return "hipErrorStreamCaptureUnmatched";
+    case hipErrorStreamCaptureUnjoined: return "hipErrorStreamCaptureUnjoined";
     case hipErrorStreamCaptureIsolation: return "hipErrorStreamCaptureIsolation";
     case hipErrorStreamCaptureImplicit: return "hipErrorStreamCaptureImplicit";
     case hipErrorCapturedEvent: return "hipErrorCapturedEvent";

@@ -127,6 +127,8 @@ typedef struct {
     pthread_t capture_thread; /* the thread that began the capture */
     uint64_t capture_id;      /* the capture sequence it is part of */
     int capture_origin;       /* it began the capture (others joined) */
+    uint64_t capture_seq;     /* work queued on it in the capture */
+    int unjoined;             /* joined the capture, not joined back since */
 } stub_stream;
 
 /* A graph (from an ended capture) or an instantiated one. */
@@ -155,6 +157,7 @@ typedef struct {
     long stream; /* index into streams, or -1 - device for a default stream */
     uint64_t stream_epoch, device_epoch;
     uint64_t capture_id; /* last recorded inside this capture (0: outside) */
+    uint64_t capture_seq; /* the stream's capture_seq when recorded */
 } stub_event;
 
 typedef struct {
@@ -402,7 +405,7 @@ static void *stub_stream_create_locked(int device, int blocking) {
 
 static void *stub_event_create_locked(int device) {
     STUB_GROW(stub_events, stub_nevents, stub_cap_events);
-    stub_events[stub_nevents] = (stub_event){1, 0, 0, device, 0, 0, 0, 0};
+    stub_events[stub_nevents] = (stub_event){1, 0, 0, device, 0, 0, 0, 0, 0};
     return stub_handle(STUB_EVENT_BASE, stub_nevents++);
 }
 
@@ -505,6 +508,7 @@ typedef enum {
     ST_CAPTURE_UNSUPPORTED,   /* prohibited while a stream captures */
     ST_CAPTURE_INVALIDATED,   /* the capture was invalidated */
     ST_CAPTURE_UNMATCHED,     /* ended on a stream that did not begin it */
+    ST_CAPTURE_UNJOINED,      /* a forked stream not joined back at the end */
     ST_CAPTURE_ISOLATION,     /* a wait across the capture's boundary */
     ST_CAPTURE_IMPLICIT,      /* the legacy stream while a blocking stream captures */
     ST_CAPTURED_EVENT,        /* an event recorded in a capture queried */
@@ -588,7 +592,12 @@ static stub_status stub_legacy_locked(int device) {
  * error; else ST_OK (captured if the stream captures). */
 static stub_status stub_enqueue_locked(long s, int device) {
     if (s < 0) return stub_legacy_locked(device);
-    if (stub_streams[s].capture == STUB_CAPTURE_INVALIDATED) return ST_CAPTURE_INVALIDATED;
+    stub_stream *st = &stub_streams[s];
+    if (st->capture == STUB_CAPTURE_INVALIDATED) return ST_CAPTURE_INVALIDATED;
+    if (st->capture == STUB_CAPTURE_ACTIVE) {
+        st->capture_seq++;
+        if (!st->capture_origin) st->unjoined = 1; /* a forked stream's work */
+    }
     return ST_OK;
 }
 
@@ -772,7 +781,10 @@ static stub_status stub_op_event_record(const char *name, void *event, void *str
     stub_status c = stub_enqueue_locked(s, sdev);
     if (c != ST_OK) return stub_end(c);
     stub_event_record_locked(e, s, sdev);
-    if (stub_in_capture(s)) stub_events[e].capture_id = stub_streams[s].capture_id; /* a graph node */
+    if (stub_in_capture(s)) { /* a graph node */
+        stub_events[e].capture_id = stub_streams[s].capture_id;
+        stub_events[e].capture_seq = stub_streams[s].capture_seq;
+    }
     return stub_end(ST_OK);
 }
 
@@ -792,15 +804,19 @@ static stub_status stub_op_stream_wait(const char *name, void *stream, void *eve
     stub_status c = stub_enqueue_locked(s, sdev);
     if (c != ST_OK) return stub_end(c);
     uint64_t id = stub_events[e].capture_id;
+    long from = stub_events[e].stream;
     if (stub_in_capture(s)) {
         if (id != stub_streams[s].capture_id) {
             stub_invalidate_capture(stub_streams[s].capture_id);
             stub_capture_violations++;
             return stub_end(ST_CAPTURE_ISOLATION);
         }
+        /* The origin waits for a forked stream's latest work: joined back. */
+        if (stub_streams[s].capture_origin && from >= 0 && from != s &&
+            stub_events[e].capture_seq == stub_streams[from].capture_seq)
+            stub_streams[from].unjoined = 0;
     } else if (id != 0 && s >= 0) {
         /* Join the capture of the stream the event was recorded on. */
-        long from = stub_events[e].stream;
         if (from >= 0 && stub_streams[from].capture_id == id && stub_in_capture(from)) {
             stub_stream *st = &stub_streams[s];
             st->capture = stub_streams[from].capture;
@@ -808,6 +824,8 @@ static stub_status stub_op_stream_wait(const char *name, void *stream, void *eve
             st->capture_thread = stub_streams[from].capture_thread;
             st->capture_id = id;
             st->capture_origin = 0;
+            st->capture_seq = 0;
+            st->unjoined = 1;
         }
     }
     return stub_end(ST_OK);
@@ -1125,6 +1143,8 @@ static stub_status stub_op_begin_capture(const char *name, void *stream, int mod
     st->capture_thread = pthread_self();
     st->capture_id = ++stub_capture_ids;
     st->capture_origin = 1;
+    st->capture_seq = 0;
+    st->unjoined = 0;
     return stub_end(ST_OK);
 }
 
@@ -1135,9 +1155,10 @@ static void *stub_graph_create_locked(int exec) {
     return stub_handle(STUB_GRAPH_BASE, stub_ngraphs++);
 }
 
-/* End the capture begun on `stream`: the graph in `*graph`, or (the
- * capture was invalidated) NULL and ST_CAPTURE_INVALIDATED; every stream
- * of the capture stops capturing. */
+/* End the capture begun on `stream`: the graph in `*graph`, or NULL and
+ * ST_CAPTURE_INVALIDATED (the capture was invalidated) or
+ * ST_CAPTURE_UNJOINED (a stream that joined it has work the origin did not
+ * wait for); every stream of the capture stops capturing. */
 static stub_status stub_op_end_capture(const char *name, void *stream, void **graph) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
@@ -1149,15 +1170,17 @@ static stub_status stub_op_end_capture(const char *name, void *stream, void **gr
     if (!st->capture_origin) return stub_end(ST_CAPTURE_UNMATCHED);
     if (st->capture_mode != STUB_MODE_RELAXED && !pthread_equal(st->capture_thread, pthread_self()))
         return stub_end(ST_CAPTURE_WRONG_THREAD);
-    int invalidated = st->capture == STUB_CAPTURE_INVALIDATED;
+    int invalidated = st->capture == STUB_CAPTURE_INVALIDATED, unjoined = 0;
     uint64_t id = st->capture_id;
     for (size_t i = 0; i < stub_nstreams; i++)
         if (stub_streams[i].capture != STUB_CAPTURE_NONE && stub_streams[i].capture_id == id) {
+            unjoined |= stub_streams[i].unjoined;
             stub_streams[i].capture = STUB_CAPTURE_NONE;
             stub_streams[i].capture_origin = 0;
+            stub_streams[i].unjoined = 0;
         }
-    *graph = invalidated ? NULL : stub_graph_create_locked(0);
-    return stub_end(invalidated ? ST_CAPTURE_INVALIDATED : ST_OK);
+    *graph = invalidated || unjoined ? NULL : stub_graph_create_locked(0);
+    return stub_end(invalidated ? ST_CAPTURE_INVALIDATED : unjoined ? ST_CAPTURE_UNJOINED : ST_OK);
 }
 
 /* The capture status of `stream` (STUB_CAPTURE_*; the legacy stream never

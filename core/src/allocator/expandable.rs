@@ -211,10 +211,14 @@ where
             Err(e) => return Err(vm_error::<B>(e)),
         };
         self.check_new_segment(ptr, size, true)?;
-        self.register_segment(ptr, size, true)?;
         let Some(i) = self.arena.alloc() else {
+            self.give_back(ptr, size, true);
             return Err(self.exhausted());
         };
+        if let Err(e) = self.register_segment(ptr, size, true) {
+            self.arena.release(i);
+            return Err(e);
+        }
         let s = self.slot_mut(i);
         s.addr = ptr.0;
         s.size = size;

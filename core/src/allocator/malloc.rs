@@ -232,12 +232,16 @@ where
             Err(MallocError::Other(e)) => return Err(Error::Backend(e)),
         };
         self.check_new_segment(ptr, alloc_size, false)?;
-        self.register_segment(ptr, alloc_size, false)?;
         let Some(i) = self.arena.alloc() else {
+            self.give_back(ptr, alloc_size, false);
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),
             });
         };
+        if let Err(e) = self.register_segment(ptr, alloc_size, false) {
+            self.arena.release(i);
+            return Err(e);
+        }
         let s = self.slot_mut(i);
         s.addr = ptr.0;
         s.size = alloc_size;
@@ -265,10 +269,10 @@ where
     /// A segment the device just returned (`reserved`: an address-space
     /// reservation) must be non-null, end inside the address space and
     /// overlap no held segment. If not, it is a `BackendContract` error, and
-    /// the range is handed back to the device (best effort, its result
-    /// ignored) unless its base is that of a held segment: freeing that
-    /// address would release memory the allocator holds. That one case leaks
-    /// the returned range, as it must.
+    /// the range is handed back to the device (`give_back`) unless its base
+    /// is that of a held segment: freeing that address would release memory
+    /// the allocator holds. That one case leaks the returned range, as it
+    /// must.
     pub(super) fn check_new_segment(
         &mut self,
         ptr: DevicePtr,
@@ -319,11 +323,7 @@ where
                 )
             }
         };
-        if reserved {
-            let _ = self.backend.release_address_space(ptr, size);
-        } else {
-            let _ = self.backend.free(ptr, size);
-        }
+        self.give_back(ptr, size, reserved);
         Err(Error::BackendContract { what, ptr })
     }
 

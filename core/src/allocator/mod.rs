@@ -203,7 +203,11 @@ pub struct DeviceAllocator<
     /// calling them (while a thread-safe front end owns the allocator: it
     /// calls them once its lock is released), and the ones kept.
     pub(crate) keep_oom: bool,
-    oom_kept: heapless::Vec<OomNotice, 4>,
+    pub(crate) oom_kept: heapless::Vec<OomNotice, 4>,
+    /// Ranges the device made that the allocator refused during a capture
+    /// (a contract violation, a full segment registry), to hand back once
+    /// it ends: (address, size, an address reservation).
+    given_back_later: heapless::Vec<(u64, u64, bool), 4>,
 }
 
 /// The list of deferred blocks.
@@ -490,6 +494,7 @@ where
                 what: "release_all (teardown)",
             });
         }
+        self.give_back_later_ones();
         self.close_all_ipc_handles()?;
         self.release_cached_blocks()?;
         self.release_empty_reservations()?;
@@ -539,8 +544,14 @@ where
         self.events.len()
     }
 
-    /// Destroy the idle events kept for reuse (the device keeps them otherwise).
+    /// Destroy the idle events kept for reuse (the device keeps them
+    /// otherwise). Refused while a capture is under way.
     pub fn release_idle_events(&mut self) -> Res<(), B> {
+        if self.capturing() {
+            return Err(Error::CaptureUnderway {
+                what: "release_idle_events",
+            });
+        }
         self.events
             .release_idle(&mut self.backend)
             .map_err(Error::Backend)

@@ -154,6 +154,7 @@ where
             self.captures -= 1;
             if self.captures == 0 {
                 self.backend.set_capture_underway(false);
+                self.give_back_later_ones();
             }
         }
         Ok(())

@@ -107,8 +107,11 @@ where
     }
 
     /// Register a segment the device just made (`reserved`: an address
-    /// reservation). On a refusal the range goes back to the device (best
-    /// effort) and the error says why.
+    /// reservation). On a refusal the error says why, and the range goes
+    /// back to the device (`give_back`) when the table was full; when it
+    /// overlaps another device's segment it is not given back (that would
+    /// free the other device's memory): it leaks, as a contract violation
+    /// must.
     pub(super) fn register_segment(
         &mut self,
         ptr: DevicePtr,
@@ -121,13 +124,36 @@ where
         match registry.insert(device, ptr.0, size) {
             Ok(()) => Ok(()),
             Err(r) => {
-                if reserved {
-                    let _ = self.backend.release_address_space(ptr, size);
-                } else {
-                    let _ = self.backend.free(ptr, size);
+                if let RegistryRefusal::Full { .. } = r {
+                    self.give_back(ptr, size, reserved);
                 }
                 Err(refusal(r, ptr.0))
             }
+        }
+    }
+
+    /// Hand a range the device just made, and the allocator will not keep,
+    /// back to the device (`reserved`: an address reservation); best
+    /// effort, its result ignored. While a capture is under way a device
+    /// free would invalidate it: the range waits (up to 4 of them; a fifth
+    /// leaks) until the last capture ends.
+    pub(super) fn give_back(&mut self, ptr: DevicePtr, size: u64, reserved: bool) {
+        if self.capturing() {
+            let _ = self.given_back_later.push((ptr.0, size, reserved));
+            return;
+        }
+        if reserved {
+            let _ = self.backend.release_address_space(ptr, size);
+        } else {
+            let _ = self.backend.free(ptr, size);
+        }
+    }
+
+    /// The ranges `give_back` kept during a capture go back now (no capture
+    /// is under way any more).
+    pub(super) fn give_back_later_ones(&mut self) {
+        while let Some((p, size, reserved)) = self.given_back_later.pop() {
+            self.give_back(DevicePtr(p), size, reserved);
         }
     }
 

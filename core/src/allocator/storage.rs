@@ -58,7 +58,11 @@ where
             fresh.fill(BlockSlot::VACANT);
             for s in moved.iter_mut() {
                 s.hash_head = NIL;
-                s.hash_next = NIL;
+                // The live index is rebuilt below; the deferred list (frees
+                // a capture parked) keeps its links.
+                if s.has(Flags::ALLOCATED) {
+                    s.hash_next = NIL;
+                }
             }
         }
         let old = self.arena.replace_storage(bigger);

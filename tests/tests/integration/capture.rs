@@ -203,3 +203,53 @@ fn the_backend_is_told_once_per_span_of_captures() {
         a.free(z.id.unwrap()).unwrap();
     }
 }
+
+/// A segment the allocator cannot keep during a capture (its segment table
+/// is full) is not freed then (a device free would invalidate the
+/// capture): it goes back to the device when the capture ends. One that
+/// overlaps another device's segment in the table is never freed (it is
+/// not this device's to free).
+#[test]
+fn a_refused_segment_goes_back_after_the_capture() {
+    use cachealloc_core::{SegmentRegistry, SegmentTable};
+    let table: &'static SegmentTable<1> = Box::leak(Box::default());
+    let mut a = alloc(None, "");
+    a.attach_segment_registry(table, 0).unwrap();
+    let x = a.malloc(MIB, 0).unwrap(); // the table's one entry
+    begin(&mut a, 1);
+    let e = a.malloc(3 * MIB, 1).unwrap_err();
+    assert!(matches!(e, Error::SegmentTableFull { capacity: 1 }), "{e}");
+    assert_eq!(
+        a.backend().counters().free,
+        0,
+        "no device free during the capture"
+    );
+    assert_eq!(a.backend().live_segments(), 2, "the refused segment waits");
+    end(&mut a, 1);
+    assert_eq!(
+        a.backend().live_segments(),
+        1,
+        "given back once the capture ended"
+    );
+    a.free(x.id.unwrap()).unwrap();
+    a.release_pool(GRAPH).unwrap();
+    assert_eq!(a.release_all().unwrap(), 0);
+    assert_eq!(a.backend().held_bytes(), 0);
+
+    // Another device's segment where the device puts this one's.
+    let table: &'static SegmentTable<8> = Box::leak(Box::default());
+    let mut b = alloc(None, "");
+    b.attach_segment_registry(table, 0).unwrap();
+    table
+        .insert(7, cachealloc_mock::DEVICE_BASE, 64 * MIB)
+        .unwrap();
+    let e = b.malloc(MIB, 0).unwrap_err();
+    assert!(matches!(e, Error::BackendContract { .. }), "{e}");
+    assert_eq!(
+        b.backend().counters().free,
+        0,
+        "device 7's memory is not freed"
+    );
+    assert_eq!(table.owner(cachealloc_mock::DEVICE_BASE), Some(7));
+    b.check_invariants().unwrap();
+}

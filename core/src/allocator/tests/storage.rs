@@ -109,3 +109,36 @@ fn calls_retry_in_larger_storage() {
     }
     t.check_invariants().unwrap();
 }
+
+/// Frees that a capture parked (their list is linked through the slots)
+/// survive a move to a larger storage made while the capture is under way,
+/// and all of them settle once it ends.
+#[test]
+fn frees_parked_by_a_capture_survive_a_larger_storage() {
+    use crate::private_pool::{MempoolId, StreamFilter};
+    let mut t: Growing = DeviceAllocator::with_events(
+        TinyBackend::default(),
+        vec![BlockSlot::VACANT; 16],
+        Config::DEFAULT,
+    );
+    let xs: Vec<_> = (0..3).map(|k| t.malloc(4096 << k, 0).unwrap()).collect();
+    for x in &xs {
+        t.record_stream(x.id.unwrap(), 1).unwrap();
+    }
+    let graph = MempoolId(1, 0);
+    t.capture_begin(graph, StreamFilter::stream(2)).unwrap();
+    for x in &xs {
+        t.free(x.id.unwrap()).unwrap();
+    }
+    assert_eq!(t.deferred_frees(), 3);
+    t.grow_storage(vec![BlockSlot::VACANT; 64]).unwrap();
+    t.check_invariants().unwrap();
+    t.capture_end(graph).unwrap();
+    // The next malloc settles them all (events on stream 1, complete on
+    // this device at once).
+    let y = t.malloc(512, 0).unwrap();
+    assert_eq!(t.deferred_frees(), 0);
+    t.free(y.id.unwrap()).unwrap();
+    t.check_invariants().unwrap();
+    assert_eq!(t.stats().allocation.all().current, 0);
+}
