@@ -429,8 +429,9 @@ def main():
         ours = run_one(name, "cachealloc", conf, args.timeout)
         row = compare(name, conf, allowed, expect, native, ours)
         rows.append(row)
-        print("%-24s %-17s native %5ss  cachealloc %5ss  %d keys, %d differ  %s" % (
-            name, row["status"], row["native_seconds"], row["cachealloc_seconds"],
+        secs = lambda v: "-" if v is None else "%.1fs" % v  # noqa: E731
+        print("%-24s %-17s native %6s  cachealloc %6s  %d keys, %d differ  %s" % (
+            name, row["status"], secs(row["native_seconds"]), secs(row["cachealloc_seconds"]),
             row["keys_compared"], len(row["keys_differ"]), "; ".join(row["problems"])[:160]), flush=True)
         meta = ours if ours.get("device") else native
     summary = {
