@@ -88,8 +88,17 @@ pub(crate) fn selected(device: c_int) -> Res<Vec<(c_int, &'static dyn DeviceOps)
 /// created so far; all of them even when one fails, whose error is
 /// returned (the first one's).
 pub(crate) fn each(device: c_int, f: impl Fn(&dyn DeviceOps) -> Res<()>) -> Res<()> {
+    on_all(selected(device)?, f)
+}
+
+/// Run `f` on each of `devices`, all of them even when one fails; the first
+/// one's error, naming its device.
+fn on_all(
+    devices: impl IntoIterator<Item = (c_int, &'static dyn DeviceOps)>,
+    f: impl Fn(&dyn DeviceOps) -> Res<()>,
+) -> Res<()> {
     let mut first = Ok(());
-    for (i, d) in selected(device)? {
+    for (i, d) in devices {
         if let Err(e) = f(d) {
             if first.is_ok() {
                 first = Err(format!("device {i}: {e}"));
@@ -120,13 +129,5 @@ pub(crate) fn for_all_and_new(
 ) -> Res<()> {
     let mut guard = creating();
     new(&mut guard);
-    let mut first = Ok(());
-    for (i, d) in created() {
-        if let Err(e) = f(d) {
-            if first.is_ok() {
-                first = Err(format!("device {i}: {e}"));
-            }
-        }
-    }
-    first
+    on_all(created(), f)
 }

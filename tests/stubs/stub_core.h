@@ -420,8 +420,6 @@ static void stub_event_record_locked(long e, long s, int device) {
     ev->capture_id = 0;
 }
 
-
-
 static void stub_stream_sync_locked(long s) {
     if (s >= 0)
         stub_streams[s].epoch++;

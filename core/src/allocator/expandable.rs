@@ -471,10 +471,8 @@ where
             let s = self.slot(u);
             (s.addr, s.size, Pool::of(s.flags), s.owner)
         };
-        self.unregister_begin(addr);
-        let r = self.backend.release_address_space(DevicePtr(addr), size);
-        self.unregister_end(addr, r.is_ok());
-        r.map_err(vm_error::<B>)?;
+        self.unregistered(addr, |b| b.release_address_space(DevicePtr(addr), size))
+            .map_err(vm_error::<B>)?;
         block_pool_mut(&mut self.pools, &mut self.private, owner, pool)
             .remove_unmapped(self.arena.slots_mut(), u);
         self.segments.remove(self.arena.slots_mut(), u);

@@ -1,48 +1,15 @@
-//! The allocator's side of two things its thread-safe front ends need:
-//! keeping a [`SegmentRegistry`] up to date (segments and reservations
-//! registered once the device made them and before anything of them is
-//! handed out, hidden before the device takes them back), and holding
-//! out-of-memory notices for the observers until the front end's lock is
-//! released (PyTorch unlocks before it calls them).
+//! Keeping a [`SegmentRegistry`] up to date for the thread-safe front ends
+//! (segments and reservations registered once the device made them and
+//! before anything of them is handed out, hidden before the device takes
+//! them back), and handing back to the device a range it just made that the
+//! allocator will not keep (later, when a capture is under way).
 
 use super::{DeviceAllocator, Res};
 use crate::arena::{BlockSlot, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
-use crate::history::{HistoryStorage, OutOfMemoryObserver};
+use crate::history::HistoryStorage;
 use crate::segment_table::{RegistryRefusal, SegmentRegistry};
-
-/// An out-of-memory to tell the observers about: their arguments.
-#[derive(Clone, Copy)]
-pub(crate) struct OomNotice {
-    pub(crate) device: u32,
-    pub(crate) alloc_size: u64,
-    pub(crate) device_total: u64,
-    pub(crate) device_free: u64,
-}
-
-/// The notices a call left, with the observers to tell (taken under the
-/// lock, delivered after it).
-pub(crate) struct OomDelivery {
-    observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
-    notices: heapless::Vec<OomNotice, 4>,
-}
-
-impl OomDelivery {
-    /// Call the observers, for each notice.
-    pub(crate) fn deliver(&self) {
-        for n in self.notices.iter() {
-            deliver(&self.observers, n);
-        }
-    }
-}
-
-/// Call `observers` with notice `n`.
-fn deliver(observers: &[&'static dyn OutOfMemoryObserver], n: &OomNotice) {
-    for o in observers {
-        o.out_of_memory(n.device, n.alloc_size, n.device_total, n.device_free);
-    }
-}
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -70,13 +37,7 @@ where
             let s = &slots[h as usize];
             if let Err(r) = registry.insert(device, s.addr, s.seg_size) {
                 // Take back what went in before the refusal.
-                let mut g = self.segments.first(slots);
-                while g != h {
-                    let t = &slots[g as usize];
-                    registry.hide(device, t.addr);
-                    registry.settle(device, t.addr, true);
-                    g = self.segments.successor(slots, t.addr);
-                }
+                self.remove_segments_from(registry, device, h);
                 return Err(refusal(r, s.addr));
             }
             h = self.segments.successor(slots, s.addr);
@@ -88,12 +49,18 @@ where
     /// Stop keeping the attached registry up to date, and remove this
     /// allocator's segments from it.
     pub fn detach_segment_registry(&mut self) {
-        let Some((registry, device)) = self.registry.take() else {
-            return;
-        };
+        if let Some((registry, device)) = self.registry.take() {
+            self.remove_segments_from(registry, device, NIL);
+        }
+    }
+
+    /// Remove this allocator's segments from `registry` (as device
+    /// `device`), in address order up to, not including, segment `stop`
+    /// (`NIL`: all of them).
+    fn remove_segments_from(&self, registry: &dyn SegmentRegistry, device: u32, stop: u32) {
         let slots = self.arena.slots();
         let mut h = self.segments.first(slots);
-        while h != NIL {
+        while h != stop {
             let base = slots[h as usize].addr;
             registry.hide(device, base);
             registry.settle(device, base, true);
@@ -157,61 +124,22 @@ where
         }
     }
 
-    /// Before the segment at `base` goes back to the device: lookups stop
-    /// finding it.
+    /// Give the segment at `base` back to the device with `give`, keeping
+    /// the registry true: lookups stop finding it first, and it is gone
+    /// from the registry once the device took it (kept when it refused).
     #[inline]
-    pub(super) fn unregister_begin(&self, base: u64) {
-        if let Some((registry, device)) = self.registry {
-            registry.hide(device, base);
-        }
-    }
-
-    /// After the device took the segment at `base` back (`gone`) or
-    /// refused it.
-    #[inline]
-    pub(super) fn unregister_end(&self, base: u64, gone: bool) {
-        if let Some((registry, device)) = self.registry {
-            registry.settle(device, base, gone);
-        }
-    }
-
-    /// Whether notices were kept since they were last taken.
-    #[inline]
-    pub(crate) fn has_oom_notices(&self) -> bool {
-        !self.oom_kept.is_empty()
-    }
-
-    /// The notices kept since the last call (at most 4: a fifth
-    /// out-of-memory before they are taken is not told), with the
-    /// observers attached now.
-    pub(crate) fn take_oom_notices(&mut self) -> OomDelivery {
-        OomDelivery {
-            observers: self.oom_observers.clone(),
-            notices: core::mem::take(&mut self.oom_kept),
-        }
-    }
-
-    /// Tell the out-of-memory observers now, or keep the notice.
-    pub(super) fn notify_out_of_memory(
+    pub(super) fn unregistered<T, X>(
         &mut self,
-        alloc_size: u64,
-        device_total: u64,
-        device_free: u64,
-    ) {
-        if self.oom_observers.is_empty() {
-            return;
-        }
-        let notice = OomNotice {
-            device: self.backend.ordinal(),
-            alloc_size,
-            device_total,
-            device_free,
+        base: u64,
+        give: impl FnOnce(&mut B) -> Result<T, X>,
+    ) -> Result<T, X> {
+        let Some((registry, device)) = self.registry else {
+            return give(&mut self.backend);
         };
-        if self.keep_oom {
-            let _ = self.oom_kept.push(notice);
-        } else {
-            deliver(&self.oom_observers, &notice);
-        }
+        registry.hide(device, base);
+        let r = give(&mut self.backend);
+        registry.settle(device, base, r.is_ok());
+        r
     }
 }
 

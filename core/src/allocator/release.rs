@@ -29,10 +29,8 @@ where
             (s.addr, s.size, Pool::of(s.flags), s.stream, s.owner)
         };
         let entry = self.record_segment_free(addr, size, stream);
-        self.unregister_begin(addr);
-        let r = self.backend.free(DevicePtr(addr), size);
-        self.unregister_end(addr, r.is_ok());
-        r.map_err(Error::Backend)?;
+        self.unregistered(addr, |b| b.free(DevicePtr(addr), size))
+            .map_err(Error::Backend)?;
         self.keep(entry);
         self.cache_remove(i);
         if let Some(p) = self.private.get_mut(owner) {

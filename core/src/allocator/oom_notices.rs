@@ -1,0 +1,86 @@
+//! Out-of-memory notices for the observers: told at once by a bare
+//! allocator, kept while a thread-safe front end holds its lock and
+//! delivered after it is released (PyTorch unlocks before it calls them).
+
+use super::DeviceAllocator;
+use crate::arena::BlockSlot;
+use crate::backend::DeviceBackend;
+use crate::history::{HistoryStorage, OutOfMemoryObserver};
+
+/// An out-of-memory to tell the observers about: their arguments.
+#[derive(Clone, Copy)]
+pub(crate) struct OomNotice {
+    pub(crate) device: u32,
+    pub(crate) alloc_size: u64,
+    pub(crate) device_total: u64,
+    pub(crate) device_free: u64,
+}
+
+/// The notices a call left, with the observers to tell (taken under the
+/// lock, delivered after it).
+pub(crate) struct OomDelivery {
+    observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
+    notices: heapless::Vec<OomNotice, 4>,
+}
+
+impl OomDelivery {
+    /// Call the observers, for each notice.
+    pub(crate) fn deliver(&self) {
+        for n in self.notices.iter() {
+            deliver(&self.observers, n);
+        }
+    }
+}
+
+/// Call `observers` with notice `n`.
+fn deliver(observers: &[&'static dyn OutOfMemoryObserver], n: &OomNotice) {
+    for o in observers {
+        o.out_of_memory(n.device, n.alloc_size, n.device_total, n.device_free);
+    }
+}
+
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
+{
+    /// Whether notices were kept since they were last taken.
+    #[inline]
+    pub(crate) fn has_oom_notices(&self) -> bool {
+        !self.oom_kept.is_empty()
+    }
+
+    /// The notices kept since the last call (at most 4: a fifth
+    /// out-of-memory before they are taken is not told), with the
+    /// observers attached now.
+    pub(crate) fn take_oom_notices(&mut self) -> OomDelivery {
+        OomDelivery {
+            observers: self.oom_observers.clone(),
+            notices: core::mem::take(&mut self.oom_kept),
+        }
+    }
+
+    /// Tell the out-of-memory observers now, or keep the notice.
+    pub(super) fn notify_out_of_memory(
+        &mut self,
+        alloc_size: u64,
+        device_total: u64,
+        device_free: u64,
+    ) {
+        if self.oom_observers.is_empty() {
+            return;
+        }
+        let notice = OomNotice {
+            device: self.backend.ordinal(),
+            alloc_size,
+            device_total,
+            device_free,
+        };
+        if self.keep_oom {
+            let _ = self.oom_kept.push(notice);
+        } else {
+            deliver(&self.oom_observers, &notice);
+        }
+    }
+}
