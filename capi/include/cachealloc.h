@@ -45,6 +45,24 @@
 #include <stdint.h>
 
 /**
+ * `cachealloc_last_error_code()`: the last call succeeded.
+ */
+#define CACHEALLOC_OK 0
+
+/**
+ * `cachealloc_last_error_code()`: the last call failed because the device
+ * (or the memory fraction) had no room: PyTorch's "CUDA out of memory",
+ * which torch raises as `torch.OutOfMemoryError`.
+ */
+#define CACHEALLOC_ERROR_OUT_OF_MEMORY 1
+
+/**
+ * `cachealloc_last_error_code()`: the last call failed for any other
+ * reason (a bad argument or pointer, a driver error, metadata exhausted).
+ */
+#define CACHEALLOC_ERROR_OTHER 2
+
+/**
  * A handle to share an allocation with another process: the driver's IPC
  * handle of its segment (`cudaIpcMemHandle_t`, 64 bytes) and the
  * allocation's offset in the segment. Plain bytes: send it as it is.
@@ -71,11 +89,317 @@ typedef struct {
 typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*);
 
 /**
+ * One entry of the memory history (PyTorch's `TraceEntry`).
+ */
+typedef struct {
+    /**
+     * PyTorch's `TraceEntry::Action`: 0 alloc, 1 free_requested,
+     * 2 free_completed, 3 segment_alloc, 4 segment_free, 5 segment_map,
+     * 6 segment_unmap, 7 snapshot, 8 oom; and 9 for a caller's annotation
+     * (`cachealloc_record_annotation`).
+     */
+    int action;
+    /**
+     * The device.
+     */
+    int device;
+    /**
+     * The block or segment address (for `oom`: the device's free bytes).
+     */
+    uint64_t addr;
+    /**
+     * Bytes: the request for alloc and frees, the segment or the mapped
+     * range for segment actions, the rounded request for `oom`.
+     */
+    size_t size;
+    /**
+     * The stream.
+     */
+    void *stream;
+    /**
+     * When, in microseconds of the backend's clock (on CUDA and HIP: since
+     * the Unix epoch).
+     */
+    uint64_t time_us;
+    /**
+     * The trace context in force (for an annotation: its id).
+     */
+    uint64_t context;
+    /**
+     * An annotation's name (valid during the call only); NULL for the
+     * other actions.
+     */
+    const char *annotation;
+} cachealloc_trace_entry;
+
+/**
+ * A trace tracker: called with every memory-history entry of every device
+ * as it is recorded, whether or not the history is on (PyTorch's
+ * `attachAllocatorTraceTracker`), and the caller's `user` pointer.
+ */
+typedef void (*cachealloc_trace_tracker)(const cachealloc_trace_entry*, void*);
+
+/**
+ * One segment of a snapshot (PyTorch's `SegmentInfo`). An expandable
+ * segment shows as one segment per run of mapped pages, as in PyTorch.
+ */
+typedef struct {
+    /**
+     * The device.
+     */
+    int device;
+    /**
+     * Base address.
+     */
+    uint64_t address;
+    /**
+     * Segment size.
+     */
+    size_t total_size;
+    /**
+     * Bytes of allocated blocks.
+     */
+    size_t allocated_size;
+    /**
+     * Bytes of active (allocated, or freed and waiting on events) blocks.
+     */
+    size_t active_size;
+    /**
+     * Unrounded requested bytes of the active blocks.
+     */
+    size_t requested_size;
+    /**
+     * The stream the segment was allocated for.
+     */
+    void *stream;
+    /**
+     * 1 for the large pool, 0 for the small one (PyTorch's `is_large`).
+     */
+    int is_large;
+    /**
+     * 1 for part of an expandable segment.
+     */
+    int is_expandable;
+    /**
+     * The private pool that owns it (PyTorch's `owner_private_pool_id`;
+     * 0, 0 for the default pools).
+     */
+    uint64_t pool_id0;
+    /**
+     * Second half of the pool id.
+     */
+    uint64_t pool_id1;
+    /**
+     * How many blocks follow (the `block` calls for this segment).
+     */
+    size_t num_blocks;
+} cachealloc_segment_info;
+
+/**
+ * One block of a segment (PyTorch's `BlockInfo`).
+ */
+typedef struct {
+    /**
+     * Start address.
+     */
+    uint64_t address;
+    /**
+     * Block size.
+     */
+    size_t size;
+    /**
+     * Unrounded size of the last request that used it.
+     */
+    size_t requested_size;
+    /**
+     * 1 while handed out (`active_allocated`).
+     */
+    int allocated;
+    /**
+     * 1 while handed out or freed and waiting on events of other streams
+     * (`active_allocated`, `active_pending_free`); 0 when cached (`inactive`).
+     */
+    int active;
+} cachealloc_block_info;
+
+/**
+ * What `cachealloc_snapshot_walk` calls, each with the walk's `user`
+ * pointer; any of them may be NULL (not called). The structures are valid
+ * during the call only.
+ */
+typedef struct {
+    /**
+     * Each segment, in address order by device; its `num_blocks` blocks
+     * follow.
+     */
+    void (*segment)(const cachealloc_segment_info*, void*);
+    /**
+     * Each block of the segment last given, in address order.
+     */
+    void (*block)(const cachealloc_block_info*, void*);
+    /**
+     * Each history entry, oldest first, by device, after every segment.
+     */
+    void (*trace_entry)(const cachealloc_trace_entry*, void*);
+} cachealloc_snapshot_visitor;
+
+/**
+ * The allocator's settings (PyTorch's `AllocatorConfigInfo`, the
+ * `allocator_settings` of a snapshot).
+ */
+typedef struct {
+    /**
+     * `garbage_collection_threshold` (0: off).
+     */
+    double garbage_collection_threshold;
+    /**
+     * `max_split_size` in bytes; SIZE_MAX when unlimited.
+     */
+    size_t max_split_size;
+    /**
+     * PyTorch's pinned-memory setting (host memory is not cachealloc's): 1.
+     */
+    size_t pinned_num_register_threads;
+    /**
+     * `expandable_segments`.
+     */
+    int expandable_segments;
+    /**
+     * `release_lock_on_cudamalloc` (as configured).
+     */
+    int release_lock_on_malloc;
+    /**
+     * PyTorch's `pinned_use_cuda_host_register`: 0.
+     */
+    int pinned_use_host_register;
+    /**
+     * PyTorch's `graph_capture_record_stream_reuse`: 0.
+     */
+    int graph_capture_record_stream_reuse;
+    /**
+     * `roundup_power2_divisions` by interval (the first `1 << i` MiB
+     * interval at index i; 0: no rounding there).
+     */
+    size_t roundup_power2_divisions[16];
+    /**
+     * The settings string as given (`CACHEALLOC_CONF` or
+     * `PYTORCH_CUDA_ALLOC_CONF`): a static string.
+     */
+    const char *last_allocator_settings;
+} cachealloc_allocator_settings;
+
+/**
  * Called once per statistic: its key (as `torch.cuda.memory_stats()` names
  * it, e.g. `"allocated_bytes.all.current"`; valid during the call only),
  * its value, and the caller's `user` pointer.
  */
 typedef void (*cachealloc_stat_callback)(const char*, int64_t, void*);
+
+/**
+ * One statistic (PyTorch's `Stat`): its value now, its peak, and the sums
+ * of its increases and decreases.
+ */
+typedef struct {
+    /**
+     * The value now.
+     */
+    int64_t current;
+    /**
+     * The largest `current` since the start or the last peak reset.
+     */
+    int64_t peak;
+    /**
+     * The sum of all increases.
+     */
+    int64_t allocated;
+    /**
+     * The sum of all decreases.
+     */
+    int64_t freed;
+} cachealloc_stat;
+
+/**
+ * A device's statistics, PyTorch's `DeviceStats` field for field (what
+ * `torch.cuda.memory_stats()` flattens into its keys). Each array is
+ * indexed by PyTorch's `StatType`: 0 all pools (`"all"`), 1 the small pool
+ * (`"small_pool"`), 2 the large pool (`"large_pool"`).
+ */
+typedef struct {
+    /**
+     * Allocations handed out and not yet freed (`allocation`).
+     */
+    cachealloc_stat allocation[3];
+    /**
+     * Device segments held (`segment`).
+     */
+    cachealloc_stat segment[3];
+    /**
+     * Blocks allocated or waiting on events (`active`).
+     */
+    cachealloc_stat active[3];
+    /**
+     * Free blocks inside segments of more than one block (`inactive_split`).
+     */
+    cachealloc_stat inactive_split[3];
+    /**
+     * Bytes of allocated blocks (`allocated_bytes`).
+     */
+    cachealloc_stat allocated_bytes[3];
+    /**
+     * Bytes of device segments (`reserved_bytes`).
+     */
+    cachealloc_stat reserved_bytes[3];
+    /**
+     * Bytes of active blocks (`active_bytes`).
+     */
+    cachealloc_stat active_bytes[3];
+    /**
+     * Bytes of inactive split blocks (`inactive_split_bytes`).
+     */
+    cachealloc_stat inactive_split_bytes[3];
+    /**
+     * Unrounded request bytes of active blocks (`requested_bytes`).
+     */
+    cachealloc_stat requested_bytes[3];
+    /**
+     * Segment creations retried after releasing every cached segment.
+     */
+    int64_t num_alloc_retries;
+    /**
+     * Out-of-memory errors raised.
+     */
+    int64_t num_ooms;
+    /**
+     * Allocations of at least `max_split_size` bytes.
+     */
+    cachealloc_stat oversize_allocations;
+    /**
+     * Segments of at least `max_split_size` bytes.
+     */
+    cachealloc_stat oversize_segments;
+    /**
+     * Times every pending event was waited for.
+     */
+    int64_t num_sync_all_streams;
+    /**
+     * Successful device mallocs.
+     */
+    int64_t num_device_alloc;
+    /**
+     * Device frees.
+     */
+    int64_t num_device_free;
+    /**
+     * `max_split_size` at creation, -1 when unlimited.
+     */
+    int64_t max_split_size;
+} cachealloc_device_stats;
+
+/**
+ * A stream filter: nonzero when requests on `stream` (a `cudaStream_t`)
+ * go to the pool; called with the caller's `user` pointer.
+ */
+typedef int (*cachealloc_stream_filter)(void*, void*);
 
 #ifdef __cplusplus
 extern "C" {
@@ -94,6 +418,15 @@ const char *cachealloc_version(void);
  * copy it to keep it.
  */
 const char *cachealloc_last_error(void);
+
+/**
+ * The kind of the last failed call on this thread:
+ * `CACHEALLOC_ERROR_OUT_OF_MEMORY` (an allocation found no room: the
+ * message is PyTorch's "CUDA out of memory. ..."), `CACHEALLOC_ERROR_OTHER`,
+ * or `CACHEALLOC_OK` (0) when the last call succeeded. Cleared and set as
+ * `cachealloc_last_error()` is; this call changes neither.
+ */
+int cachealloc_last_error_code(void);
 
 /**
  * For tests of the error path: the next call into cachealloc on this
@@ -218,6 +551,21 @@ int cachealloc_memcpy_async(void *dst,
  * observers return. Returns 0, or -1 when `observer` is NULL.
  */
 int cachealloc_attach_oom_observer(cachealloc_oom_observer observer, void *user);
+
+/**
+ * Attach a trace tracker, called (with `user`) with every memory-history
+ * entry of every device, existing or created later, as it is recorded
+ * (PyTorch's `attachAllocatorTraceTracker`): allocations, frees, segment
+ * allocations and frees, page maps, snapshots, out-of-memories, whether or
+ * not the history is on. An annotation's entry has no name here
+ * (`annotation` is NULL; `context` is its id).
+ *
+ * The tracker runs while the device's lock is held, as PyTorch's do: it
+ * must not call into cachealloc, and should be quick. Until the first
+ * tracker is attached, the allocator pays nothing for them. Returns 0, or
+ * -1 (NULL `tracker`).
+ */
+int cachealloc_attach_trace_tracker(cachealloc_trace_tracker tracker, void *user);
 
 /**
  * Allocate `size` bytes on `device` for use on `stream` (a `cudaStream_t`;
@@ -358,6 +706,40 @@ void cachealloc_release_pool(int device, uint64_t id0, uint64_t id1);
 int cachealloc_snapshot(int device, const char *path);
 
 /**
+ * Walk a memory snapshot of `device`, or of every device created so far
+ * when `device` is -1: `visitor->segment` for each segment followed by
+ * `visitor->block` for each of its blocks, then (when `include_traces` is
+ * nonzero and the history is on, `cachealloc_record_history`)
+ * `visitor->trace_entry` for each history entry, oldest first. The same
+ * content as `cachealloc_snapshot`'s file, as structures. Taking it
+ * records a `snapshot` entry in the history, as PyTorch's does.
+ *
+ * The snapshot is copied under the device's lock and the visitor called
+ * after it is released: it may call any function of the library. Returns
+ * 0, or -1 (NULL visitor, bad device).
+ *
+ * # Safety
+ *
+ * `visitor` is NULL (an error) or points to a readable
+ * `cachealloc_snapshot_visitor`.
+ */
+int cachealloc_snapshot_walk(int device,
+                             int include_traces,
+                             const cachealloc_snapshot_visitor *visitor,
+                             void *user);
+
+/**
+ * Fill `*out` with the allocator's settings (every device has the same).
+ * Returns 0, or -1 (NULL `out`, bad settings in the environment).
+ *
+ * # Safety
+ *
+ * `out` is NULL (an error) or points to a writable
+ * `cachealloc_allocator_settings`.
+ */
+int cachealloc_get_allocator_settings(cachealloc_allocator_settings *out);
+
+/**
  * Call `callback(key, value, user)` for every key of
  * `torch.cuda.memory_stats()` of `device`, in its (sorted) order: the
  * same keys and values PyTorch's native allocator reports. Returns 0, or
@@ -397,6 +779,38 @@ int cachealloc_empty_cache(int device);
  * Each pointer is NULL or points to a writable `size_t`.
  */
 int cachealloc_cache_info(int device, size_t *total_cached, size_t *largest_block);
+
+/**
+ * Fill `*out` with the statistics of `device` (PyTorch's `getDeviceStats`:
+ * the values `cachealloc_memory_stats` reports by key, as one struct).
+ * Returns 0, or -1 (NULL `out`, bad device).
+ *
+ * # Safety
+ *
+ * `out` is NULL (an error) or points to a writable `cachealloc_device_stats`.
+ */
+int cachealloc_get_device_stats(int device, cachealloc_device_stats *out);
+
+/**
+ * `cachealloc_begin_allocate_to_pool` with a stream filter: create private
+ * pool `(id0, id1)` (or add a user to it) and send the requests of
+ * `device` on the streams `filter(stream, user)` accepts to it until
+ * `cachealloc_end_allocate_to_pool` (NULL `filter`: every stream). The
+ * newest routing wins where filters overlap. As with
+ * `cachealloc_begin_allocate_to_pool`, the device is treated as capturing
+ * until the end (no driver call that could invalidate a capture).
+ *
+ * The filter is called on the allocating thread while the device's lock
+ * is held, at each allocation while the routing lasts: it must not call
+ * into cachealloc. One small record per distinct (filter, user) pair is
+ * kept for the process's life. Returns 0, or -1 (already routing to this
+ * pool, too many pools).
+ */
+int cachealloc_begin_allocate_to_pool_filtered(int device,
+                                               uint64_t id0,
+                                               uint64_t id1,
+                                               cachealloc_stream_filter filter,
+                                               void *user);
 
 #ifdef __cplusplus
 }  // extern "C"

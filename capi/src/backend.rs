@@ -5,14 +5,16 @@
 //! (`cudaStream_t`) and become the backend's stream from the pointer's value
 //! (the simulated device: the value itself; CUDA and HIP: the raw handle).
 
-use crate::error::{debug_hooks, Res};
-use crate::observers::FORWARD;
+use crate::error::{debug_hooks, mark_out_of_memory, Res};
+use crate::observers::{FORWARD, TRACE_FORWARD};
 use crate::segments;
 use crate::settings::{BackendKind, Settings};
 use crate::snapshot::add_device;
+use crate::snapshot_walk::Walk;
+use crate::stream_filter::{stream_filter, Filter};
 use cachealloc_core::{
     BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-    MallocFlags, MempoolId, ShareableHandle, StreamFilter, TraceActions, TraceEntry,
+    MallocFlags, MempoolId, ShareableHandle, TraceActions, TraceEntry,
 };
 use cachealloc_trace::SnapshotDict;
 
@@ -59,9 +61,12 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn record_history(&self, enabled: bool, max_entries: usize) -> Res<()>;
     /// A `user_defined` history entry with context `id`.
     fn record_annotation(&self, id: u64) -> Res<()>;
-    /// `beginAllocateToPool` with every stream routed, under the capture
-    /// rules (no device call that could invalidate a capture).
-    fn begin_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
+    /// `beginAllocateToPool` with the streams `filter` accepts routed (all
+    /// with `None`), under the capture rules (no device call that could
+    /// invalidate a capture).
+    fn begin_allocate_to_pool(&self, id: MempoolId, filter: Option<Filter>) -> Res<()>;
+    /// Attach the trace tracker that calls the C trackers.
+    fn attach_trace_forward(&self) -> Res<()>;
     /// `endAllocateToPool`.
     fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
     /// `releasePool`.
@@ -89,6 +94,9 @@ pub(crate) trait DeviceOps: Send + Sync {
         stream: u64,
         peer: Option<(u32, u32)>,
     ) -> Res<()>;
+    /// Take a snapshot (it records its `snapshot` entry) as structures
+    /// (the history with `traces`).
+    fn walk(&self, traces: bool) -> Res<Walk>;
     /// Take a snapshot (it records its `snapshot` entry) into `dict`;
     /// `names[id - 1]` is annotation `id`'s name.
     fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) -> Res<()>;
@@ -96,6 +104,15 @@ pub(crate) trait DeviceOps: Send + Sync {
 
 /// `e` as the C library reports it.
 fn text<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// An allocation's error as the C library reports it, an out-of-memory
+/// marked as one (`cachealloc_last_error_code`).
+fn alloc_error<E: std::fmt::Debug + std::fmt::Display>(e: cachealloc_core::Error<E>) -> String {
+    if e.is_out_of_memory() {
+        mark_out_of_memory();
+    }
     e.to_string()
 }
 
@@ -111,7 +128,7 @@ where
             a.with_growing_storage(|a| a.malloc(size, stream), twice)
         })
         .map(|a| a.ptr.0)
-        .map_err(text)
+        .map_err(alloc_error)
     }
 
     fn malloc_aligned(&self, size: u64, alignment: u64, stream: u64) -> Res<u64> {
@@ -124,7 +141,7 @@ where
             )
         })
         .map(|a| a.ptr.0)
-        .map_err(text)
+        .map_err(alloc_error)
     }
 
     fn free(&self, ptr: u64) -> Res<()> {
@@ -181,8 +198,14 @@ where
         self.with(|a| a.record_annotation(id)).map_err(text)
     }
 
-    fn begin_allocate_to_pool(&self, id: MempoolId) -> Res<()> {
-        self.capture_begin(id, StreamFilter::All).map_err(text)
+    fn begin_allocate_to_pool(&self, id: MempoolId, filter: Option<Filter>) -> Res<()> {
+        self.capture_begin(id, stream_filter(filter)).map_err(text)
+    }
+
+    fn attach_trace_forward(&self) -> Res<()> {
+        self.with(|a| a.attach_trace_tracker(&TRACE_FORWARD))
+            .map_err(text)?
+            .map_err(|_| "the device has 4 trace trackers already".to_string())
     }
 
     fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()> {
@@ -237,6 +260,10 @@ where
             }
         })
         .map_err(text)
+    }
+
+    fn walk(&self, traces: bool) -> Res<Walk> {
+        self.with(|a| Walk::of(a.snapshot(), traces)).map_err(text)
     }
 
     fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) -> Res<()> {
@@ -315,6 +342,7 @@ mod tests {
         let s = Settings {
             backend: BackendKind::Mock,
             conf_text: String::new(),
+            conf_c: Default::default(),
             config: Config::DEFAULT,
             mock_capacity: None,
             slots: 8,

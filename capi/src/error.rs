@@ -18,10 +18,31 @@ thread_local! {
     /// Set by `cachealloc_debug_force_internal_error`: the next guarded call
     /// on this thread panics inside its guard.
     static PANIC_NEXT: Cell<bool> = const { Cell::new(false) };
+    /// The kind of the last failure (`cachealloc_last_error_code`).
+    static LAST_CODE: Cell<c_int> = const { Cell::new(CACHEALLOC_OK) };
+    /// Set by the body of a failing call whose failure is an out-of-memory.
+    static OOM_PENDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `cachealloc_last_error_code()`: the last call succeeded.
+pub const CACHEALLOC_OK: c_int = 0;
+/// `cachealloc_last_error_code()`: the last call failed because the device
+/// (or the memory fraction) had no room: PyTorch's "CUDA out of memory",
+/// which torch raises as `torch.OutOfMemoryError`.
+pub const CACHEALLOC_ERROR_OUT_OF_MEMORY: c_int = 1;
+/// `cachealloc_last_error_code()`: the last call failed for any other
+/// reason (a bad argument or pointer, a driver error, metadata exhausted).
+pub const CACHEALLOC_ERROR_OTHER: c_int = 2;
+
+/// The failing call in progress on this thread is an out-of-memory: its
+/// code is `CACHEALLOC_ERROR_OUT_OF_MEMORY`.
+pub(crate) fn mark_out_of_memory() {
+    let _ = OOM_PENDING.try_with(|p| p.set(true));
 }
 
 /// Keep `msg` as this thread's last error (interior NULs become spaces).
 pub(crate) fn set_last_error(msg: &str) {
+    let _ = LAST_CODE.try_with(|c| c.set(CACHEALLOC_ERROR_OTHER));
     let text = CString::new(msg.replace('\0', " ")).unwrap_or_default();
     // A thread being torn down has no last error any more: nothing to keep.
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(text));
@@ -29,6 +50,8 @@ pub(crate) fn set_last_error(msg: &str) {
 
 /// Forget this thread's last error.
 fn clear_last_error() {
+    let _ = LAST_CODE.try_with(|c| c.set(CACHEALLOC_OK));
+    let _ = OOM_PENDING.try_with(|p| p.set(false));
     let _ = LAST_ERROR.try_with(|e| {
         if let Ok(mut e) = e.try_borrow_mut() {
             if e.is_some() {
@@ -67,6 +90,9 @@ pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res
         Ok(Ok(value)) => value,
         Ok(Err(msg)) => {
             set_last_error(&msg);
+            if OOM_PENDING.try_with(Cell::take).unwrap_or(false) {
+                let _ = LAST_CODE.try_with(|c| c.set(CACHEALLOC_ERROR_OUT_OF_MEMORY));
+            }
             failed
         }
         Err(payload) => {
@@ -89,6 +115,16 @@ pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res
 #[no_mangle]
 pub extern "C" fn cachealloc_last_error() -> *const c_char {
     last_error_ptr()
+}
+
+/// The kind of the last failed call on this thread:
+/// `CACHEALLOC_ERROR_OUT_OF_MEMORY` (an allocation found no room: the
+/// message is PyTorch's "CUDA out of memory. ..."), `CACHEALLOC_ERROR_OTHER`,
+/// or `CACHEALLOC_OK` (0) when the last call succeeded. Cleared and set as
+/// `cachealloc_last_error()` is; this call changes neither.
+#[no_mangle]
+pub extern "C" fn cachealloc_last_error_code() -> c_int {
+    LAST_CODE.try_with(Cell::get).unwrap_or(CACHEALLOC_OK)
 }
 
 /// For tests of the error path: the next call into cachealloc on this

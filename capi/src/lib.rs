@@ -53,8 +53,12 @@ mod observers;
 mod pluggable;
 /// `cachealloc_snapshot`.
 mod snapshot;
+/// `cachealloc_snapshot_walk`, `cachealloc_get_allocator_settings`.
+mod snapshot_walk;
 /// `memory_stats`, the resets, `empty_cache`, `cache_info`.
 mod stats;
+/// `cachealloc_begin_allocate_to_pool_filtered`.
+mod stream_filter;
 
 // The machinery.
 mod backend;
@@ -64,7 +68,9 @@ mod segments;
 mod settings;
 
 pub use error::{
-    cachealloc_debug_fail_inside_lock, cachealloc_debug_force_internal_error, cachealloc_last_error,
+    cachealloc_debug_fail_inside_lock, cachealloc_debug_force_internal_error,
+    cachealloc_last_error, cachealloc_last_error_code, CACHEALLOC_ERROR_OTHER,
+    CACHEALLOC_ERROR_OUT_OF_MEMORY, CACHEALLOC_OK,
 };
 pub use history::{cachealloc_record_annotation, cachealloc_record_history};
 pub use ipc::{
@@ -72,7 +78,10 @@ pub use ipc::{
     cachealloc_memcpy_async, cachealloc_open_ipc_handle, cachealloc_release_ipc_share,
     cachealloc_share_ipc_handle,
 };
-pub use observers::{cachealloc_attach_oom_observer, cachealloc_oom_observer};
+pub use observers::{
+    cachealloc_attach_oom_observer, cachealloc_attach_trace_tracker, cachealloc_oom_observer,
+    cachealloc_trace_tracker,
+};
 pub use pluggable::{
     cachealloc_alloc, cachealloc_alloc_aligned, cachealloc_base_alloc,
     cachealloc_begin_allocate_to_pool, cachealloc_end_allocate_to_pool, cachealloc_free,
@@ -80,10 +89,17 @@ pub use pluggable::{
     cachealloc_reset, cachealloc_set_memory_fraction,
 };
 pub use snapshot::cachealloc_snapshot;
-pub use stats::{
-    cachealloc_cache_info, cachealloc_empty_cache, cachealloc_memory_stats,
-    cachealloc_reset_accumulated_stats, cachealloc_reset_peak_stats, cachealloc_stat_callback,
+pub use snapshot_walk::{
+    cachealloc_allocator_settings, cachealloc_block_info, cachealloc_get_allocator_settings,
+    cachealloc_segment_info, cachealloc_snapshot_visitor, cachealloc_snapshot_walk,
+    cachealloc_trace_entry,
 };
+pub use stats::{
+    cachealloc_cache_info, cachealloc_device_stats, cachealloc_empty_cache,
+    cachealloc_get_device_stats, cachealloc_memory_stats, cachealloc_reset_accumulated_stats,
+    cachealloc_reset_peak_stats, cachealloc_stat, cachealloc_stat_callback,
+};
+pub use stream_filter::{cachealloc_begin_allocate_to_pool_filtered, cachealloc_stream_filter};
 
 use std::ffi::{c_char, CStr};
 

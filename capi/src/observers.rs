@@ -77,3 +77,71 @@ pub extern "C" fn cachealloc_attach_oom_observer(
         Ok(0)
     })
 }
+
+/// A trace tracker: called with every memory-history entry of every device
+/// as it is recorded, whether or not the history is on (PyTorch's
+/// `attachAllocatorTraceTracker`), and the caller's `user` pointer.
+#[allow(non_camel_case_types)]
+pub type cachealloc_trace_tracker =
+    Option<extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void)>;
+
+/// A tracker and its user pointer.
+#[derive(Clone, Copy)]
+struct Tracker {
+    callback: extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void),
+    user: usize,
+}
+
+static TRACKERS: Mutex<Vec<Tracker>> = Mutex::new(Vec::new());
+
+fn trackers() -> std::sync::MutexGuard<'static, Vec<Tracker>> {
+    TRACKERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The trace tracker a device carries once a C tracker is attached: calls
+/// them all (devices carry none before, so the allocation path pays nothing
+/// while nobody tracks).
+pub(crate) struct TraceForward;
+
+/// The one [`TraceForward`].
+pub(crate) static TRACE_FORWARD: TraceForward = TraceForward;
+
+impl cachealloc_core::TraceTracker for TraceForward {
+    fn trace(&self, e: &cachealloc_core::TraceEntry) {
+        let entry = crate::snapshot_walk::entry(e);
+        let list = trackers().clone();
+        for t in list {
+            (t.callback)(&entry, t.user as *mut c_void);
+        }
+    }
+}
+
+/// Attach a trace tracker, called (with `user`) with every memory-history
+/// entry of every device, existing or created later, as it is recorded
+/// (PyTorch's `attachAllocatorTraceTracker`): allocations, frees, segment
+/// allocations and frees, page maps, snapshots, out-of-memories, whether or
+/// not the history is on. An annotation's entry has no name here
+/// (`annotation` is NULL; `context` is its id).
+///
+/// The tracker runs while the device's lock is held, as PyTorch's do: it
+/// must not call into cachealloc, and should be quick. Until the first
+/// tracker is attached, the allocator pays nothing for them. Returns 0, or
+/// -1 (NULL `tracker`).
+#[no_mangle]
+pub extern "C" fn cachealloc_attach_trace_tracker(
+    tracker: cachealloc_trace_tracker,
+    user: *mut c_void,
+) -> c_int {
+    guard("cachealloc_attach_trace_tracker", -1, || -> Res<c_int> {
+        let callback = tracker.ok_or("cachealloc_attach_trace_tracker: tracker is NULL")?;
+        trackers().push(Tracker {
+            callback,
+            user: user as usize,
+        });
+        crate::registry::once_for_all_and_new(
+            |d| d.attach_trace_forward(),
+            |new| &mut new.trace_forward,
+        )
+        .map(|()| 0)
+    })
+}

@@ -208,7 +208,7 @@ pub extern "C" fn cachealloc_begin_allocate_to_pool(
 ) {
     let _ = filter;
     guard("cachealloc_begin_allocate_to_pool", (), || {
-        registry::device(device)?.begin_allocate_to_pool(MempoolId(id0, id1))
+        registry::device(device)?.begin_allocate_to_pool(MempoolId(id0, id1), None)
     });
 }
 

@@ -23,11 +23,17 @@ static DEVICES: [OnceLock<Box<dyn DeviceOps>>; MAX_DEVICES] =
 #[derive(Clone, Copy)]
 pub(crate) struct NewDevice {
     pub(crate) history: Option<usize>,
+    /// Whether a C trace tracker is attached (devices then carry the
+    /// tracker that calls them).
+    pub(crate) trace_forward: bool,
 }
 
 /// Held while a device is created (and while the settings for new devices
 /// change, so that no device misses them).
-static CREATING: Mutex<NewDevice> = Mutex::new(NewDevice { history: None });
+static CREATING: Mutex<NewDevice> = Mutex::new(NewDevice {
+    history: None,
+    trace_forward: false,
+});
 
 fn creating() -> MutexGuard<'static, NewDevice> {
     CREATING.lock().unwrap_or_else(|p| p.into_inner())
@@ -54,6 +60,9 @@ pub(crate) fn device(device: c_int) -> Res<&'static dyn DeviceOps> {
     let d = open(settings()?, i as u32).map_err(|e| format!("device {device}: {e}"))?;
     if let Some(max) = new.history {
         d.record_history(true, max)?;
+    }
+    if new.trace_forward {
+        d.attach_trace_forward()?;
     }
     Ok(DEVICES[i].get_or_init(|| d).as_ref())
 }
@@ -129,5 +138,18 @@ pub(crate) fn for_all_and_new(
 ) -> Res<()> {
     let mut guard = creating();
     new(&mut guard);
+    on_all(created(), f)
+}
+
+/// [`for_all_and_new`] for a setting that is turned on once and stays on:
+/// nothing is done when `on(new devices)` is already true.
+pub(crate) fn once_for_all_and_new(
+    f: impl Fn(&dyn DeviceOps) -> Res<()>,
+    on: impl Fn(&mut NewDevice) -> &mut bool,
+) -> Res<()> {
+    let mut guard = creating();
+    if std::mem::replace(on(&mut guard), true) {
+        return Ok(());
+    }
     on_all(created(), f)
 }

@@ -31,6 +31,8 @@ pub(crate) struct Settings {
     pub(crate) backend: BackendKind,
     /// The settings string as given (snapshots show it).
     pub(crate) conf_text: String,
+    /// The same, NUL-terminated (`cachealloc_get_allocator_settings`).
+    pub(crate) conf_c: std::ffi::CString,
     pub(crate) config: Config,
     pub(crate) mock_capacity: Option<u64>,
     pub(crate) slots: usize,
@@ -90,6 +92,7 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
     }
     Ok(Settings {
         backend,
+        conf_c: std::ffi::CString::new(conf_text.replace('\0', " ")).unwrap_or_default(),
         conf_text,
         config,
         mock_capacity,

@@ -37,13 +37,13 @@ impl Names {
     }
 
     /// Every name, by id - 1.
-    fn all(&self) -> Vec<String> {
+    pub(crate) fn all(&self) -> Vec<String> {
         self.names.clone()
     }
 }
 
 /// The name of annotation `id` in `names` (a copy of [`Names`]).
-fn name(names: &[String], id: u64) -> String {
+pub(crate) fn name(names: &[String], id: u64) -> String {
     id.checked_sub(1)
         .and_then(|i| names.get(i as usize))
         .cloned()

@@ -93,3 +93,123 @@ pub unsafe extern "C" fn cachealloc_cache_info(
         Ok(())
     })
 }
+
+/// One statistic (PyTorch's `Stat`): its value now, its peak, and the sums
+/// of its increases and decreases.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_stat {
+    /// The value now.
+    pub current: i64,
+    /// The largest `current` since the start or the last peak reset.
+    pub peak: i64,
+    /// The sum of all increases.
+    pub allocated: i64,
+    /// The sum of all decreases.
+    pub freed: i64,
+}
+
+/// A device's statistics, PyTorch's `DeviceStats` field for field (what
+/// `torch.cuda.memory_stats()` flattens into its keys). Each array is
+/// indexed by PyTorch's `StatType`: 0 all pools (`"all"`), 1 the small pool
+/// (`"small_pool"`), 2 the large pool (`"large_pool"`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_device_stats {
+    /// Allocations handed out and not yet freed (`allocation`).
+    pub allocation: [cachealloc_stat; 3],
+    /// Device segments held (`segment`).
+    pub segment: [cachealloc_stat; 3],
+    /// Blocks allocated or waiting on events (`active`).
+    pub active: [cachealloc_stat; 3],
+    /// Free blocks inside segments of more than one block (`inactive_split`).
+    pub inactive_split: [cachealloc_stat; 3],
+    /// Bytes of allocated blocks (`allocated_bytes`).
+    pub allocated_bytes: [cachealloc_stat; 3],
+    /// Bytes of device segments (`reserved_bytes`).
+    pub reserved_bytes: [cachealloc_stat; 3],
+    /// Bytes of active blocks (`active_bytes`).
+    pub active_bytes: [cachealloc_stat; 3],
+    /// Bytes of inactive split blocks (`inactive_split_bytes`).
+    pub inactive_split_bytes: [cachealloc_stat; 3],
+    /// Unrounded request bytes of active blocks (`requested_bytes`).
+    pub requested_bytes: [cachealloc_stat; 3],
+    /// Segment creations retried after releasing every cached segment.
+    pub num_alloc_retries: i64,
+    /// Out-of-memory errors raised.
+    pub num_ooms: i64,
+    /// Allocations of at least `max_split_size` bytes.
+    pub oversize_allocations: cachealloc_stat,
+    /// Segments of at least `max_split_size` bytes.
+    pub oversize_segments: cachealloc_stat,
+    /// Times every pending event was waited for.
+    pub num_sync_all_streams: i64,
+    /// Successful device mallocs.
+    pub num_device_alloc: i64,
+    /// Device frees.
+    pub num_device_free: i64,
+    /// `max_split_size` at creation, -1 when unlimited.
+    pub max_split_size: i64,
+}
+
+fn stat(s: cachealloc_core::Stat) -> cachealloc_stat {
+    cachealloc_stat {
+        current: s.current,
+        peak: s.peak,
+        allocated: s.allocated,
+        freed: s.freed,
+    }
+}
+
+fn stat_array(a: cachealloc_core::StatArray) -> [cachealloc_stat; 3] {
+    a.0.map(stat)
+}
+
+impl From<cachealloc_core::DeviceStats> for cachealloc_device_stats {
+    fn from(s: cachealloc_core::DeviceStats) -> Self {
+        cachealloc_device_stats {
+            allocation: stat_array(s.allocation),
+            segment: stat_array(s.segment),
+            active: stat_array(s.active),
+            inactive_split: stat_array(s.inactive_split),
+            allocated_bytes: stat_array(s.allocated_bytes),
+            reserved_bytes: stat_array(s.reserved_bytes),
+            active_bytes: stat_array(s.active_bytes),
+            inactive_split_bytes: stat_array(s.inactive_split_bytes),
+            requested_bytes: stat_array(s.requested_bytes),
+            num_alloc_retries: s.num_alloc_retries,
+            num_ooms: s.num_ooms,
+            oversize_allocations: stat(s.oversize_allocations),
+            oversize_segments: stat(s.oversize_segments),
+            num_sync_all_streams: s.num_sync_all_streams,
+            num_device_alloc: s.num_device_alloc,
+            num_device_free: s.num_device_free,
+            max_split_size: s.max_split_size,
+        }
+    }
+}
+
+/// Fill `*out` with the statistics of `device` (PyTorch's `getDeviceStats`:
+/// the values `cachealloc_memory_stats` reports by key, as one struct).
+/// Returns 0, or -1 (NULL `out`, bad device).
+///
+/// # Safety
+///
+/// `out` is NULL (an error) or points to a writable `cachealloc_device_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_get_device_stats(
+    device: c_int,
+    out: *mut cachealloc_device_stats,
+) -> c_int {
+    status("cachealloc_get_device_stats", || {
+        if out.is_null() {
+            return Err("cachealloc_get_device_stats: out is NULL".to_string());
+        }
+        let stats = registry::device(device)?.stats()?;
+        // SAFETY: non-null, and writable by the caller's contract.
+        unsafe { out.write(stats.into()) };
+        Ok(())
+    })
+}

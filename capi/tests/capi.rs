@@ -679,3 +679,27 @@ fn graph_capture_through_the_c_library_on_the_hip_stub() {
         assert!(out.contains("never invalidated"), "{out}");
     }
 }
+
+/// The C functions the C++ allocator for torch is built on
+/// (tests/c/native_test.c): the statistics struct, the error code of an
+/// out-of-memory, the snapshot walk, the stream filter of a pool, trace
+/// trackers and the settings.
+#[test]
+fn the_native_layers_functions_on_the_simulated_device() {
+    let dir = scratch("native");
+    let exe = dir.join("native_test");
+    compile(&manifest_dir().join("tests/c/native_test.c"), &exe, false);
+    let mut cmd = program(&exe, "mock");
+    cmd.env(
+        "CACHEALLOC_CONF",
+        "max_split_size_mb:64,roundup_power2_divisions:4",
+    )
+    .env("CACHEALLOC_MOCK_CAPACITY", "1GiB");
+    let out = run(&mut cmd, "native_test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        stdout.contains("native_test: all checks passed"),
+        "{stdout}"
+    );
+}

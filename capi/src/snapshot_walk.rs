@@ -1,0 +1,319 @@
+//! `cachealloc_snapshot_walk`: a memory snapshot handed to the caller
+//! piece by piece (each segment, then its blocks, then the history), for
+//! callers that build their own structures (the C++ allocator for torch
+//! fills torch's `SnapshotInfo` from it) instead of reading a file; and
+//! `cachealloc_get_allocator_settings`, the settings a snapshot carries.
+//!
+//! The device's lock is held only while the snapshot is copied: the
+//! visitor runs after, so it may call into the library.
+
+use crate::error::status;
+use crate::registry;
+use crate::settings::settings;
+use crate::snapshot::names;
+use cachealloc_core::{BlockState, Pool, Snapshot, TraceAction, TraceEntry};
+use std::ffi::{c_char, c_int, c_void, CString};
+
+/// One segment of a snapshot (PyTorch's `SegmentInfo`). An expandable
+/// segment shows as one segment per run of mapped pages, as in PyTorch.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_segment_info {
+    /// The device.
+    pub device: c_int,
+    /// Base address.
+    pub address: u64,
+    /// Segment size.
+    pub total_size: usize,
+    /// Bytes of allocated blocks.
+    pub allocated_size: usize,
+    /// Bytes of active (allocated, or freed and waiting on events) blocks.
+    pub active_size: usize,
+    /// Unrounded requested bytes of the active blocks.
+    pub requested_size: usize,
+    /// The stream the segment was allocated for.
+    pub stream: *mut c_void,
+    /// 1 for the large pool, 0 for the small one (PyTorch's `is_large`).
+    pub is_large: c_int,
+    /// 1 for part of an expandable segment.
+    pub is_expandable: c_int,
+    /// The private pool that owns it (PyTorch's `owner_private_pool_id`;
+    /// 0, 0 for the default pools).
+    pub pool_id0: u64,
+    /// Second half of the pool id.
+    pub pool_id1: u64,
+    /// How many blocks follow (the `block` calls for this segment).
+    pub num_blocks: usize,
+}
+
+/// One block of a segment (PyTorch's `BlockInfo`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_block_info {
+    /// Start address.
+    pub address: u64,
+    /// Block size.
+    pub size: usize,
+    /// Unrounded size of the last request that used it.
+    pub requested_size: usize,
+    /// 1 while handed out (`active_allocated`).
+    pub allocated: c_int,
+    /// 1 while handed out or freed and waiting on events of other streams
+    /// (`active_allocated`, `active_pending_free`); 0 when cached (`inactive`).
+    pub active: c_int,
+}
+
+/// One entry of the memory history (PyTorch's `TraceEntry`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_trace_entry {
+    /// PyTorch's `TraceEntry::Action`: 0 alloc, 1 free_requested,
+    /// 2 free_completed, 3 segment_alloc, 4 segment_free, 5 segment_map,
+    /// 6 segment_unmap, 7 snapshot, 8 oom; and 9 for a caller's annotation
+    /// (`cachealloc_record_annotation`).
+    pub action: c_int,
+    /// The device.
+    pub device: c_int,
+    /// The block or segment address (for `oom`: the device's free bytes).
+    pub addr: u64,
+    /// Bytes: the request for alloc and frees, the segment or the mapped
+    /// range for segment actions, the rounded request for `oom`.
+    pub size: usize,
+    /// The stream.
+    pub stream: *mut c_void,
+    /// When, in microseconds of the backend's clock (on CUDA and HIP: since
+    /// the Unix epoch).
+    pub time_us: u64,
+    /// The trace context in force (for an annotation: its id).
+    pub context: u64,
+    /// An annotation's name (valid during the call only); NULL for the
+    /// other actions.
+    pub annotation: *const c_char,
+}
+
+/// What `cachealloc_snapshot_walk` calls, each with the walk's `user`
+/// pointer; any of them may be NULL (not called). The structures are valid
+/// during the call only.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_snapshot_visitor {
+    /// Each segment, in address order by device; its `num_blocks` blocks
+    /// follow.
+    pub segment: Option<extern "C" fn(*const cachealloc_segment_info, *mut c_void)>,
+    /// Each block of the segment last given, in address order.
+    pub block: Option<extern "C" fn(*const cachealloc_block_info, *mut c_void)>,
+    /// Each history entry, oldest first, by device, after every segment.
+    pub trace_entry: Option<extern "C" fn(*const cachealloc_trace_entry, *mut c_void)>,
+}
+
+/// A device's snapshot, copied out of its lock.
+pub(crate) struct Walk {
+    segments: Vec<(cachealloc_segment_info, Vec<cachealloc_block_info>)>,
+    traces: Vec<cachealloc_trace_entry>,
+}
+
+impl Walk {
+    /// Copy `snap` (its history only with `traces`).
+    pub(crate) fn of<St: Into<u64> + From<u64> + Copy>(
+        snap: Snapshot<'_, St>,
+        traces: bool,
+    ) -> Walk {
+        let device = snap.device as c_int;
+        let segments = snap
+            .segments
+            .map(|s| {
+                let blocks: Vec<cachealloc_block_info> = s
+                    .blocks()
+                    .map(|b| cachealloc_block_info {
+                        address: b.address.0,
+                        size: b.size as usize,
+                        requested_size: b.requested_size as usize,
+                        allocated: c_int::from(b.state == BlockState::ActiveAllocated),
+                        active: c_int::from(b.state != BlockState::Inactive),
+                    })
+                    .collect();
+                let info = cachealloc_segment_info {
+                    device,
+                    address: s.address.0,
+                    total_size: s.total_size as usize,
+                    allocated_size: s.allocated_size as usize,
+                    active_size: s.active_size as usize,
+                    requested_size: s.requested_size as usize,
+                    stream: Into::<u64>::into(s.stream) as usize as *mut c_void,
+                    is_large: c_int::from(s.pool == Pool::Large),
+                    is_expandable: c_int::from(s.is_expandable),
+                    pool_id0: s.pool_id.0,
+                    pool_id1: s.pool_id.1,
+                    num_blocks: blocks.len(),
+                };
+                (info, blocks)
+            })
+            .collect();
+        let traces = if traces {
+            snap.history.map(entry).collect()
+        } else {
+            Vec::new()
+        };
+        Walk { segments, traces }
+    }
+}
+
+/// `e` as a C structure (no annotation name).
+pub(crate) fn entry(e: &TraceEntry) -> cachealloc_trace_entry {
+    cachealloc_trace_entry {
+        action: TraceAction::ALL
+            .iter()
+            .position(|a| *a == e.action)
+            .unwrap_or(0) as c_int,
+        device: e.device as c_int,
+        addr: e.addr,
+        size: e.size as usize,
+        stream: e.stream as usize as *mut c_void,
+        time_us: e.time_us,
+        context: e.context,
+        annotation: std::ptr::null(),
+    }
+}
+
+/// The index of [`TraceAction::UserDefined`] in `cachealloc_trace_entry`.
+const USER_DEFINED: c_int = 9;
+
+/// Walk a memory snapshot of `device`, or of every device created so far
+/// when `device` is -1: `visitor->segment` for each segment followed by
+/// `visitor->block` for each of its blocks, then (when `include_traces` is
+/// nonzero and the history is on, `cachealloc_record_history`)
+/// `visitor->trace_entry` for each history entry, oldest first. The same
+/// content as `cachealloc_snapshot`'s file, as structures. Taking it
+/// records a `snapshot` entry in the history, as PyTorch's does.
+///
+/// The snapshot is copied under the device's lock and the visitor called
+/// after it is released: it may call any function of the library. Returns
+/// 0, or -1 (NULL visitor, bad device).
+///
+/// # Safety
+///
+/// `visitor` is NULL (an error) or points to a readable
+/// `cachealloc_snapshot_visitor`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_snapshot_walk(
+    device: c_int,
+    include_traces: c_int,
+    visitor: *const cachealloc_snapshot_visitor,
+    user: *mut c_void,
+) -> c_int {
+    status("cachealloc_snapshot_walk", || {
+        if visitor.is_null() {
+            return Err("cachealloc_snapshot_walk: visitor is NULL".to_string());
+        }
+        // SAFETY: non-null, and readable by the caller's contract.
+        let v = unsafe { visitor.read() };
+        let mut walks = Vec::new();
+        for (i, d) in registry::selected(device)? {
+            walks.push(
+                d.walk(include_traces != 0)
+                    .map_err(|e| format!("device {i}: {e}"))?,
+            );
+        }
+        for w in &walks {
+            for (seg, blocks) in &w.segments {
+                if let Some(f) = v.segment {
+                    f(seg, user);
+                }
+                if let Some(f) = v.block {
+                    for b in blocks {
+                        f(b, user);
+                    }
+                }
+            }
+        }
+        let Some(f) = v.trace_entry else {
+            return Ok(());
+        };
+        // A copy: no lock is held while the visitor runs.
+        let names = names().all();
+        for w in &walks {
+            for e in &w.traces {
+                let mut e = *e;
+                let name = (e.action == USER_DEFINED)
+                    .then(|| CString::new(crate::snapshot::name(&names, e.context)))
+                    .transpose()
+                    .map_err(|e| e.to_string())?;
+                if let Some(n) = &name {
+                    e.annotation = n.as_ptr();
+                }
+                f(&e, user);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The allocator's settings (PyTorch's `AllocatorConfigInfo`, the
+/// `allocator_settings` of a snapshot).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_allocator_settings {
+    /// `garbage_collection_threshold` (0: off).
+    pub garbage_collection_threshold: f64,
+    /// `max_split_size` in bytes; SIZE_MAX when unlimited.
+    pub max_split_size: usize,
+    /// PyTorch's pinned-memory setting (host memory is not cachealloc's): 1.
+    pub pinned_num_register_threads: usize,
+    /// `expandable_segments`.
+    pub expandable_segments: c_int,
+    /// `release_lock_on_cudamalloc` (as configured).
+    pub release_lock_on_malloc: c_int,
+    /// PyTorch's `pinned_use_cuda_host_register`: 0.
+    pub pinned_use_host_register: c_int,
+    /// PyTorch's `graph_capture_record_stream_reuse`: 0.
+    pub graph_capture_record_stream_reuse: c_int,
+    /// `roundup_power2_divisions` by interval (the first `1 << i` MiB
+    /// interval at index i; 0: no rounding there).
+    pub roundup_power2_divisions: [usize; 16],
+    /// The settings string as given (`CACHEALLOC_CONF` or
+    /// `PYTORCH_CUDA_ALLOC_CONF`): a static string.
+    pub last_allocator_settings: *const c_char,
+}
+
+/// Fill `*out` with the allocator's settings (every device has the same).
+/// Returns 0, or -1 (NULL `out`, bad settings in the environment).
+///
+/// # Safety
+///
+/// `out` is NULL (an error) or points to a writable
+/// `cachealloc_allocator_settings`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_get_allocator_settings(
+    out: *mut cachealloc_allocator_settings,
+) -> c_int {
+    status("cachealloc_get_allocator_settings", || {
+        if out.is_null() {
+            return Err("cachealloc_get_allocator_settings: out is NULL".to_string());
+        }
+        let s = settings()?;
+        let c = s.config;
+        let mut divisions = [0usize; 16];
+        for (d, v) in divisions.iter_mut().zip(c.roundup_power2_divisions.iter()) {
+            *d = *v as usize;
+        }
+        let settings = cachealloc_allocator_settings {
+            garbage_collection_threshold: c.garbage_collection_threshold,
+            max_split_size: usize::try_from(c.max_split_size).unwrap_or(usize::MAX),
+            pinned_num_register_threads: 1,
+            expandable_segments: c_int::from(c.expandable_segments),
+            release_lock_on_malloc: c_int::from(c.release_lock_on_malloc),
+            pinned_use_host_register: 0,
+            graph_capture_record_stream_reuse: 0,
+            roundup_power2_divisions: divisions,
+            last_allocator_settings: s.conf_c.as_ptr(),
+        };
+        // SAFETY: non-null, and writable by the caller's contract.
+        unsafe { out.write(settings) };
+        Ok(())
+    })
+}

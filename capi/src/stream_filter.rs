@@ -1,0 +1,92 @@
+//! `cachealloc_begin_allocate_to_pool_filtered`: route the requests on the
+//! streams a caller's filter accepts to a private pool (PyTorch's
+//! `beginAllocateToPool(device, id, filter)`, whose filter torch's CUDA
+//! graphs use to send only the capturing streams' requests to the graph's
+//! pool, and `use_mem_pool` only the current thread's).
+//!
+//! The core keeps a filter as a `&'static` closure: one is made, and kept
+//! for the process's life, per distinct (function, user pointer) pair, so a
+//! caller that reuses its user pointers (the C++ allocator for torch keeps
+//! a fixed table of them) costs a fixed amount of memory however many pools
+//! it routes to.
+
+use crate::error::{status, Res};
+use crate::registry;
+use cachealloc_core::{MempoolId, StreamFilter};
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{LazyLock, Mutex};
+
+/// A stream filter: nonzero when requests on `stream` (a `cudaStream_t`)
+/// go to the pool; called with the caller's `user` pointer.
+#[allow(non_camel_case_types)]
+pub type cachealloc_stream_filter = Option<extern "C" fn(*mut c_void, *mut c_void) -> c_int>;
+
+/// A filter function and its user pointer (an integer: the caller's,
+/// passed back untouched).
+pub(crate) type Filter = (extern "C" fn(*mut c_void, *mut c_void) -> c_int, usize);
+
+/// A boxed closure over one backend's stream type.
+type Closure<St> = Box<dyn Fn(St) -> bool + Send + Sync>;
+
+/// The closures made so far, by (function, user, stream type).
+type Made = HashMap<(usize, usize, TypeId), &'static (dyn Any + Send + Sync)>;
+
+static MADE: LazyLock<Mutex<Made>> = LazyLock::new(Mutex::default);
+
+/// The core's filter for `f` over streams of type `St`.
+pub(crate) fn stream_filter<St>(f: Option<Filter>) -> StreamFilter<St>
+where
+    St: Into<u64> + Copy + 'static,
+{
+    let Some((call, user)) = f else {
+        return StreamFilter::All;
+    };
+    let key = (call as usize, user, TypeId::of::<St>());
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    let any: &'static (dyn Any + Send + Sync) = *made.entry(key).or_insert_with(|| {
+        let closure: Closure<St> = Box::new(move |s: St| {
+            call(
+                Into::<u64>::into(s) as usize as *mut c_void,
+                user as *mut c_void,
+            ) != 0
+        });
+        Box::leak(Box::new(closure))
+    });
+    match any.downcast_ref::<Closure<St>>() {
+        Some(c) => StreamFilter::With(&**c),
+        // The key names the type: a closure of another type is never stored under it.
+        None => StreamFilter::All,
+    }
+}
+
+/// `cachealloc_begin_allocate_to_pool` with a stream filter: create private
+/// pool `(id0, id1)` (or add a user to it) and send the requests of
+/// `device` on the streams `filter(stream, user)` accepts to it until
+/// `cachealloc_end_allocate_to_pool` (NULL `filter`: every stream). The
+/// newest routing wins where filters overlap. As with
+/// `cachealloc_begin_allocate_to_pool`, the device is treated as capturing
+/// until the end (no driver call that could invalidate a capture).
+///
+/// The filter is called on the allocating thread while the device's lock
+/// is held, at each allocation while the routing lasts: it must not call
+/// into cachealloc. One small record per distinct (filter, user) pair is
+/// kept for the process's life. Returns 0, or -1 (already routing to this
+/// pool, too many pools).
+#[no_mangle]
+pub extern "C" fn cachealloc_begin_allocate_to_pool_filtered(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    filter: cachealloc_stream_filter,
+    user: *mut c_void,
+) -> c_int {
+    status(
+        "cachealloc_begin_allocate_to_pool_filtered",
+        || -> Res<()> {
+            let f = filter.map(|f| (f, user as usize));
+            registry::device(device)?.begin_allocate_to_pool(MempoolId(id0, id1), f)
+        },
+    )
+}
