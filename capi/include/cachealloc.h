@@ -458,6 +458,19 @@ int cachealloc_debug_fail_inside_lock(void);
 int cachealloc_record_history(int device, int enabled, size_t max_entries);
 
 /**
+ * `cachealloc_record_history` with PyTorch's other two parameters of
+ * `recordHistory`: `clear` nonzero empties the history even when it stays
+ * on, and the history leaves out the actions whose bits are set in
+ * `skip_actions` (bit i: action i of `cachealloc_trace_entry`, e.g.
+ * `1 << 7` for `snapshot`; PyTorch's `skip_actions`). Returns 0, or -1.
+ */
+int cachealloc_record_history_ex(int device,
+                                 int enabled,
+                                 size_t max_entries,
+                                 int clear,
+                                 uint32_t skip_actions);
+
+/**
  * Record an annotation named `name` in the history of `device` (with -1,
  * of every device created so far): a snapshot lists it under
  * `external_annotations`, at its time. Recorded only while the history is.
@@ -597,6 +610,9 @@ void *cachealloc_alloc_aligned(size_t size, size_t alignment, int device, void *
  * those of the allocation; the allocator knows both already and ignores
  * them. If other streams used the memory (`cachealloc_record_stream`), it
  * is reused only once their work queued so far is done. NULL is a no-op.
+ *
+ * `device` -1 frees it on the device whose segment holds it (torch's
+ * `raw_delete` knows no device).
  *
  * A bad free (a pointer not allocated here, a double free, the wrong
  * device) changes nothing and leaves the reason in
@@ -767,6 +783,26 @@ int cachealloc_reset_accumulated_stats(int device);
  * -1 (with -1, after trying every device).
  */
 int cachealloc_empty_cache(int device);
+
+/**
+ * `torch.cuda.empty_cache()` for one private pool (PyTorch's
+ * `emptyCache(mempool_id)`, which `MemPool`'s destructor calls): return
+ * the cached segments of pool `(id0, id1)` of `device` (-1: of every
+ * device created so far) that are entirely free; the pool `(0, 0)` is the
+ * default pools (`cachealloc_empty_cache`). Returns 0, or -1.
+ */
+int cachealloc_empty_cache_pool(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * The free and total memory of `device` as its driver reports them
+ * (`cudaMemGetInfo`; on the simulated device, its capacity). Either
+ * pointer may be NULL. Returns 0, or -1.
+ *
+ * # Safety
+ *
+ * Each pointer is NULL or points to a writable `size_t`.
+ */
+int cachealloc_mem_get_info(int device, size_t *free, size_t *total);
 
 /**
  * The cached memory of `device`: bytes in cached (free) blocks to

@@ -57,8 +57,19 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn reset_accumulated_stats(&self) -> Res<()>;
     /// Cached bytes and the largest cached block.
     fn cache_info(&self) -> Res<CacheInfo>;
-    /// `recordHistory` (`max_entries`: at most the storage).
-    fn record_history(&self, enabled: bool, max_entries: usize) -> Res<()>;
+    /// `recordHistory` (`max_entries`: at most the storage; `clear`:
+    /// empty it even when staying on; `skip`: actions left out).
+    fn record_history(
+        &self,
+        enabled: bool,
+        max_entries: usize,
+        clear: bool,
+        skip: TraceActions,
+    ) -> Res<()>;
+    /// The device's free and total memory (the backend's).
+    fn mem_info(&self) -> Res<(u64, u64)>;
+    /// `emptyCache(mempool_id)`: release one private pool's cached segments.
+    fn empty_cache_pool(&self, id: MempoolId) -> Res<()>;
     /// A `user_defined` history entry with context `id`.
     fn record_annotation(&self, id: u64) -> Res<()>;
     /// `beginAllocateToPool` with the streams `filter` accepts routed (all
@@ -189,8 +200,26 @@ where
         CachingAllocator::cache_info(self).map_err(text)
     }
 
-    fn record_history(&self, enabled: bool, max_entries: usize) -> Res<()> {
-        self.with(|a| a.record_history(enabled, max_entries, false, TraceActions::NONE))
+    fn record_history(
+        &self,
+        enabled: bool,
+        max_entries: usize,
+        clear: bool,
+        skip: TraceActions,
+    ) -> Res<()> {
+        self.with(|a| a.record_history(enabled, max_entries, clear, skip))
+            .map_err(text)
+    }
+
+    fn mem_info(&self) -> Res<(u64, u64)> {
+        self.with(|a| a.backend_mut().mem_info())
+            .map_err(text)?
+            .map(|m| (m.free, m.total))
+            .map_err(|e| format!("memory info: {e}"))
+    }
+
+    fn empty_cache_pool(&self, id: MempoolId) -> Res<()> {
+        self.try_with(|a| a.with_growing_storage(|a| a.empty_cache_pool(id), twice))
             .map_err(text)
     }
 

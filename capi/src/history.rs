@@ -6,6 +6,7 @@
 use crate::error::status;
 use crate::registry;
 use crate::snapshot::names;
+use cachealloc_core::{TraceAction, TraceActions};
 use std::ffi::{c_char, c_int, CStr};
 
 /// Start (`enabled` nonzero) or stop recording the memory history of
@@ -21,21 +22,54 @@ pub extern "C" fn cachealloc_record_history(
     max_entries: usize,
 ) -> c_int {
     status("cachealloc_record_history", || {
-        let enabled = enabled != 0;
-        let max = if max_entries == 0 {
-            usize::MAX
-        } else {
-            max_entries
-        };
-        if device == -1 {
-            registry::for_all_and_new(
-                |d| d.record_history(enabled, max),
-                |new| new.history = enabled.then_some(max),
-            )
-        } else {
-            registry::device(device)?.record_history(enabled, max)
-        }
+        record(device, enabled != 0, max_entries, false, TraceActions::NONE)
     })
+}
+
+/// `cachealloc_record_history` with PyTorch's other two parameters of
+/// `recordHistory`: `clear` nonzero empties the history even when it stays
+/// on, and the history leaves out the actions whose bits are set in
+/// `skip_actions` (bit i: action i of `cachealloc_trace_entry`, e.g.
+/// `1 << 7` for `snapshot`; PyTorch's `skip_actions`). Returns 0, or -1.
+#[no_mangle]
+pub extern "C" fn cachealloc_record_history_ex(
+    device: c_int,
+    enabled: c_int,
+    max_entries: usize,
+    clear: c_int,
+    skip_actions: u32,
+) -> c_int {
+    status("cachealloc_record_history_ex", || {
+        let skip = TraceAction::ALL
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| skip_actions & (1 << i) != 0)
+            .fold(TraceActions::NONE, |s, (_, a)| s.with(*a));
+        record(device, enabled != 0, max_entries, clear != 0, skip)
+    })
+}
+
+/// The body of both: -1 is every device, and the new ones.
+fn record(
+    device: c_int,
+    enabled: bool,
+    max_entries: usize,
+    clear: bool,
+    skip: TraceActions,
+) -> crate::error::Res<()> {
+    let max = if max_entries == 0 {
+        usize::MAX
+    } else {
+        max_entries
+    };
+    if device == -1 {
+        registry::for_all_and_new(
+            |d| d.record_history(enabled, max, clear, skip),
+            |new| new.history = enabled.then_some(max),
+        )
+    } else {
+        registry::device(device)?.record_history(enabled, max, clear, skip)
+    }
 }
 
 /// Record an annotation named `name` in the history of `device` (with -1,

@@ -72,7 +72,9 @@ pub use error::{
     cachealloc_last_error, cachealloc_last_error_code, CACHEALLOC_ERROR_OTHER,
     CACHEALLOC_ERROR_OUT_OF_MEMORY, CACHEALLOC_OK,
 };
-pub use history::{cachealloc_record_annotation, cachealloc_record_history};
+pub use history::{
+    cachealloc_record_annotation, cachealloc_record_history, cachealloc_record_history_ex,
+};
 pub use ipc::{
     cachealloc_close_ipc_handle, cachealloc_enable_peer_access, cachealloc_ipc_handle,
     cachealloc_memcpy_async, cachealloc_open_ipc_handle, cachealloc_release_ipc_share,

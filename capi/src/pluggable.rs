@@ -64,6 +64,12 @@ fn free(ptr: *mut c_void, device: c_int) -> Res<()> {
     if ptr.is_null() {
         return Ok(());
     }
+    if device == -1 {
+        let p = ptr as usize as u64;
+        return registry::owner(p)?
+            .free(p)
+            .map_err(|e| format!("free of {ptr:p}: {e}"));
+    }
     registry::existing(device)
         .map_err(|e| format!("free of {ptr:p}: {e}"))?
         .free(ptr as usize as u64)
@@ -75,6 +81,9 @@ fn free(ptr: *mut c_void, device: c_int) -> Res<()> {
 /// those of the allocation; the allocator knows both already and ignores
 /// them. If other streams used the memory (`cachealloc_record_stream`), it
 /// is reused only once their work queued so far is done. NULL is a no-op.
+///
+/// `device` -1 frees it on the device whose segment holds it (torch's
+/// `raw_delete` knows no device).
 ///
 /// A bad free (a pointer not allocated here, a double free, the wrong
 /// device) changes nothing and leaves the reason in

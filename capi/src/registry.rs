@@ -59,7 +59,7 @@ pub(crate) fn device(device: c_int) -> Res<&'static dyn DeviceOps> {
     }
     let d = open(settings()?, i as u32).map_err(|e| format!("device {device}: {e}"))?;
     if let Some(max) = new.history {
-        d.record_history(true, max)?;
+        d.record_history(true, max, false, cachealloc_core::TraceActions::NONE)?;
     }
     if new.trace_forward {
         d.attach_trace_forward()?;

@@ -66,6 +66,47 @@ pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
     })
 }
 
+/// `torch.cuda.empty_cache()` for one private pool (PyTorch's
+/// `emptyCache(mempool_id)`, which `MemPool`'s destructor calls): return
+/// the cached segments of pool `(id0, id1)` of `device` (-1: of every
+/// device created so far) that are entirely free; the pool `(0, 0)` is the
+/// default pools (`cachealloc_empty_cache`). Returns 0, or -1.
+#[no_mangle]
+pub extern "C" fn cachealloc_empty_cache_pool(device: c_int, id0: u64, id1: u64) -> c_int {
+    status("cachealloc_empty_cache_pool", || {
+        registry::each(device, |d| {
+            d.empty_cache_pool(cachealloc_core::MempoolId(id0, id1))
+        })
+    })
+}
+
+/// The free and total memory of `device` as its driver reports them
+/// (`cudaMemGetInfo`; on the simulated device, its capacity). Either
+/// pointer may be NULL. Returns 0, or -1.
+///
+/// # Safety
+///
+/// Each pointer is NULL or points to a writable `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_mem_get_info(
+    device: c_int,
+    free: *mut usize,
+    total: *mut usize,
+) -> c_int {
+    status("cachealloc_mem_get_info", || {
+        let (f, t) = registry::device(device)?.mem_info()?;
+        if !free.is_null() {
+            // SAFETY: non-null, and writable by the caller's contract.
+            unsafe { free.write(f as usize) };
+        }
+        if !total.is_null() {
+            // SAFETY: non-null, and writable by the caller's contract.
+            unsafe { total.write(t as usize) };
+        }
+        Ok(())
+    })
+}
+
 /// The cached memory of `device`: bytes in cached (free) blocks to
 /// `*total_cached` and the largest of them to `*largest_block` (PyTorch's
 /// `cacheInfo`, which cuDNN sizes its workspace from). Either pointer may

@@ -248,6 +248,45 @@ static void settings_come_back(void) {
     printf("ok the allocator settings come back\n");
 }
 
+/* --------------------------------------------------------- the others */
+
+static void the_rest(void) {
+    size_t free_b = 0, total = 0;
+    CHECK(cachealloc_mem_get_info(0, &free_b, &total) == 0, "mem_get_info");
+    CHECK(total == (size_t)1 << 30 && free_b <= total, "total %zu free %zu", total, free_b);
+    /* free with device -1: the owner. */
+    void *p = cachealloc_alloc(3 << 20, 1, NULL);
+    CHECK(p, "alloc on device 1");
+    int64_t before = stat(1, "allocation.all.current");
+    CHECK(cachealloc_free_checked(p, 0, -1, NULL) == 0, "free by owner");
+    CHECK(stat(1, "allocation.all.current") == before - 1, "freed on device 1");
+    CHECK(cachealloc_free_checked(p, 0, -1, NULL) == -1, "a second free by owner is refused");
+    /* empty_cache of one pool releases that pool's segments only. */
+    CHECK(cachealloc_begin_allocate_to_pool_filtered(0, 50, 0, NULL, NULL) == 0, "begin 50");
+    void *q = cachealloc_alloc(6 << 20, 0, NULL);
+    cachealloc_end_allocate_to_pool(0, 50, 0);
+    void *r = cachealloc_alloc(6 << 20, 0, NULL);
+    cachealloc_free(q, 0, 0, NULL);
+    cachealloc_free(r, 0, 0, NULL);
+    int64_t segments = stat(0, "segment.all.current");
+    cachealloc_release_pool(0, 50, 0);
+    CHECK(cachealloc_empty_cache_pool(0, 50, 0) == 0, "empty_cache_pool");
+    CHECK(stat(0, "segment.all.current") == segments - 1, "one segment released: %lld of %lld",
+          (long long)stat(0, "segment.all.current"), (long long)segments);
+    /* recordHistory's skip and clear. */
+    CHECK(cachealloc_record_history_ex(0, 1, 0, 1, 1u << 7) == 0, "history, skip snapshots");
+    void *s = cachealloc_alloc(512, 0, NULL);
+    cachealloc_free(s, 0, 0, NULL);
+    cachealloc_snapshot_visitor v = {NULL, NULL, on_trace};
+    walk_ctx w;
+    memset(&w, 0, sizeof w);
+    CHECK(cachealloc_snapshot_walk(0, 1, &v, &w) == 0, "walk");
+    CHECK(w.allocs == 1 && w.snapshots == 0, "cleared, snapshots skipped: %d allocs %d snaps",
+          w.allocs, w.snapshots);
+    CHECK(cachealloc_record_history_ex(0, 0, 0, 0, 0) == 0, "history off");
+    printf("ok mem_get_info, a free by owner, empty_cache of one pool, history skip and clear\n");
+}
+
 int main(void) {
     stats_struct_equals_keys();
     walk_agrees_with_stats();
@@ -256,6 +295,7 @@ int main(void) {
     filter_routes_its_streams();
     tracker_sees_every_entry();
     settings_come_back();
+    the_rest();
     printf("native_test: all checks passed\n");
     return 0;
 }
