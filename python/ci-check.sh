@@ -27,8 +27,10 @@ esac
 "$python" - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-if "cachealloc/libcachealloc.so" not in names:
-    sys.exit("FAIL: libcachealloc.so is not in the wheel: %s" % names)
+for need in ("cachealloc/libcachealloc.so", "cachealloc/include/cachealloc.h",
+             "cachealloc/native/allocator.cpp"):
+    if need not in names:
+        sys.exit("FAIL: %s is not in the wheel: %s" % (need, names))
 PY
 
 echo "== fresh venv, pip install the wheel"
@@ -71,3 +73,10 @@ sys.stdout.flush()
 print("python: %d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
 sys.exit(0 if failed == 0 and passed > 0 else 1)
 PY
+
+# The native allocator against a real torch: only where one is installed
+# (CI installs none; test_native.py above skipped, saying so).
+if [ -n "${CACHEALLOC_TORCH_PYTHON:-}" ]; then
+  echo "== python/tests/test_native.py with $CACHEALLOC_TORCH_PYTHON"
+  (cd "$root/python" && CACHEALLOC_CACHE="$tmp/native-cache" "$CACHEALLOC_TORCH_PYTHON" -m unittest tests/test_native.py -v)
+fi

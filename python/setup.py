@@ -84,6 +84,12 @@ class BuildPy(build_py):
 
     def run(self):
         super().run()
+        # The C header, for the native allocator's build (cachealloc/native.py).
+        source = os.path.join(ROOT, "capi", "include", "cachealloc.h")
+        if os.path.isfile(source):
+            header = os.path.join(self.build_lib, "cachealloc", "include", "cachealloc.h")
+            self.mkpath(os.path.dirname(header))
+            shutil.copyfile(source, header)
         dst = os.path.join(self.build_lib, "cachealloc", LIBRARY)
         self.mkpath(os.path.dirname(dst))
         shutil.copyfile(built_library(), dst)
@@ -92,7 +98,10 @@ class BuildPy(build_py):
             subprocess.call(["strip", "--strip-debug", dst])
 
     def get_outputs(self, include_bytecode=1):
-        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, "cachealloc", LIBRARY)]
+        return super().get_outputs(include_bytecode) + [
+            os.path.join(self.build_lib, "cachealloc", LIBRARY),
+            os.path.join(self.build_lib, "cachealloc", "include", "cachealloc.h"),
+        ]
 
 
 class BinaryDistribution(Distribution):

@@ -9,8 +9,10 @@
 #
 # Steps: the CUDA backend's real-device tests (ignored elsewhere:
 # `cuda-tests --ignored real_device`), a replay of a bundled trace on GPU 0
-# (`cachealloc replay --backend cuda`), and python/tests/gpu_check.py (the
-# workload matrix, native allocator against cachealloc, JSON summary).
+# (`cachealloc replay --backend cuda`), python/tests/test_native.py (the C++
+# allocator for torch built against this machine's torch and driven on the
+# simulated device), and python/tests/gpu_check.py (the workload matrix,
+# torch's allocator against cachealloc's native one, JSON summary).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$PWD/gpu-check-out}"
@@ -35,7 +37,9 @@ export CACHEALLOC_TESTDATA="$root/tests/data"
 step rust-real-device 240 "$bundle/cuda-tests" --ignored real_device --nocapture --test-threads=1
 step replay-cuda 120 "$bundle/cachealloc" replay --backend cuda --json "$root/tests/data/traces/resnet50-train.jsonl.gz"
 export PYTHONPATH="$root/python" CACHEALLOC_LIB="$bundle/libcachealloc.so"
-step gpu-matrix 330 python3 "$root/python/tests/gpu_check.py" --out "$out/gpu-summary.json"
+export CACHEALLOC_CACHE="${CACHEALLOC_CACHE:-/tmp/cachealloc-native-cache}"
+step native-allocator 90 python3 -m unittest "$root/python/tests/test_native.py" -v
+step gpu-matrix 390 python3 "$root/python/tests/gpu_check.py" --out "$out/gpu-summary.json"
 tar -czf "$out/gpu-check.tar.gz" -C "$out" --exclude gpu-check.tar.gz .
 echo "gpu-check: $(grep -c '^ok' "$out/steps.txt") ok, $(grep -c '^FAIL' "$out/steps.txt") failed; $out/gpu-check.tar.gz"
 exit $status

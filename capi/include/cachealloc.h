@@ -594,6 +594,17 @@ int cachealloc_attach_trace_tracker(cachealloc_trace_tracker tracker, void *user
 void *cachealloc_alloc(size_t size, int device, void *stream);
 
 /**
+ * `cachealloc_alloc` for torch's `CUDAPluggableAllocator`, whose interface
+ * cannot report a failed allocation (a NULL becomes a tensor at address 0,
+ * which kernels then write through). On any failure it writes the reason
+ * (for an out-of-memory, PyTorch's message) to stderr and aborts the
+ * process, after the out-of-memory observers ran (a snapshot taken there
+ * is kept). cachealloc's Python package installs it only on its fallback
+ * path; its native allocator for torch raises `torch.OutOfMemoryError`.
+ */
+void *cachealloc_pluggable_alloc(size_t size, int device, void *stream);
+
+/**
  * `cachealloc_alloc` at an address that is a multiple of `alignment` (a
  * power of two; TensorFlow's `AllocateRaw(alignment, num_bytes)`). Up to
  * 512 it is `cachealloc_alloc` exactly (every block is 512-byte aligned);

@@ -61,6 +61,19 @@ fn clear_last_error() {
     });
 }
 
+/// This thread's last error as text ("no message" when there is none).
+pub(crate) fn last_error_text() -> String {
+    LAST_ERROR
+        .try_with(|e| {
+            e.try_borrow()
+                .ok()
+                .and_then(|e| e.as_ref().map(|c| c.to_string_lossy().into_owned()))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| "no message".to_string())
+}
+
 /// This thread's last error, or null: valid until the next call into the
 /// library on this thread (which clears or replaces it).
 fn last_error_ptr() -> *const c_char {

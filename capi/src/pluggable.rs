@@ -35,6 +35,32 @@ pub extern "C" fn cachealloc_alloc(size: usize, device: c_int, stream: *mut c_vo
     })
 }
 
+/// `cachealloc_alloc` for torch's `CUDAPluggableAllocator`, whose interface
+/// cannot report a failed allocation (a NULL becomes a tensor at address 0,
+/// which kernels then write through). On any failure it writes the reason
+/// (for an out-of-memory, PyTorch's message) to stderr and aborts the
+/// process, after the out-of-memory observers ran (a snapshot taken there
+/// is kept). cachealloc's Python package installs it only on its fallback
+/// path; its native allocator for torch raises `torch.OutOfMemoryError`.
+#[no_mangle]
+pub extern "C" fn cachealloc_pluggable_alloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    let ptr = cachealloc_alloc(size, device, stream);
+    if ptr.is_null() && size > 0 {
+        let why = crate::error::last_error_text();
+        eprintln!(
+            "cachealloc: {why}\ncachealloc: aborting: torch's pluggable allocator interface \
+             cannot raise torch.OutOfMemoryError, and a NULL would become a tensor at address 0. \
+             cachealloc.install() with a C++ compiler installs the native allocator, which raises."
+        );
+        std::process::abort();
+    }
+    ptr
+}
+
 /// `cachealloc_alloc` at an address that is a multiple of `alignment` (a
 /// power of two; TensorFlow's `AllocateRaw(alignment, num_bytes)`). Up to
 /// 512 it is `cachealloc_alloc` exactly (every block is 512-byte aligned);

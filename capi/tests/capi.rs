@@ -703,3 +703,32 @@ fn the_native_layers_functions_on_the_simulated_device() {
         "{stdout}"
     );
 }
+
+#[cfg(unix)]
+/// torch's pluggable path never gets a NULL for a failed allocation:
+/// `cachealloc_pluggable_alloc` prints PyTorch's message and aborts.
+#[test]
+fn the_pluggable_alloc_aborts_on_out_of_memory() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = scratch("pluggable-oom");
+    let exe = dir.join("native_test");
+    compile(&manifest_dir().join("tests/c/native_test.c"), &exe, false);
+    let out = program(&exe, "mock")
+        .arg("pluggable-oom")
+        .env("CACHEALLOC_MOCK_CAPACITY", "1GiB")
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("before the out-of-memory"),
+        "{stdout}{stderr}"
+    );
+    assert!(!stdout.contains("not reached"), "{stdout}");
+    assert_eq!(out.status.signal(), Some(6), "SIGABRT: {stderr}");
+    assert!(
+        stderr.contains("CUDA out of memory. Tried to allocate 2.00 GiB")
+            && stderr.contains("cannot raise torch.OutOfMemoryError"),
+        "{stderr}"
+    );
+}

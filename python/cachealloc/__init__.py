@@ -7,10 +7,15 @@ pluggable allocator for torch and as a library of its own.
     print(cachealloc.memory_summary())
     cachealloc.snapshot("snap.pickle")   # for pytorch.org/memory_viz
 
-With a pluggable allocator installed, torch's own ``torch.cuda.memory_stats``,
-``memory_allocated``, ``memory_summary``, ``reset_peak_memory_stats``,
-``_record_memory_history`` and ``_dump_snapshot`` raise; this package has
-them under the same names, with the same keys and values
+``install()`` builds a C++ allocator against the installed torch (once,
+cached) and makes it torch's own: torch's ``torch.cuda.memory_stats``,
+``memory_summary``, ``_record_memory_history``, ``_dump_snapshot`` and
+``torch.OutOfMemoryError`` then work as with torch's allocator. Without a
+C++ compiler (or with ``install(native=False)``) it falls back to torch's
+pluggable interface, where torch's own functions raise (and an
+out-of-memory aborts the process with PyTorch's message: that interface
+cannot raise). This package has them under the same names, with the same
+keys and values, on either path
 (``memory_stats``, ``memory_allocated``, ``max_memory_allocated``,
 ``memory_reserved``, ``max_memory_reserved``, ``reset_peak_memory_stats``,
 ``reset_accumulated_memory_stats``, ``memory_summary``, ``empty_cache``,
@@ -69,7 +74,7 @@ from .stats import (
     set_per_process_memory_fraction,
     snapshot,
 )
-from .torch_glue import install, installed
+from .torch_glue import install, install_mode, installed
 
 try:
     from importlib.metadata import PackageNotFoundError, version as _dist_version
@@ -90,6 +95,7 @@ __all__ = [
     "caching_allocator_delete",
     "empty_cache",
     "install",
+    "install_mode",
     "installed",
     "library_path",
     "max_memory_allocated",

@@ -38,11 +38,16 @@ class IpcHandle(ctypes.Structure):
 PROTOTYPES = {
     "cachealloc_version": (c_char_p, []),
     "cachealloc_last_error": (c_char_p, []),
+    "cachealloc_last_error_code": (c_int, []),
     "cachealloc_debug_force_internal_error": (c_int, []),
     "cachealloc_debug_fail_inside_lock": (c_int, []),
     "cachealloc_record_history": (c_int, [c_int, c_int, c_size_t]),
+    "cachealloc_record_history_ex": (c_int, [c_int, c_int, c_size_t, c_int, ctypes.c_uint32]),
     "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),
     "cachealloc_attach_oom_observer": (c_int, [OOM_OBSERVER, c_void_p]),
+    # The structures' functions (used by the C++ allocator for torch) take
+    # pointers to structures this package does not mirror.
+    "cachealloc_attach_trace_tracker": (c_int, [c_void_p, c_void_p]),
     "cachealloc_share_ipc_handle": (c_int, [c_void_p, POINTER(IpcHandle)]),
     "cachealloc_release_ipc_share": (c_int, [c_void_p]),
     "cachealloc_open_ipc_handle": (c_void_p, [POINTER(IpcHandle), c_int]),
@@ -50,6 +55,7 @@ PROTOTYPES = {
     "cachealloc_enable_peer_access": (c_int, [c_int, c_int]),
     "cachealloc_memcpy_async": (c_int, [c_void_p, c_int, c_void_p, c_int, c_size_t, c_void_p, c_int]),
     "cachealloc_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+    "cachealloc_pluggable_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "cachealloc_alloc_aligned": (c_void_p, [c_size_t, c_size_t, c_int, c_void_p]),
     "cachealloc_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
     "cachealloc_free_checked": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
@@ -62,11 +68,17 @@ PROTOTYPES = {
     "cachealloc_end_allocate_to_pool": (None, [c_int, c_uint64, c_uint64]),
     "cachealloc_release_pool": (None, [c_int, c_uint64, c_uint64]),
     "cachealloc_snapshot": (c_int, [c_int, c_char_p]),
+    "cachealloc_snapshot_walk": (c_int, [c_int, c_int, c_void_p, c_void_p]),
+    "cachealloc_get_allocator_settings": (c_int, [c_void_p]),
     "cachealloc_memory_stats": (c_int, [c_int, STAT_CALLBACK, c_void_p]),
     "cachealloc_reset_peak_stats": (c_int, [c_int]),
     "cachealloc_reset_accumulated_stats": (c_int, [c_int]),
     "cachealloc_empty_cache": (c_int, [c_int]),
+    "cachealloc_empty_cache_pool": (c_int, [c_int, c_uint64, c_uint64]),
+    "cachealloc_mem_get_info": (c_int, [c_int, POINTER(c_size_t), POINTER(c_size_t)]),
     "cachealloc_cache_info": (c_int, [c_int, POINTER(c_size_t), POINTER(c_size_t)]),
+    "cachealloc_get_device_stats": (c_int, [c_int, c_void_p]),
+    "cachealloc_begin_allocate_to_pool_filtered": (c_int, [c_int, c_uint64, c_uint64, c_void_p, c_void_p]),
 }
 
 

@@ -1,8 +1,11 @@
-"""``install()``: make libcachealloc PyTorch's CUDA allocator, through
-``torch.cuda.memory.CUDAPluggableAllocator`` and its optional hooks."""
+"""``install()``: make libcachealloc PyTorch's CUDA allocator: natively (a
+C++ ``CUDAAllocator`` built against the installed torch, ``native.py``), or
+through ``torch.cuda.memory.CUDAPluggableAllocator`` and its optional hooks
+(the fallback without a C++ compiler, or ``install(native=False)``)."""
 
 import os
 import threading
+import warnings
 
 from . import _lib
 
@@ -19,8 +22,21 @@ HOOKS = [
     ("set_release_pool", "cachealloc_release_pool"),
 ]
 
+#: What torch loses on the pluggable path (the warning of the fallback).
+PLUGGABLE_LOSES = (
+    "torch's own torch.cuda.memory_stats(), memory_summary(), max_memory_allocated() and "
+    "reset_peak_memory_stats() raise (use cachealloc's functions of the same names); "
+    "torch.cuda.memory._record_memory_history(), _snapshot() and _dump_snapshot() raise (use "
+    "cachealloc.record_history() and cachealloc.snapshot()); cuDNN's benchmark mode "
+    "(torch.backends.cudnn.benchmark = True) fails in cacheInfo; a CUDA graph's pool takes every "
+    "stream of its device, not only the capturing ones; torch.multiprocessing cannot send CUDA "
+    "tensors; and an out-of-memory aborts the process with PyTorch's message instead of raising "
+    "torch.OutOfMemoryError (torch's pluggable interface cannot report a failed allocation)"
+)
+
 _LOCK = threading.Lock()
-_INSTALLED = None  # the CUDAPluggableAllocator, kept for the process's life
+_INSTALLED = None  # what install() returned, kept for the process's life
+_MODE = None  # "native" or "pluggable"
 
 
 def _torch():
@@ -41,22 +57,38 @@ def installed():
     return _INSTALLED is not None
 
 
-def install():
+def install_mode():
+    """How ``install()`` installed cachealloc: ``"native"`` (torch's own
+    memory API works), ``"pluggable"``, or None (not installed)."""
+    return _MODE
+
+
+def install(native=True, verbose=False):
     """Make cachealloc PyTorch's CUDA allocator for this process. Call it
     before anything uses CUDA (the first CUDA tensor, ``torch.cuda.init()``,
-    ...): PyTorch cannot swap an allocator in use. Returns the
-    ``torch.cuda.memory.CUDAPluggableAllocator``; a second call returns the
-    same one.
+    ...): PyTorch cannot swap an allocator in use. A second call returns
+    what the first did.
 
-    Steps: ``CUDAPluggableAllocator(library_path(), "cachealloc_alloc",
-    "cachealloc_free")``; every hook setter the installed torch has on its
-    ``.allocator()`` is given the matching C function's address (see
-    ``HOOKS``); then ``torch.cuda.memory.change_current_allocator``.
+    Natively (the default): ``native/allocator.cpp``, a C++ implementation
+    of torch's ``CUDAAllocator`` over libcachealloc, is compiled against the
+    installed torch the first time (some seconds; cached per torch version
+    in ``$CACHEALLOC_CACHE``, default ``~/.cache/cachealloc``) and becomes
+    torch's allocator: torch's own ``torch.cuda.memory_stats()``,
+    ``memory_summary()``, ``_record_memory_history()`` / ``_snapshot()`` /
+    ``_dump_snapshot()``, ``torch.OutOfMemoryError``, cuDNN's benchmark
+    mode, CUDA graphs and ``torch.multiprocessing`` work as with torch's
+    own allocator. Returns ``torch.cuda.memory._get_current_allocator()``.
+    ``verbose`` prints the compiler call.
+
+    When it cannot be built (no C++ compiler, no CUDA headers), or with
+    ``native=False``, the pluggable path: ``CUDAPluggableAllocator`` with
+    every hook the installed torch has (``HOOKS``), returned; the fallback
+    warns (RuntimeWarning) with what it loses (``PLUGGABLE_LOSES``).
 
     Raises ImportError without torch, and RuntimeError when CUDA is not
     available, already initialised, the library's settings are wrong, or
     ``CACHEALLOC_BACKEND=mock`` (its addresses are not real memory)."""
-    global _INSTALLED
+    global _INSTALLED, _MODE
     with _LOCK:
         if _INSTALLED is not None:
             return _INSTALLED
@@ -84,8 +116,24 @@ def install():
         # errors: check the settings here, with a message.
         lib.cachealloc_init(0)
         _lib.check_void("cachealloc_init (the CACHEALLOC_* settings)")
+        if native:
+            from . import native as _native
+
+            try:
+                _native.install(verbose)
+            except _native.BuildError as e:
+                warnings.warn(
+                    "cachealloc.install(): the native allocator could not be built (%s); using "
+                    "torch's pluggable allocator interface instead, where %s." % (e, PLUGGABLE_LOSES),
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                _INSTALLED = torch.cuda.memory._get_current_allocator()
+                _MODE = "native"
+                return _INSTALLED
         pluggable = torch.cuda.memory.CUDAPluggableAllocator(
-            _lib.library_path(), "cachealloc_alloc", "cachealloc_free"
+            _lib.library_path(), "cachealloc_pluggable_alloc", "cachealloc_free"
         )
         inner = pluggable.allocator()
         for setter, c_name in HOOKS:
@@ -94,4 +142,5 @@ def install():
                 set_hook(_lib.address(c_name))
         torch.cuda.memory.change_current_allocator(pluggable)
         _INSTALLED = pluggable
+        _MODE = "pluggable"
         return pluggable

@@ -19,9 +19,13 @@ Keys allowed to differ, and why:
   the producer stream's events complete, which changes run to run on a
   real GPU (seen on an H200: 25 vs 27 segments between two runs); only the
   results and the allocation counts are compared.
-- every workload: none otherwise. The statistics of a pluggable allocator
-  are read with ``cachealloc.memory_stats()`` (torch's own raise until the
-  native allocator of the next issue).
+- every workload: none otherwise. With cachealloc installed (natively),
+  the statistics are torch's own ``torch.cuda.memory_stats()``, checked
+  equal to ``cachealloc.memory_stats()`` in the same process.
+
+Before the matrix, the native allocator is built once
+(``cachealloc.native.build()``) into ``$CACHEALLOC_CACHE``, so the workers
+load it from the cache.
 
 The module imports without torch (``--list`` prints the matrix).
 """
@@ -269,22 +273,84 @@ def oom_fraction(torch, dev):
     return [float(n), float(again.sum().item())]
 
 
+def snapshot_dump(torch, dev):
+    """torch's own history and snapshot: _record_memory_history, a few steps,
+    _dump_snapshot, read back with pickle."""
+    import pickle
+    import tempfile
+
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    losses = mlp(torch, dev)
+    path = os.path.join(tempfile.mkdtemp(), "snap.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    traces = snap["device_traces"][0]
+    allocs = sum(1 for e in traces if e["action"] == "alloc")
+    if not snap["segments"] or not allocs:
+        raise RuntimeError("an empty snapshot: %d segments, %d allocs" % (len(snap["segments"]), allocs))
+    blocks = sum(len(s["blocks"]) for s in snap["segments"])
+    return losses + [float(len(snap["segments"])), float(blocks), float(allocs)]
+
+
+def _ipc_child(queue, done, backend):
+    import torch
+
+    if backend == "cachealloc":
+        import cachealloc
+
+        cachealloc.install()
+    t = queue.get()
+    done.put([float(t.sum().item()), float(t.numel())])
+    del t
+    torch.cuda.synchronize()
+
+
+def _ipc(torch, dev, child_backend):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_ipc_child, args=(queue, done, child_backend))
+    p.start()
+    t = torch.arange(1 << 20, dtype=torch.float32, device=dev) * 0.5
+    queue.put(t)
+    got = done.get(timeout=90)
+    p.join(60)
+    if p.exitcode != 0:
+        raise RuntimeError("the child exited with %s" % p.exitcode)
+    return got + [float(t.sum().item())]
+
+
+def ipc(torch, dev):
+    """A CUDA tensor sent to a child process (torch.multiprocessing, spawn)
+    on the same allocator as the parent, read back there."""
+    backend = "cachealloc" if os.environ.get("GPUCHECK_BACKEND") == "cachealloc" else "native"
+    return _ipc(torch, dev, backend)
+
+
+def ipc_to_native(torch, dev):
+    """The same, the child always on torch's own allocator (it opens
+    cachealloc's handle with torch's code)."""
+    return _ipc(torch, dev, "native")
+
+
 # name -> (function, CACHEALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF, keys allowed
 # to differ (a predicate) and why, what fails until which issue)
 WORKLOADS = [
     ("mlp", mlp, "", None, None),
     ("conv", conv, "", None, None),
-    ("conv_benchmark", conv_benchmark, "", None,
-     "cuDNN's benchmark mode calls cacheInfo, which a pluggable allocator refuses: "
-     "works once the native allocator lands (the next issue)"),
+    ("conv_benchmark", conv_benchmark, "", None, None),
     ("transformer", transformer, "", None, None),
     ("generate", generate, "", None, None),
     ("two_streams", two_streams, "", (_timing_key, "event timing between streams varies run to run"), None),
     ("graph", graph, "", None, None),
     ("compile_reduce_overhead", compile_reduce_overhead, "", None, None),
-    ("oom_fraction", oom_fraction, "", None,
-     "a pluggable allocator's NULL becomes a tensor at address 0 (no torch.OutOfMemoryError): "
-     "works once the native allocator lands (the next issue)"),
+    ("oom_fraction", oom_fraction, "", None, None),
+    ("snapshot_dump", snapshot_dump, "", None, None),
+    ("ipc", ipc, "", None, None),
+    ("ipc_to_native", ipc_to_native, "", None, None),
     ("mlp_expandable", mlp, "expandable_segments:True", None, None),
     ("transformer_expandable", transformer, "expandable_segments:True", None, None),
     ("graph_expandable", graph, "expandable_segments:True", None, None),
@@ -301,12 +367,14 @@ def worker(name, backend):
     t0 = time.time()
     import torch
 
+    os.environ["GPUCHECK_BACKEND"] = backend
+    line = {"workload": name, "backend": backend, "torch": torch.__version__}
     if backend == "cachealloc":
         import cachealloc
 
         cachealloc.install()
+        line["install_mode"] = cachealloc.install_mode()
     dev = torch.device("cuda", 0)
-    line = {"workload": name, "backend": backend, "torch": torch.__version__}
     try:
         result = fn(torch, dev)
         torch.cuda.synchronize(dev)
@@ -316,13 +384,16 @@ def worker(name, backend):
         line["ok"] = False
         line["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
     try:
+        line["stats"] = dict(torch.cuda.memory_stats(0))
         if backend == "cachealloc":
             import cachealloc
 
-            line["stats"] = cachealloc.memory_stats(0)
+            own = dict(cachealloc.memory_stats(0))
+            differ = sorted(k for k in set(own) | set(line["stats"]) if own.get(k) != line["stats"].get(k))
+            if differ:
+                line["ok"] = False
+                line["error"] = "torch.cuda.memory_stats() differs from cachealloc.memory_stats() in %s" % differ[:5]
             line["library"] = cachealloc.library_path()
-        else:
-            line["stats"] = dict(torch.cuda.memory_stats(0))
         line["device"] = torch.cuda.get_device_name(0)
     except BaseException as e:
         line["stats_error"] = "%s: %s" % (type(e).__name__, e)
@@ -421,6 +492,13 @@ def main():
                                            " expect: " + expect if expect else ""))
         return 0
     t0 = time.time()
+    try:  # build the native allocator once, outside the timed workers
+        from cachealloc import native
+
+        built = native.build(verbose=True)
+        print("native allocator: %s (%.1f s)" % (built, time.time() - t0), flush=True)
+    except Exception as e:  # noqa: BLE001 - reported; the workers fall back and say so
+        print("native allocator NOT built: %s" % e, flush=True)
     rows = []
     for name, _, conf, allowed, expect in WORKLOADS:
         if name not in chosen:
@@ -436,6 +514,7 @@ def main():
         meta = ours if ours.get("device") else native
     summary = {
         "device": meta.get("device") if rows else None,
+        "install_mode": meta.get("install_mode") if rows else None,
         "torch": meta.get("torch") if rows else None,
         "library": meta.get("library") if rows else None,
         "seconds": round(time.time() - t0, 1),

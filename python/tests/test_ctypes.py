@@ -588,18 +588,40 @@ class Install(unittest.TestCase):
         modules, calls = fake_torch(cuda_available=True)
         # The library read CACHEALLOC_BACKEND=mock already; install() only looks at the variable.
         with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules), \
-                mock.patch.object(torch_glue, "_INSTALLED", None):
-            a = cachealloc.install()
+                mock.patch.object(torch_glue, "_INSTALLED", None), mock.patch.object(torch_glue, "_MODE", None):
+            a = cachealloc.install(native=False)
             self.assertIs(cachealloc.install(), a)  # once
             self.assertTrue(cachealloc.installed())
-        self.assertEqual(calls[0], ("CUDAPluggableAllocator", cachealloc.library_path(), "cachealloc_alloc",
-                                    "cachealloc_free"))
+            self.assertEqual(cachealloc.install_mode(), "pluggable")
+        # The pluggable path's alloc aborts on a failure rather than hand torch a NULL.
+        self.assertEqual(calls[0], ("CUDAPluggableAllocator", cachealloc.library_path(),
+                                    "cachealloc_pluggable_alloc", "cachealloc_free"))
         handle = ctypes.CDLL(cachealloc.library_path())
         expected = [(setter, ctypes.cast(getattr(handle, c_name), c_void_p).value)
                     for setter, c_name in torch_glue.HOOKS if setter != "set_release_pool"]
         self.assertEqual(calls[1:-1], expected)
         self.assertEqual(calls[-1], ("change_current_allocator", a))
         self.assertFalse(cachealloc.installed())
+
+    def test_without_a_native_build_falls_back_with_a_warning(self):
+        """The fake torch is no CUDA build the native allocator can be built
+        against: install() warns, naming what is lost, and takes the
+        pluggable path."""
+        from cachealloc import torch_glue
+
+        modules, calls = fake_torch(cuda_available=True)
+        with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules), \
+                mock.patch.object(torch_glue, "_INSTALLED", None), mock.patch.object(torch_glue, "_MODE", None):
+            with self.assertWarns(RuntimeWarning) as w:
+                a = cachealloc.install()
+            self.assertEqual(cachealloc.install_mode(), "pluggable")
+        text = str(w.warning)
+        for lost in ("native allocator could not be built", "not a CUDA build", "torch.cuda.memory_stats()",
+                     "_dump_snapshot", "cudnn.benchmark", "torch.multiprocessing",
+                     "aborts the process"):
+            self.assertIn(lost, text)
+        self.assertEqual(calls[0][2], "cachealloc_pluggable_alloc")
+        self.assertEqual(calls[-1], ("change_current_allocator", a))
 
     def test_real_torch_without_cuda(self):
         try:
@@ -626,7 +648,8 @@ class Install(unittest.TestCase):
             "import torch, cachealloc\n"
             "from cachealloc import torch_glue\n"
             "torch.cuda.is_available = lambda: True\n"
-            "a = cachealloc.install()\n"
+            "a = cachealloc.install(native=False)\n"
+            "assert cachealloc.install_mode() == 'pluggable'\n"
             "inner = a.allocator()\n"
             "missing = [s for s, _ in torch_glue.HOOKS if not hasattr(inner, s)]\n"
             "assert not missing, missing\n"
@@ -642,6 +665,38 @@ class Install(unittest.TestCase):
                            timeout=300)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("hooks 8", r.stdout)
+
+    def test_real_torch_takes_the_native_allocator(self):
+        """The same with the native allocator (built against this torch, in
+        a cache of the test's own): torch's current allocator is
+        cachealloc's (torch names it by its name(): "cachealloc"). Like
+        torch's own, it counts as initialised (a swap refused) from CUDA's
+        initialisation on, which needs a GPU."""
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        if not getattr(torch.version, "cuda", None):
+            self.skipTest("this torch has no CUDA support")
+        from cachealloc import native
+
+        if native.compiler() is None:
+            self.skipTest("no C++ compiler")
+        child = (
+            "import torch, cachealloc\n"
+            "torch.cuda.is_available = lambda: True\n"
+            "cachealloc.install()\n"
+            "assert cachealloc.install_mode() == 'native', cachealloc.install_mode()\n"
+            "assert torch._C._cuda_getAllocatorBackend() == 'cachealloc'\n"
+            "assert cachealloc.install() is cachealloc.install()\n"
+            "print('native', torch.__version__)\n"
+        )
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, CACHEALLOC_BACKEND="cuda", CACHEALLOC_CACHE=cache)
+            r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True,
+                               timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("native", r.stdout)
 
 
 if __name__ == "__main__":

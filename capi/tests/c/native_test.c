@@ -287,7 +287,19 @@ static void the_rest(void) {
     printf("ok mem_get_info, a free by owner, empty_cache of one pool, history skip and clear\n");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "pluggable-oom")) {
+        /* torch's pluggable path: a failure aborts, never a NULL. */
+        void *p = cachealloc_pluggable_alloc(1024, 0, NULL);
+        CHECK(p, "a small allocation succeeds");
+        cachealloc_free(p, 0, 0, NULL);
+        CHECK(cachealloc_pluggable_alloc(0, 0, NULL) == NULL && no_error(), "0 bytes: NULL");
+        printf("before the out-of-memory\n");
+        fflush(stdout);
+        cachealloc_pluggable_alloc((size_t)2 << 30, 0, NULL);
+        printf("not reached\n");
+        return 0;
+    }
     stats_struct_equals_keys();
     walk_agrees_with_stats();
     oom_is_told_apart();

@@ -1,0 +1,243 @@
+"""The native path: ``native/allocator.cpp``, a C++ implementation of torch's
+``c10::cuda::CUDACachingAllocator::CUDAAllocator`` over libcachealloc,
+compiled against the torch this process runs (torch's C++ interface changes
+between versions) and cached per torch version.
+
+``build()`` compiles it once (a plain compiler call: no Python headers, no
+ninja) into ``$CACHEALLOC_CACHE`` (default ``~/.cache/cachealloc``), under a
+name that carries the torch version, its CUDA version and C++ ABI, and a
+hash of the sources and of the library it links; ``load()`` loads it into
+the process. Nothing here runs at ``import cachealloc``.
+
+What a build needs: a C++17 compiler (``$CXX``, else ``c++`` / ``g++`` /
+``clang++``), torch's headers and libraries (in the torch wheel), and the
+CUDA runtime's headers and library (the ``nvidia-cuda-runtime`` wheel torch
+depends on, ``$CUDA_HOME`` or ``/usr/local/cuda``).
+"""
+
+import ctypes
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from . import _lib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "native", "allocator.cpp")
+
+
+class BuildError(RuntimeError):
+    """The native allocator could not be built; the message says why."""
+
+
+def compiler():
+    """The C++ compiler to use, or None."""
+    given = os.environ.get("CXX")
+    if given:
+        return shutil.which(given) or (given if os.path.isfile(given) else None)
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def header_dir():
+    """The folder holding cachealloc.h: the wheel's copy, else the source
+    checkout's ``capi/include``."""
+    for d in (os.path.join(HERE, "include"), os.path.join(os.path.dirname(os.path.dirname(HERE)), "capi", "include")):
+        if os.path.isfile(os.path.join(d, "cachealloc.h")):
+            return d
+    raise BuildError("cachealloc.h not found (neither in the package nor in a source checkout)")
+
+
+def _site_roots(torch):
+    """Folders that may hold the nvidia-* wheels: torch's site-packages."""
+    return [os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))]
+
+
+def cuda_paths(torch):
+    """(include folder, a folder for crt/host_config.h when the first lacks
+    it (or None), folder of libcudart, its file name) of the CUDA runtime
+    torch uses."""
+    roots = []
+    for site in _site_roots(torch):
+        roots += sorted(glob.glob(os.path.join(site, "nvidia", "*")))
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            roots.append(os.environ[env])
+    try:
+        from torch.utils import cpp_extension  # noqa: F401
+
+        if getattr(cpp_extension, "CUDA_HOME", None):
+            roots.append(cpp_extension.CUDA_HOME)
+    except Exception:  # noqa: BLE001 - cpp_extension is optional here
+        pass
+    roots.append("/usr/local/cuda")
+    major = (getattr(torch.version, "cuda", None) or "").split(".")[0]
+    include = libdir = libname = None
+    for root in roots:
+        if include is None and os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h")):
+            include = os.path.join(root, "include")
+        if libdir is None:
+            for sub in ("lib", "lib64"):
+                libs = sorted(glob.glob(os.path.join(root, sub, "libcudart.so*")))
+                # The runtime of torch's CUDA major version first.
+                libs.sort(key=lambda p: (not os.path.basename(p).startswith("libcudart.so." + major), len(p)))
+                if libs:
+                    libdir, libname = os.path.join(root, sub), os.path.basename(libs[0])
+                    break
+    if include is None:
+        raise BuildError(
+            "the CUDA runtime's headers (cuda_runtime_api.h) were not found in the nvidia-* wheels "
+            "beside torch, $CUDA_HOME or /usr/local/cuda"
+        )
+    # cuda_runtime.h includes crt/host_config.h, which the nvidia-cuda-runtime
+    # wheel lacks (the compiler's wheel has it; so does triton's copy).
+    crt = None
+    if not os.path.isfile(os.path.join(include, "crt", "host_config.h")):
+        extra = [os.path.join(r, "include") for r in roots]
+        for site in _site_roots(torch):
+            extra.append(os.path.join(site, "triton", "backends", "nvidia", "include"))
+        crt = next((d for d in extra if os.path.isfile(os.path.join(d, "crt", "host_config.h"))), None)
+        if crt is None:
+            raise BuildError(
+                "the CUDA headers beside torch lack crt/host_config.h: install the CUDA toolkit "
+                "(set CUDA_HOME) or `pip install nvidia-cuda-nvcc`"
+            )
+    if libdir is None:
+        raise BuildError("the CUDA runtime library (libcudart.so) was not found beside torch or in $CUDA_HOME")
+    return include, crt, libdir, libname
+
+
+def cache_dir():
+    """Where built libraries are kept."""
+    given = os.environ.get("CACHEALLOC_CACHE")
+    if given:
+        return given
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cachealloc")
+
+
+def _fingerprint(parts):
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else str(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def command(torch, out, source=SOURCE, executable=False):
+    """The compiler call that builds the library at ``out`` (or, with
+    ``executable``, a program from ``source``, which includes the
+    allocator's source: the tests' driver)."""
+    cxx = compiler()
+    if cxx is None:
+        raise BuildError("no C++ compiler (set CXX, or install g++ or clang++)")
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    include, crt, cudart_dir, cudart = cuda_paths(torch)
+    library = _lib.library_path()
+    libdir = os.path.dirname(library)
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    torch_lib = os.path.join(torch_dir, "lib")
+    return [
+        cxx,
+        "-std=c++17",
+        "-O2",
+        "-Wall",
+    ] + ([] if executable else ["-fPIC", "-shared", "-fvisibility=hidden"]) + [
+        "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+        "-I", os.path.join(torch_dir, "include"),
+        "-I", os.path.join(torch_dir, "include", "torch", "csrc", "api", "include"),
+        "-I", include,
+    ] + (["-idirafter", crt] if crt else []) + [
+        "-I", header_dir(),
+        source,
+        "-o", out,
+        "-L", torch_lib,
+        "-L", libdir,
+        "-L", cudart_dir,
+        "-Wl,-rpath," + ":".join([torch_lib, libdir, cudart_dir]),
+        "-lc10",
+        "-lc10_cuda",
+        "-ltorch_cuda",
+        "-lcachealloc",
+        "-l:" + cudart,
+    ]
+
+
+def build(verbose=False):
+    """The path of the native allocator library for the torch imported in
+    this process, compiled now if the cache has none. Raises BuildError."""
+    import torch
+
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    if not cuda:
+        raise BuildError("torch %s is not a CUDA build" % getattr(torch, "__version__", "(unknown)"))
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    with open(os.path.join(header_dir(), "cachealloc.h"), "rb") as f:
+        header = f.read()
+    library = _lib.library_path()
+    key = _fingerprint([source, header, library, sys.platform, torch.__file__])
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    name = "cachealloc_torch-%s-cu%s-abi%d-%s.so" % (
+        torch.__version__.replace("+", "_"), torch.version.cuda, abi, key)
+    folder = cache_dir()
+    path = os.path.join(folder, name)
+    if os.path.isfile(path):
+        return path
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        cmd = command(torch, tmp)
+        if verbose:
+            print("cachealloc: " + " ".join(cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        if proc.returncode != 0:
+            raise BuildError(
+                "compiling the native allocator against torch %s failed (exit %d):\n%s"
+                % (torch.__version__, proc.returncode, proc.stdout[-4000:])
+            )
+        os.replace(tmp, path)  # atomic: another process may build the same
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+_LOADED = None
+
+
+def load(verbose=False):
+    """The native allocator library, built if needed and loaded (torch's
+    libraries are loaded first, by ``import torch``)."""
+    global _LOADED
+    if _LOADED is None:
+        import torch  # noqa: F401 - loads libc10, libtorch_cuda
+
+        lib = ctypes.CDLL(build(verbose))
+        lib.cachealloc_torch_install.restype = ctypes.c_int
+        lib.cachealloc_torch_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.cachealloc_torch_allocator.restype = ctypes.c_void_p
+        lib.cachealloc_torch_allocator.argtypes = []
+        lib.cachealloc_torch_built_against.restype = ctypes.c_char_p
+        lib.cachealloc_torch_built_against.argtypes = []
+        _LOADED = lib
+    return _LOADED
+
+
+def install(verbose=False):
+    """Build, load and make the native allocator torch's CUDA allocator.
+    Raises BuildError (it could not be built) or RuntimeError (torch
+    refused it)."""
+    lib = load(verbose)
+    err = ctypes.create_string_buffer(4096)
+    if lib.cachealloc_torch_install(err, len(err)) != 0:
+        raise RuntimeError("cachealloc: torch refused the native allocator: " + err.value.decode("utf-8", "replace"))
+    return lib

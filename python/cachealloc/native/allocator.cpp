@@ -1,0 +1,756 @@
+// cachealloc as torch's own CUDA allocator: an implementation of
+// c10::cuda::CUDACachingAllocator::CUDAAllocator (every virtual method of
+// the installed torch's header) over libcachealloc's C functions. Installed
+// where torch keeps its current allocator, it is as native to torch as
+// torch's own: torch.cuda.memory_stats(), memory_summary(), the history and
+// snapshots, torch.OutOfMemoryError, cuDNN's benchmark (cacheInfo), CUDA
+// graphs' stream filter and IPC all go through it.
+//
+// Built by cachealloc.install() against the torch it runs in (torch's C++
+// interface changes between versions; version differences are guarded with
+// TORCH_VERSION_MAJOR / MINOR). No Python headers: the library exports
+// plain C entry points (cachealloc_torch_*), loaded with ctypes.
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "cachealloc.h"
+
+namespace cachealloc_torch {
+
+namespace CA = c10::cuda::CUDACachingAllocator;
+namespace CDA = c10::CachingDeviceAllocator;
+
+// The C library's last error on this thread, or `fallback`.
+static std::string last_error(const char* fallback) {
+    const char* e = cachealloc_last_error();
+    return e ? std::string(e) : std::string(fallback);
+}
+
+// Throw c10::Error (torch's RuntimeError) with the C library's message.
+[[noreturn]] static void fail(const char* what) {
+    TORCH_CHECK(false, "cachealloc: ", what, " failed: ", last_error("no message"));
+    throw;  // not reached: TORCH_CHECK(false) throws
+}
+
+static void check(int status, const char* what) {
+    if (status != 0) fail(what);
+}
+
+// After a void C call: throw if it left an error.
+static void check_void(const char* what) {
+    if (cachealloc_last_error() != nullptr) fail(what);
+}
+
+static void copy_stat(CDA::Stat& to, const cachealloc_stat& from) {
+    to.current = from.current;
+    to.peak = from.peak;
+    to.allocated = from.allocated;
+    to.freed = from.freed;
+}
+
+static void copy_array(CDA::StatArray& to, const cachealloc_stat (&from)[3]) {
+    for (size_t i = 0; i < 3; i++) copy_stat(to[i], from[i]);
+}
+
+// The first byte of a handle string (PyTorch's SHAREABLE_HANDLE_VERSION),
+// then the type ('c': a cudaMalloc segment, PyTorch's
+// SHAREABLE_CUDA_MALLOC), then the driver's 64-byte handle.
+constexpr char kHandleVersion = 2;
+constexpr char kHandleCudaMalloc = 'c';
+constexpr size_t kIpcHandleSize = 64;
+
+// Annotations: torch's metadata pairs, kept in the C library's name as
+// KEY \x1f VALUE \x1e ... after a marker, and read back in snapshots.
+constexpr const char* kAnnotationMarker = "\x1d" "torch:";
+
+static std::string encode_annotation(const std::vector<std::pair<std::string, std::string>>& md) {
+    std::string s = kAnnotationMarker;
+    for (const auto& [k, v] : md) {
+        s += k;
+        s += '\x1f';
+        s += v;
+        s += '\x1e';
+    }
+    return s;
+}
+
+static std::unordered_map<std::string, std::string> decode_annotation(const char* name) {
+    std::unordered_map<std::string, std::string> md;
+    std::string s = name ? name : "";
+    const std::string marker = kAnnotationMarker;
+    if (s.compare(0, marker.size(), marker) != 0) {
+        md["name"] = s;
+        return md;
+    }
+    size_t at = marker.size();
+    while (at < s.size()) {
+        size_t sep = s.find('\x1f', at);
+        size_t end = s.find('\x1e', at);
+        if (sep == std::string::npos || end == std::string::npos || sep > end) break;
+        md[s.substr(at, sep - at)] = s.substr(sep + 1, end - sep - 1);
+        at = end + 1;
+    }
+    return md;
+}
+
+static void local_raw_delete(void* ptr);
+
+class CacheallocAllocator final : public CA::CUDAAllocator {
+   public:
+    CacheallocAllocator() {
+        // One C observer forwards every final out-of-memory to torch's.
+        cachealloc_attach_oom_observer(&CacheallocAllocator::on_oom, this);
+    }
+
+    // ------------------------------------------------------ allocation
+
+    c10::DataPtr allocate(size_t size) override {
+        c10::DeviceIndex device = 0;
+        C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        void* ptr = alloc(size, device, stream);
+        return {ptr, ptr, &local_raw_delete, c10::Device(c10::DeviceType::CUDA, device)};
+    }
+
+    c10::DeleterFnPtr raw_deleter() const override { return &local_raw_delete; }
+
+    void copy_data(void* dest, const void* src, std::size_t count) const final {
+        C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyKind::cudaMemcpyDeviceToDevice));
+    }
+
+    void* raw_alloc(size_t nbytes) override {
+        if (nbytes == 0) return nullptr;
+        c10::DeviceIndex device = 0;
+        C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        return alloc(nbytes, device, stream);
+    }
+
+    void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+        if (nbytes == 0) return nullptr;
+        c10::DeviceIndex device = 0;
+        C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+        return alloc(nbytes, device, stream);
+    }
+
+    // The allocation itself, on an explicit device (the tests' way in:
+    // no CUDA runtime call).
+    void* alloc(size_t size, int device, cudaStream_t stream) {
+        if (size == 0) return nullptr;
+        void* ptr = cachealloc_alloc(size, device, stream);
+        if (ptr != nullptr) {
+            if (recording_context_) record_context(ptr);
+            return ptr;
+        }
+        std::string msg = last_error("no message");
+        if (cachealloc_last_error_code() == CACHEALLOC_ERROR_OUT_OF_MEMORY) {
+            // torch's OOM observers already ran (on_oom, inside the call).
+            TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+        }
+        TORCH_CHECK(false, "cachealloc: allocation of ", size, " bytes on device ", device,
+                    " failed: ", msg);
+    }
+
+    void raw_delete(void* ptr) override {
+        if (ptr == nullptr) return;
+        if (recording_context_) forget_context(ptr);
+        check(cachealloc_free_checked(ptr, 0, -1, nullptr), "free");
+    }
+
+    // ------------------------------------------------------- lifecycle
+
+    void init(int device_count) override {
+        cachealloc_init(device_count);
+        check_void("init (the CACHEALLOC_* settings)");
+        initialized_ = true;
+    }
+
+    bool initialized() override { return initialized_; }
+
+    void enable(bool value) override { enabled_ = value; }
+
+    bool isEnabled() const override { return enabled_; }
+
+    std::string name() override { return "cachealloc"; }
+
+    // ---------------------------------------------------------- limits
+
+    double getMemoryFraction(c10::DeviceIndex device) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = fractions_.find(device);
+        return it == fractions_.end() ? 1.0 : it->second;
+    }
+
+    void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+        cachealloc_set_memory_fraction(fraction, device);
+        check_void("set_per_process_memory_fraction");
+        std::lock_guard<std::mutex> lock(mutex_);
+        fractions_[device] = fraction;
+    }
+
+    std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+        size_t free = 0, total = 0;
+        check(cachealloc_mem_get_info(device, &free, &total), "memory info");
+        return {free, total};
+    }
+
+    // ------------------------------------------------------ statistics
+
+    CDA::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+        cachealloc_device_stats s;
+        check(cachealloc_get_device_stats(device, &s), "memory_stats");
+        CDA::DeviceStats d;
+        copy_array(d.allocation, s.allocation);
+        copy_array(d.segment, s.segment);
+        copy_array(d.active, s.active);
+        copy_array(d.inactive_split, s.inactive_split);
+        copy_array(d.allocated_bytes, s.allocated_bytes);
+        copy_array(d.reserved_bytes, s.reserved_bytes);
+        copy_array(d.active_bytes, s.active_bytes);
+        copy_array(d.inactive_split_bytes, s.inactive_split_bytes);
+        copy_array(d.requested_bytes, s.requested_bytes);
+        d.num_alloc_retries = s.num_alloc_retries;
+        d.num_ooms = s.num_ooms;
+        copy_stat(d.oversize_allocations, s.oversize_allocations);
+        copy_stat(d.oversize_segments, s.oversize_segments);
+        d.num_sync_all_streams = s.num_sync_all_streams;
+        d.num_device_alloc = s.num_device_alloc;
+        d.num_device_free = s.num_device_free;
+        d.max_split_size = s.max_split_size;
+        return d;
+    }
+
+    void resetAccumulatedStats(c10::DeviceIndex device) override {
+        check(cachealloc_reset_accumulated_stats(device), "reset_accumulated_memory_stats");
+    }
+
+    void resetPeakStats(c10::DeviceIndex device) override {
+        check(cachealloc_reset_peak_stats(device), "reset_peak_memory_stats");
+    }
+
+    // PyTorch's: a zero *largestBlock is first guessed as the device's free
+    // memory; then the largest cached block, if larger (cuDNN sizes its
+    // benchmark workspace from it).
+    void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+        if (*largestBlock == 0) {
+            check(cachealloc_mem_get_info(device, largestBlock, nullptr), "cacheInfo");
+        }
+        size_t largest = 0;
+        check(cachealloc_cache_info(device, nullptr, &largest), "cacheInfo");
+        if (largest > *largestBlock) *largestBlock = largest;
+    }
+
+    // ------------------------------------------------------- the cache
+
+    void emptyCache(c10::MempoolId_t mempool_id) override {
+        if (mempool_id.first == 0 && mempool_id.second == 0) {
+            check(cachealloc_empty_cache(-1), "empty_cache");
+        } else {
+            check(cachealloc_empty_cache_pool(-1, mempool_id.first, mempool_id.second),
+                  "empty_cache of a pool");
+        }
+    }
+
+    void* getBaseAllocation(void* ptr, size_t* size) override {
+        void* base = cachealloc_base_alloc(ptr, size);
+        if (base == nullptr) fail("getBaseAllocation");
+        return base;
+    }
+
+    void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+        // As PyTorch: nothing for an empty tensor or memory not ours (a
+        // received IPC storage).
+        if (!ptr.get() || ptr.get_deleter() != &local_raw_delete) return;
+        cachealloc_record_stream(ptr.get(), stream.stream());
+        check_void("record_stream");
+    }
+
+    std::vector<CA::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
+        struct Ctx {
+            std::vector<CA::StreamSegmentSize> out;
+        } ctx;
+        cachealloc_snapshot_visitor v{};
+        v.segment = [](const cachealloc_segment_info* s, void* user) {
+            auto* c = static_cast<Ctx*>(user);
+            if (s->is_expandable) {
+                c->out.emplace_back(static_cast<cudaStream_t>(s->stream), s->is_large == 0,
+                                    s->total_size);
+            }
+        };
+        check(cachealloc_snapshot_walk(device, 0, &v, &ctx), "getExpandableSegmentSizes");
+        return ctx.out;
+    }
+
+    // ----------------------------------------------------- private pools
+
+    void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                             std::function<bool(cudaStream_t)> filter) override {
+        FilterSlot* slot = take_slot(device, mempool_id, std::move(filter));
+        int rc = cachealloc_begin_allocate_to_pool_filtered(
+            device, mempool_id.first, mempool_id.second, &CacheallocAllocator::call_filter, slot);
+        if (rc != 0) {
+            std::string msg = last_error("no message");
+            give_back_slot(slot);
+            TORCH_CHECK(false, "cachealloc: beginAllocateToPool failed: ", msg);
+        }
+    }
+
+    void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+        cachealloc_end_allocate_to_pool(device, mempool_id.first, mempool_id.second);
+        std::string msg = last_error("");
+        // The routing is gone from the device: nothing calls the filter now.
+        std::lock_guard<std::mutex> lock(slots_mutex_);
+        for (auto& s : slots_) {
+            if (s.used && s.device == device && s.id == mempool_id) {
+                s.used = false;
+                s.filter = nullptr;
+            }
+        }
+        TORCH_CHECK(msg.empty(), "cachealloc: endAllocateToPool failed: ", msg);
+    }
+
+    void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+        cachealloc_release_pool(device, mempool_id.first, mempool_id.second);
+        check_void("releasePool");
+    }
+
+    bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                  const std::unordered_set<void*>& expected) override {
+        struct Ctx {
+            c10::MempoolId_t id;
+            bool in_pool = false;
+            size_t live = 0;
+            const std::unordered_set<void*>* expected;
+            bool ok = true;
+        } ctx{mempool_id, false, 0, &expected, true};
+        cachealloc_snapshot_visitor v{};
+        v.segment = [](const cachealloc_segment_info* s, void* user) {
+            auto* c = static_cast<Ctx*>(user);
+            c->in_pool = s->pool_id0 == c->id.first && s->pool_id1 == c->id.second;
+        };
+        v.block = [](const cachealloc_block_info* b, void* user) {
+            auto* c = static_cast<Ctx*>(user);
+            if (!c->in_pool || !b->allocated) return;
+            c->live++;
+            if (!c->expected->count(reinterpret_cast<void*>(b->address))) c->ok = false;
+        };
+        check(cachealloc_snapshot_walk(device, 0, &v, &ctx), "checkPoolLiveAllocations");
+        return ctx.ok && ctx.live == expected.size();
+    }
+
+    std::shared_ptr<CA::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
+        TORCH_CHECK(false,
+                    "cachealloc does not support getCheckpointState yet (cudagraph trees' "
+                    "checkpointing of a private pool); use torch.compile without "
+                    "mode='reduce-overhead', or install(native=False) is no better");
+    }
+
+    CA::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
+                                               std::shared_ptr<CA::AllocatorState>) override {
+        TORCH_CHECK(false, "cachealloc does not support setCheckpointPoolState yet");
+    }
+
+    // ------------------------------------------------ history, snapshots
+
+    bool isHistoryEnabled() override { return history_enabled_; }
+
+    void recordHistory(bool enabled, CA::CreateContextFn context_recorder,
+                       size_t alloc_trace_max_entries, CA::RecordContext when, bool clearHistory,
+                       const std::vector<std::string>& skip_actions) override {
+        uint32_t skip = 0;
+        for (const auto& a : skip_actions) {
+            skip |= 1u << static_cast<unsigned>(CDA::parseTraceEntryAction(a));
+        }
+        check(cachealloc_record_history_ex(-1, enabled ? 1 : 0, alloc_trace_max_entries,
+                                           clearHistory ? 1 : 0, skip),
+              "record_memory_history");
+        std::lock_guard<std::mutex> lock(mutex_);
+        history_enabled_ = enabled;
+        context_recorder_ = enabled ? context_recorder : nullptr;
+        when_ = enabled ? when : CA::RecordContext::NEVER;
+        recording_context_ = context_recorder_ != nullptr && when_ != CA::RecordContext::NEVER;
+        if (!recording_context_) contexts_.clear();
+    }
+
+    void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+        std::string name = encode_annotation(md);
+        check(cachealloc_record_annotation(-1, name.c_str()), "record_annotation");
+    }
+
+    CA::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
+        Walk w;
+        w.pool = mempool_id;
+        w.all_pools = mempool_id.first == 0 && mempool_id.second == 0;
+        w.clock = clock_pair();
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            w.contexts = contexts_;
+        }
+        cachealloc_snapshot_visitor v{};
+        v.segment = &Walk::segment;
+        v.block = &Walk::block;
+        v.trace_entry = &Walk::trace;
+        check(cachealloc_snapshot_walk(-1, include_traces ? 1 : 0, &v, &w), "snapshot");
+        w.info.config_metadata = settings();
+        int devices = std::max<int>(w.devices, c10::cuda::device_count());
+        w.info.device_traces.resize(std::max(devices, 1));
+        for (auto& e : w.traces) {
+            w.info.device_traces.at(e.device_).push_back(std::move(e));
+        }
+        return std::move(w.info);
+    }
+
+    void attachOutOfMemoryObserver(CA::OutOfMemoryObserver observer) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        oom_observers_.push_back(std::move(observer));
+    }
+
+    void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override {
+        bool first = false;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            first = trackers_.empty();
+            trackers_.push_back(std::move(tracker));
+        }
+        if (first) {
+            check(cachealloc_attach_trace_tracker(&CacheallocAllocator::on_trace, this),
+                  "attachAllocatorTraceTracker");
+        }
+    }
+
+    // ------------------------------------------------- IPC and copies
+
+    CA::ShareableHandle shareIpcHandle(void* ptr) override {
+        cachealloc_ipc_handle h;
+        check(cachealloc_share_ipc_handle(ptr, &h), "shareIpcHandle");
+        // torch keeps the memory alive (its ref-counted sent data), not the
+        // allocator: no share is held here.
+        check(cachealloc_release_ipc_share(ptr), "shareIpcHandle (release)");
+        std::string handle;
+        handle.push_back(kHandleVersion);
+        handle.push_back(kHandleCudaMalloc);
+        handle.append(reinterpret_cast<const char*>(h.handle), kIpcHandleSize);
+        return CA::ShareableHandle{static_cast<ptrdiff_t>(h.offset), handle};
+    }
+
+    std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+        cachealloc_ipc_handle h{};
+        const char* bytes = handle.data();
+        if (handle.size() == kIpcHandleSize) {
+            // A bare driver handle (older torch's StorageSharing).
+        } else if (handle.size() == kIpcHandleSize + 2 && handle[0] <= kHandleVersion &&
+                   handle[1] == kHandleCudaMalloc) {
+            bytes += 2;
+        } else {
+            TORCH_CHECK(handle.size() >= 2 && handle[0] <= kHandleVersion,
+                        "cachealloc: received a shareable handle from a newer torch");
+            TORCH_CHECK(false,
+                        "cachealloc: this handle shares an expandable segment, which cachealloc "
+                        "cannot open; the sending process should use expandable_segments:False");
+        }
+        std::memcpy(h.handle, bytes, kIpcHandleSize);
+        h.offset = 0;
+        int device = c10::cuda::current_device();
+        void* p = cachealloc_open_ipc_handle(&h, device);
+        if (p == nullptr) fail("getIpcDevPtr");
+        return std::shared_ptr<void>(p, [h, device](void*) {
+            cachealloc_close_ipc_handle(&h, device);
+        });
+    }
+
+    void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+        check(cachealloc_enable_peer_access(dev, dev_to_access), "enablePeerAccess");
+    }
+
+    cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
+                            cudaStream_t stream, bool p2p_enabled) override {
+        check(cachealloc_memcpy_async(dst, dstDevice, src, srcDevice, count, stream,
+                                      p2p_enabled ? 1 : 0),
+              "memcpyAsync");
+        return cudaSuccess;
+    }
+
+   private:
+    // A pool routing's filter, at a fixed address (the C library keeps one
+    // record per (function, user) pair: a fixed table keeps them few).
+    struct FilterSlot {
+        bool used = false;
+        c10::DeviceIndex device = 0;
+        c10::MempoolId_t id{0, 0};
+        std::function<bool(cudaStream_t)> filter;
+    };
+
+    static int call_filter(void* stream, void* user) {
+        auto* slot = static_cast<FilterSlot*>(user);
+        return slot->filter && slot->filter(static_cast<cudaStream_t>(stream)) ? 1 : 0;
+    }
+
+    FilterSlot* take_slot(c10::DeviceIndex device, c10::MempoolId_t id,
+                          std::function<bool(cudaStream_t)> filter) {
+        std::lock_guard<std::mutex> lock(slots_mutex_);
+        for (auto& s : slots_) {
+            if (!s.used) {
+                s.used = true;
+                s.device = device;
+                s.id = id;
+                s.filter = std::move(filter);
+                return &s;
+            }
+        }
+        TORCH_CHECK(false, "cachealloc: more than ", slots_.size(),
+                    " pools routed to at once");
+    }
+
+    void give_back_slot(FilterSlot* slot) {
+        std::lock_guard<std::mutex> lock(slots_mutex_);
+        slot->used = false;
+        slot->filter = nullptr;
+    }
+
+    static void on_oom(int device, size_t alloc_size, size_t device_total, size_t device_free,
+                       void* user) {
+        auto* self = static_cast<CacheallocAllocator*>(user);
+        std::vector<CA::OutOfMemoryObserver> observers;
+        {
+            std::lock_guard<std::mutex> lock(self->mutex_);
+            observers = self->oom_observers_;
+        }
+        for (const auto& o : observers) {
+            o(device, alloc_size, device_total, device_free);
+        }
+    }
+
+    static void on_trace(const cachealloc_trace_entry* e, void* user) {
+        auto* self = static_cast<CacheallocAllocator*>(user);
+        if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) return;  // annotations
+        std::vector<CA::AllocatorTraceTracker> trackers;
+        {
+            std::lock_guard<std::mutex> lock(self->mutex_);
+            trackers = self->trackers_;
+        }
+        CDA::TraceEntry te(static_cast<CDA::TraceEntry::Action>(e->action),
+                           static_cast<c10::DeviceIndex>(e->device), e->addr, e->size, e->stream,
+                           c10::MempoolId_t{0, 0}, c10::getApproximateTime());
+        for (const auto& t : trackers) t(te);
+    }
+
+    void record_context(void* ptr) {
+        CA::CreateContextFn recorder;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            recorder = context_recorder_;
+        }
+        if (!recorder) return;
+        auto ctx = recorder();
+        std::lock_guard<std::mutex> lock(mutex_);
+        contexts_[ptr] = std::move(ctx);
+    }
+
+    void forget_context(void* ptr) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        contexts_.erase(ptr);
+    }
+
+    // A pair of clocks: the C library's microseconds (Unix time on CUDA)
+    // become torch's approximate time, which its snapshot converts back.
+    struct ClockPair {
+        double ns_per_tick = 1.0;
+        int64_t unix_ns = 0;
+        c10::approx_time_t approx = 0;
+    };
+
+    static ClockPair clock_pair() {
+        c10::ApproximateClockToUnixTimeConverter converter;
+        auto to_unix = converter.makeConverter();
+        ClockPair p;
+        p.approx = c10::getApproximateTime();
+        p.unix_ns = to_unix(p.approx);
+        auto later = to_unix(p.approx + 1000000000);
+        if (later != p.unix_ns) p.ns_per_tick = double(later - p.unix_ns) / 1e9;
+        return p;
+    }
+
+    static c10::approx_time_t approx_of(const ClockPair& p, uint64_t time_us) {
+        double delta_ns = double(int64_t(time_us) * 1000 - p.unix_ns);
+        return static_cast<c10::approx_time_t>(double(p.approx) + delta_ns / p.ns_per_tick);
+    }
+
+    // The snapshot as it is walked.
+    struct Walk {
+        CA::SnapshotInfo info;
+        c10::MempoolId_t pool{0, 0};
+        bool all_pools = true;
+        bool keep = false;  // the segment being walked is in the snapshot
+        int devices = 0;
+        ClockPair clock;
+        std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
+        std::vector<CDA::TraceEntry> traces;
+
+        static void segment(const cachealloc_segment_info* s, void* user) {
+            auto* w = static_cast<Walk*>(user);
+            w->devices = std::max(w->devices, s->device + 1);
+            w->keep = w->all_pools || (s->pool_id0 == w->pool.first && s->pool_id1 == w->pool.second);
+            if (!w->keep) return;
+            CDA::SegmentInfo seg;
+            seg.device = static_cast<c10::DeviceIndex>(s->device);
+            seg.address = static_cast<size_t>(s->address);
+            seg.total_size = s->total_size;
+            seg.requested_size = s->requested_size;
+            seg.allocated_size = s->allocated_size;
+            seg.active_size = s->active_size;
+            seg.stream = s->stream;
+            seg.is_large = s->is_large != 0;
+            seg.is_expandable = s->is_expandable != 0;
+            seg.owner_private_pool_id = {s->pool_id0, s->pool_id1};
+            w->info.segments.push_back(std::move(seg));
+        }
+
+        static void block(const cachealloc_block_info* b, void* user) {
+            auto* w = static_cast<Walk*>(user);
+            if (!w->keep || w->info.segments.empty()) return;
+            CDA::BlockInfo bi;
+            bi.size = b->size;
+            bi.requested_size = b->requested_size;
+            bi.allocated = b->allocated != 0;
+            bi.active = b->active != 0;
+            if (bi.allocated) {
+                auto it = w->contexts.find(reinterpret_cast<void*>(b->address));
+                if (it != w->contexts.end()) bi.context_when_allocated = it->second;
+            }
+            w->info.segments.back().blocks.push_back(std::move(bi));
+        }
+
+        static void trace(const cachealloc_trace_entry* e, void* user) {
+            auto* w = static_cast<Walk*>(user);
+            w->devices = std::max(w->devices, e->device + 1);
+            auto device = static_cast<c10::DeviceIndex>(e->device);
+            auto when = approx_of(w->clock, e->time_us);
+            if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+                CDA::AnnotationEntry a(device, when);
+                for (auto& [k, v] : decode_annotation(e->annotation)) a.recordUserMetadata(k, v);
+                w->info.external_annotations.push_back(std::move(a));
+#endif
+                return;
+            }
+            std::shared_ptr<c10::GatheredContext> ctx;
+            if (e->action == static_cast<int>(CDA::TraceEntry::ALLOC)) {
+                auto it = w->contexts.find(reinterpret_cast<void*>(e->addr));
+                if (it != w->contexts.end()) ctx = it->second;
+            }
+            w->traces.emplace_back(static_cast<CDA::TraceEntry::Action>(e->action), device,
+                                   static_cast<size_t>(e->addr), e->size, e->stream,
+                                   c10::MempoolId_t{0, 0}, when, ctx);
+        }
+    };
+
+    static CA::AllocatorConfigInfo settings() {
+        cachealloc_allocator_settings s;
+        check(cachealloc_get_allocator_settings(&s), "allocator settings");
+        CA::AllocatorConfigInfo c;
+        c.garbage_collection_threshold = s.garbage_collection_threshold;
+        c.max_split_size = s.max_split_size;
+        c.pinned_num_register_threads = s.pinned_num_register_threads;
+        c.expandable_segments = s.expandable_segments != 0;
+        c.release_lock_on_malloc = s.release_lock_on_malloc != 0;
+        c.pinned_use_host_register = s.pinned_use_host_register != 0;
+        c.graph_capture_record_stream_reuse = s.graph_capture_record_stream_reuse != 0;
+        c.last_allocator_settings = s.last_allocator_settings ? s.last_allocator_settings : "";
+        c.roundup_power2_divisions.assign(std::begin(s.roundup_power2_divisions),
+                                          std::end(s.roundup_power2_divisions));
+        return c;
+    }
+
+    std::atomic<bool> initialized_{false};
+    std::atomic<bool> enabled_{true};
+    std::atomic<bool> history_enabled_{false};
+    std::atomic<bool> recording_context_{false};
+
+    std::mutex mutex_;
+    std::map<c10::DeviceIndex, double> fractions_;
+    std::vector<CA::OutOfMemoryObserver> oom_observers_;
+    std::vector<CA::AllocatorTraceTracker> trackers_;
+    CA::CreateContextFn context_recorder_ = nullptr;
+    CA::RecordContext when_ = CA::RecordContext::NEVER;
+    std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+
+    std::mutex slots_mutex_;
+    std::array<FilterSlot, 64> slots_;
+};
+
+// The process's one instance (torch keeps raw pointers to it for good).
+static std::shared_ptr<CacheallocAllocator>& instance() {
+    static auto* a = new std::shared_ptr<CacheallocAllocator>(std::make_shared<CacheallocAllocator>());
+    return *a;
+}
+
+static void local_raw_delete(void* ptr) { instance()->raw_delete(ptr); }
+
+}  // namespace cachealloc_torch
+
+// ------------------------------------------------------------ C entry points
+
+namespace {
+
+// Copy `msg` into the caller's buffer.
+void put(char* buf, size_t len, const std::string& msg) {
+    if (buf == nullptr || len == 0) return;
+    size_t n = std::min(len - 1, msg.size());
+    std::memcpy(buf, msg.data(), n);
+    buf[n] = '\0';
+}
+
+}  // namespace
+
+extern "C" {
+
+// The allocator object (a c10::cuda::CUDACachingAllocator::CUDAAllocator*),
+// for tests that drive it directly.
+__attribute__((visibility("default"))) void* cachealloc_torch_allocator() {
+    return static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(
+        cachealloc_torch::instance().get());
+}
+
+// Make it torch's CUDA allocator (what torch.cuda.memory.change_current_allocator
+// does). Returns 0, or -1 with the reason in `err`.
+__attribute__((visibility("default"))) int cachealloc_torch_install(char* err, size_t len) {
+    try {
+        torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(cachealloc_torch::instance());
+        return 0;
+    } catch (const std::exception& e) {
+        put(err, len, e.what());
+        return -1;
+    }
+}
+
+// The torch version this library was built against ("2.11.0").
+__attribute__((visibility("default"))) const char* cachealloc_torch_built_against() {
+    return TORCH_VERSION;
+}
+
+}  // extern "C"

@@ -1,0 +1,246 @@
+// Drives cachealloc's C++ allocator for torch (cachealloc/native/allocator.cpp,
+// compiled in here) directly, on the simulated device (CACHEALLOC_BACKEND=mock,
+// CACHEALLOC_MOCK_CAPACITY=1GiB): no GPU, no Python. Built and run by
+// test_native.py, which also reads what it prints: the statistics as
+// torch's memory_stats() keys, cachealloc's own, and the SnapshotInfo's
+// segments and blocks (compared there with cachealloc's snapshot file).
+//
+// Usage: native_driver SNAPSHOT.json   (where cachealloc's snapshot goes)
+
+#include "../cachealloc/native/allocator.cpp"
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+namespace {
+
+namespace CA = c10::cuda::CUDACachingAllocator;
+namespace CDA = c10::CachingDeviceAllocator;
+
+int failures = 0;
+
+#define EXPECT(cond, ...)                                               \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            std::fprintf(stderr, "FAIL line %d: %s: ", __LINE__, #cond); \
+            std::fprintf(stderr, __VA_ARGS__);                          \
+            std::fprintf(stderr, "\n");                                 \
+            failures++;                                                 \
+        }                                                               \
+    } while (0)
+
+// torch's memory_stats() keys of `s` (torch/csrc/cuda/Module.cpp flattens
+// DeviceStats this way).
+std::map<std::string, int64_t> torch_keys(const CDA::DeviceStats& s) {
+    std::map<std::string, int64_t> out;
+    auto stat = [&](const std::string& name, const CDA::Stat& v) {
+        out[name + ".current"] = v.current;
+        out[name + ".peak"] = v.peak;
+        out[name + ".allocated"] = v.allocated;
+        out[name + ".freed"] = v.freed;
+    };
+    auto array = [&](const std::string& name, const CDA::StatArray& a) {
+        const char* pools[] = {"all", "small_pool", "large_pool"};
+        for (size_t i = 0; i < 3; i++) stat(name + "." + pools[i], a[i]);
+    };
+    array("allocation", s.allocation);
+    array("segment", s.segment);
+    array("active", s.active);
+    array("inactive_split", s.inactive_split);
+    array("allocated_bytes", s.allocated_bytes);
+    array("reserved_bytes", s.reserved_bytes);
+    array("active_bytes", s.active_bytes);
+    array("inactive_split_bytes", s.inactive_split_bytes);
+    array("requested_bytes", s.requested_bytes);
+    out["num_alloc_retries"] = s.num_alloc_retries;
+    out["num_ooms"] = s.num_ooms;
+    stat("oversize_allocations", s.oversize_allocations);
+    stat("oversize_segments", s.oversize_segments);
+    out["num_sync_all_streams"] = s.num_sync_all_streams;
+    out["num_device_alloc"] = s.num_device_alloc;
+    out["num_device_free"] = s.num_device_free;
+    out["max_split_size"] = s.max_split_size;
+    return out;
+}
+
+void collect(const char* key, int64_t value, void* user) {
+    (*static_cast<std::map<std::string, int64_t>*>(user))[key] = value;
+}
+
+std::map<std::string, int64_t> cachealloc_keys(int device) {
+    std::map<std::string, int64_t> out;
+    cachealloc_memory_stats(device, collect, &out);
+    return out;
+}
+
+void stats_equal(CA::CUDAAllocator& a, const char* when) {
+    auto ours = cachealloc_keys(0);
+    auto torch = torch_keys(a.getDeviceStats(0));
+    EXPECT(ours.size() == torch.size(), "%s: %zu keys vs %zu", when, ours.size(), torch.size());
+    size_t differ = 0;
+    for (const auto& [k, v] : ours) {
+        auto it = torch.find(k);
+        if (it == torch.end() || it->second != v) {
+            differ++;
+            std::fprintf(stderr, "  %s: %s cachealloc %lld torch %lld\n", when, k.c_str(),
+                         (long long)v, it == torch.end() ? -1LL : (long long)it->second);
+        }
+    }
+    EXPECT(differ == 0, "%s: %zu keys differ", when, differ);
+    std::printf("ok getDeviceStats equals cachealloc's statistics key for key (%zu keys, %s)\n",
+                torch.size(), when);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: native_driver SNAPSHOT.json\n");
+        return 2;
+    }
+    auto& self = *cachealloc_torch::instance();
+    CA::CUDAAllocator& a = self;
+    a.init(1);
+    EXPECT(a.initialized() && a.name() == "cachealloc", "init and name");
+
+    // ------------------------------------------------ allocations, stats
+    int ooms = 0;
+    size_t oom_size = 0;
+    a.attachOutOfMemoryObserver([&](int64_t device, size_t size, size_t, size_t) {
+        ooms++;
+        oom_size = size;
+        EXPECT(device == 0, "observer's device");
+    });
+    int traced = 0;
+    a.attachAllocatorTraceTracker([&](const CDA::TraceEntry& e) {
+        if (e.action_ == CDA::TraceEntry::ALLOC) traced++;
+    });
+    auto stream = reinterpret_cast<cudaStream_t>(0);
+    std::vector<void*> ptrs;
+    for (size_t i = 1; i <= 8; i++) ptrs.push_back(self.alloc(i * (300 << 10), 0, stream));
+    ptrs.push_back(self.alloc(30 << 20, 0, stream));
+    a.raw_delete(ptrs[2]);
+    a.raw_delete(ptrs[5]);
+    stats_equal(a, "after allocations and frees");
+    EXPECT(traced == 9, "the trace tracker saw %d allocations", traced);
+
+    // --------------------------------------------------------------- OOM
+    bool threw = false;
+    try {
+        self.alloc(size_t(2) << 30, 0, stream);
+    } catch (const c10::OutOfMemoryError& e) {
+        threw = true;
+        std::string what = e.what();
+        EXPECT(what.find("CUDA out of memory. Tried to allocate 2.00 GiB") != std::string::npos,
+               "message: %s", what.c_str());
+    }
+    EXPECT(threw, "an impossible allocation throws c10::OutOfMemoryError");
+    EXPECT(ooms == 1, "torch's OOM observer ran %d times", ooms);
+    std::printf("ok an impossible allocation throws c10::OutOfMemoryError with cachealloc's "
+                "message, and torch's OOM observer runs (alloc_size %zu)\n", oom_size);
+    stats_equal(a, "after an out-of-memory");
+    bool other = false;
+    try {
+        a.raw_delete(reinterpret_cast<void*>(0x1234));
+    } catch (const c10::OutOfMemoryError&) {
+    } catch (const c10::Error& e) {
+        other = std::string(e.what()).find("not allocated by cachealloc") != std::string::npos;
+    }
+    EXPECT(other, "a bad free throws c10::Error, not an out-of-memory");
+
+    // ---------------------------------------------------------- cacheInfo
+    size_t largest = 0;
+    a.cacheInfo(0, &largest);
+    auto info = a.getMemoryInfo(0);
+    EXPECT(info.second == (size_t(1) << 30), "total %zu", info.second);
+    EXPECT(largest == info.first, "a zero guess is the free memory: %zu vs %zu", largest,
+           info.first);
+    size_t cached = 1;
+    a.cacheInfo(0, &cached);
+    size_t want = 0;
+    cachealloc_cache_info(0, nullptr, &want);
+    EXPECT(cached == want && want > 0, "largest cached block %zu vs %zu", cached, want);
+    std::printf("ok cacheInfo answers (free %zu, largest cached block %zu)\n", largest, cached);
+
+    // ------------------------------------------------------- pool hooks
+    int filter_calls = 0;
+    auto side = reinterpret_cast<cudaStream_t>(7);
+    c10::MempoolId_t pool{7, 1};
+    a.beginAllocateToPool(0, pool, [&](cudaStream_t s) {
+        filter_calls++;
+        return s == side;
+    });
+    void* in_pool = self.alloc(5 << 20, 0, side);
+    void* outside = self.alloc(5 << 20, 0, reinterpret_cast<cudaStream_t>(3));
+    a.endAllocateToPool(0, pool);
+    EXPECT(filter_calls >= 2, "the filter was called %d times", filter_calls);
+    auto pool_snap = a.snapshot(pool, false);
+    EXPECT(pool_snap.segments.size() == 1 && pool_snap.segments[0].owner_private_pool_id == pool,
+           "one segment of the pool (%zu)", pool_snap.segments.size());
+    EXPECT(a.checkPoolLiveAllocations(0, pool, {in_pool}), "the pool's live allocation");
+    EXPECT(!a.checkPoolLiveAllocations(0, pool, {outside}), "not the other one");
+    a.raw_delete(in_pool);
+    a.raw_delete(outside);
+    a.releasePool(0, pool);
+    auto segments = a.getDeviceStats(0).segment[0].current;
+    a.emptyCache(pool);
+    EXPECT(a.getDeviceStats(0).segment[0].current == segments - 1, "emptyCache(pool) freed it");
+    std::printf("ok the pool hooks call the filter (%d calls) and route only its stream\n",
+                filter_calls);
+
+    // ---------------------------------------------- history and snapshot
+    a.recordHistory(true, nullptr, 0, CA::RecordContext::NEVER, false, {});
+    EXPECT(a.isHistoryEnabled(), "history on");
+    void* h = self.alloc(1 << 20, 0, stream);
+    a.recordAnnotation({{"name", "phase"}, {"stage", "START"}});
+    a.raw_delete(h);
+    auto snap = a.snapshot({0, 0}, true);
+    size_t allocs = 0;
+    for (const auto& e : snap.device_traces.at(0)) allocs += e.action_ == CDA::TraceEntry::ALLOC;
+    EXPECT(allocs == 1, "one alloc in the history (%zu)", allocs);
+    EXPECT(snap.external_annotations.size() == 1 &&
+               snap.external_annotations[0].metadata_.at("stage") == "START",
+           "the annotation's metadata");
+    EXPECT(snap.config_metadata.max_split_size == (size_t(64) << 20), "settings");
+    // The segments and blocks, for test_native.py to compare with the file.
+    if (cachealloc_snapshot(-1, argv[1]) != 0) {
+        std::fprintf(stderr, "cachealloc_snapshot: %s\n", cachealloc_last_error());
+        failures++;
+    }
+    auto snap2 = a.snapshot({0, 0}, false);
+    for (const auto& s : snap2.segments) {
+        std::printf("segment %zu %zu %zu %zu %zu %d %d", s.address, s.total_size,
+                    s.allocated_size, s.active_size, s.requested_size, int(s.is_large),
+                    int(s.device));
+        for (const auto& b : s.blocks) {
+            std::printf(" %zu:%zu:%s", b.size, b.requested_size,
+                        b.allocated ? "active_allocated"
+                                    : (b.active ? "active_pending_free" : "inactive"));
+        }
+        std::printf("\n");
+    }
+    a.recordHistory(false, nullptr, 0, CA::RecordContext::NEVER, false, {});
+
+    // ------------------------------------------------------------- IPC
+    auto shared = a.shareIpcHandle(ptrs[0]);
+    EXPECT(shared.handle.size() == 66 && shared.handle[0] == 2 && shared.handle[1] == 'c',
+           "PyTorch's handle layout (%zu bytes)", shared.handle.size());
+    a.raw_delete(ptrs[0]);  // no share is held: the free goes through
+    EXPECT(cachealloc_free_checked(ptrs[0], 0, -1, nullptr) == -1, "freed once");
+
+    for (size_t i = 1; i < ptrs.size(); i++)
+        if (i != 2 && i != 5) a.raw_delete(ptrs[i]);
+    a.resetPeakStats(0);
+    a.resetAccumulatedStats(0);
+    a.emptyCache({0, 0});
+    stats_equal(a, "after the resets and empty_cache");
+    EXPECT(a.getDeviceStats(0).reserved_bytes[0].current == 0, "everything released");
+
+    if (failures) {
+        std::printf("native_driver: %d failures\n", failures);
+        return 1;
+    }
+    std::printf("native_driver: all checks passed\n");
+    return 0;
+}

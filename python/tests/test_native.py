@@ -1,0 +1,157 @@
+"""cachealloc's C++ allocator for torch (cachealloc/native/allocator.cpp),
+built against the torch of the running Python and driven directly on the
+simulated device by native_driver.cpp: no GPU needed.
+
+Skips, saying why, where the running Python has no CUDA build of torch or
+there is no C++ compiler (CI installs no torch). To run it with a torch
+installed in another environment:
+
+    /path/to/venv/bin/python -m unittest python/tests/test_native.py -v
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from cachealloc import native  # noqa: E402
+
+try:
+    import torch
+
+    SKIP = None if torch.version.cuda else "torch %s is not a CUDA build" % torch.__version__
+except ImportError:
+    torch = None
+    SKIP = "torch is not installed in this Python (%s)" % sys.executable
+if SKIP is None and native.compiler() is None:
+    SKIP = "no C++ compiler"
+
+
+def mock_env(extra=None):
+    env = dict(os.environ)
+    for v in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "CACHEALLOC_SLOTS", "CACHEALLOC_HISTORY_CAPACITY"):
+        env.pop(v, None)
+    env.update(
+        CACHEALLOC_BACKEND="mock",
+        CACHEALLOC_MOCK_CAPACITY="1GiB",
+        CACHEALLOC_CONF="max_split_size_mb:64",
+    )
+    env.update(extra or {})
+    return env
+
+
+@unittest.skipIf(SKIP is not None, "skipped: %s" % SKIP)
+class NativeAllocator(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        os.environ.setdefault("CACHEALLOC_CACHE", os.path.join(cls.tmp.name, "cache"))
+        cls.library = native.build()
+        cls.driver = os.path.join(cls.tmp.name, "native_driver")
+        cmd = native.command(torch, cls.driver, os.path.join(HERE, "native_driver.cpp"), executable=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        if proc.returncode != 0:
+            raise AssertionError("compiling native_driver.cpp failed:\n" + proc.stdout[-6000:])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_the_library_builds_against_this_torch(self):
+        self.assertTrue(os.path.isfile(self.library))
+        self.assertIn(torch.__version__.split("+")[0].replace("+", "_"), os.path.basename(self.library))
+        # Cached: a second build is the same file, not a new compile.
+        self.assertEqual(native.build(), self.library)
+
+    def test_driver_on_the_simulated_device(self):
+        snap = os.path.join(self.tmp.name, "snap.json")
+        proc = subprocess.run(
+            [self.driver, snap], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            universal_newlines=True, env=mock_env(), timeout=120,
+        )
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertIn("native_driver: all checks passed", out)
+        for line in proc.stdout.splitlines():
+            if line.startswith("ok "):
+                print(line)
+        # snapshot()'s segments and blocks equal cachealloc's snapshot file.
+        torch_segments = []
+        for line in proc.stdout.splitlines():
+            if line.startswith("segment "):
+                f = line.split()
+                blocks = [tuple(b.split(":")) for b in f[8:]]
+                torch_segments.append((
+                    int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]), f[6] == "1", int(f[7]),
+                    [(int(s), int(r), st) for s, r, st in blocks],
+                ))
+        with open(snap) as fh:
+            d = json.load(fh)
+        ours = [
+            (s["address"], s["total_size"], s["allocated_size"], s["active_size"], s["requested_size"],
+             s["segment_type"] == "large", s["device"],
+             [(b["size"], b["requested_size"], b["state"]) for b in s["blocks"]])
+            for s in d["segments"]
+        ]
+        self.assertTrue(ours, "cachealloc's snapshot has segments")
+        self.assertEqual(torch_segments, ours)
+        print("ok snapshot() gives the %d segments and %d blocks of cachealloc's snapshot" % (
+            len(ours), sum(len(s[7]) for s in ours)))
+
+    def test_torch_reaches_it_through_its_own_functions(self):
+        """In a process of its own: the native allocator installed into torch
+        (cachealloc.native.install()), then torch's own Python functions
+        (torch.cuda.memory_stats, memory_summary, max_memory_allocated,
+        reset_peak_memory_stats, _snapshot) on the
+        simulated device. Without a GPU torch thinks CUDA was never
+        initialised and returns {} from memory_stats: that check is patched
+        (torch.cuda.memory.is_initialized) so its code runs as on a GPU."""
+        script = r'''
+import json, sys, pickle
+import torch, torch.cuda.memory as tm
+import cachealloc
+from cachealloc import native
+native.install()
+assert torch._C._cuda_getAllocatorBackend() == "cachealloc", torch._C._cuda_getAllocatorBackend()
+tm.is_initialized = lambda: True
+# torch's _record_memory_history initialises CUDA first (no GPU here): the
+# history is turned on through cachealloc's, the same C function.
+cachealloc.record_history(True)
+ptrs = [cachealloc.caching_allocator_alloc(n << 20) for n in (1, 3, 25)]
+cachealloc.caching_allocator_delete(ptrs[1])
+ours = dict(cachealloc.memory_stats(0))
+theirs = dict(torch.cuda.memory_stats(0))
+assert ours == theirs, sorted(k for k in ours if ours[k] != theirs.get(k))
+assert torch.cuda.max_memory_allocated(0) == ours["allocated_bytes.all.peak"]
+summary = torch.cuda.memory_summary(0)
+assert "PyTorch CUDA memory summary" in summary, summary[:200]
+torch.cuda.reset_peak_memory_stats(0)
+assert torch.cuda.memory_stats(0)["allocated_bytes.all.peak"] == ours["allocated_bytes.all.current"]
+snap = torch.cuda.memory._snapshot()
+cachealloc.snapshot(sys.argv[1])
+mine = json.load(open(sys.argv[1]))
+key = lambda s: (s["address"], s["total_size"], s["allocated_size"], [(b["size"], b["state"]) for b in s["blocks"]])
+assert [key(s) for s in snap["segments"]] == [key(s) for s in mine["segments"]]
+allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+assert len(allocs) == 3, allocs
+assert snap["allocator_settings"]["max_split_size"] == 64 << 20, snap["allocator_settings"]
+print("torch.cuda.memory_stats: %d keys equal; memory_summary, max_memory_allocated, "
+      "reset_peak_memory_stats; _snapshot: %d segments equal, %d allocs in the history"
+      % (len(theirs), len(snap["segments"]), len(allocs)))
+'''
+        snap = os.path.join(self.tmp.name, "torch-snap.json")
+        proc = subprocess.run(
+            [sys.executable, "-c", script, snap], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            universal_newlines=True, env=dict(mock_env(), PYTHONPATH=os.path.dirname(HERE)), timeout=180,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        print("ok " + proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    unittest.main()
