@@ -859,6 +859,37 @@ int cachealloc_begin_allocate_to_pool_filtered(int device,
                                                cachealloc_stream_filter filter,
                                                void *user);
 
+/**
+ * `torch.cuda.MemPool()` (PyTorch's `createOrIncrefPool`): create private
+ * pool `(id0, id1)` of `device` with one user, or add a user to it; a
+ * nonzero `use_on_oom` lets a default-pool request that would fail take a
+ * free block of it, a nonzero `no_split` never splits its blocks. Nothing
+ * is routed to it (`cachealloc_begin_allocate_to_pool_filtered` does
+ * that); `cachealloc_release_pool` takes the user away. Returns 0, or -1
+ * (the id `(0, 0)`, a pool with no users left, too many pools).
+ */
+int cachealloc_create_pool(int device, uint64_t id0, uint64_t id1, int use_on_oom, int no_split);
+
+/**
+ * The users of private pool `(id0, id1)` of `device` (PyTorch's
+ * `getPoolUseCount`): 0 for a pool with none left or none at all; -1 on
+ * failure (a bad device).
+ */
+int64_t cachealloc_pool_use_count(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * PyTorch's `setUseOnOOM`: whether a default-pool request that would fail
+ * may take a free block of pool `(id0, id1)`. Returns 0, or -1 (no such
+ * pool).
+ */
+int cachealloc_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int use_on_oom);
+
+/**
+ * PyTorch's `setNoSplit`: blocks of pool `(id0, id1)` are never split from
+ * now on. Returns 0, or -1 (no such pool).
+ */
+int cachealloc_set_pool_no_split(int device, uint64_t id0, uint64_t id1);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

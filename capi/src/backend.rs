@@ -14,7 +14,7 @@ use crate::snapshot_walk::Walk;
 use crate::stream_filter::{stream_filter, Filter};
 use cachealloc_core::{
     BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-    MallocFlags, MempoolId, ShareableHandle, TraceActions, TraceEntry,
+    MallocFlags, MempoolId, PoolOptions, ShareableHandle, TraceActions, TraceEntry,
 };
 use cachealloc_trace::SnapshotDict;
 
@@ -82,6 +82,14 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn end_allocate_to_pool(&self, id: MempoolId) -> Res<()>;
     /// `releasePool`.
     fn release_pool(&self, id: MempoolId) -> Res<()>;
+    /// `createOrIncrefPool` (`MemPool()`), with its options.
+    fn create_pool(&self, id: MempoolId, options: PoolOptions) -> Res<()>;
+    /// `getPoolUseCount`.
+    fn pool_use_count(&self, id: MempoolId) -> Res<u32>;
+    /// `setUseOnOOM`.
+    fn set_pool_use_on_oom(&self, id: MempoolId, on: bool) -> Res<()>;
+    /// `setNoSplit`.
+    fn set_pool_no_split(&self, id: MempoolId) -> Res<()>;
     /// `shareIpcHandle` of the allocation starting at `ptr` (one more
     /// consumer until `release_ipc_share`).
     fn share_ipc_handle(&self, ptr: u64) -> Res<ShareableHandle>;
@@ -243,6 +251,22 @@ where
 
     fn release_pool(&self, id: MempoolId) -> Res<()> {
         CachingAllocator::release_pool(self, id).map_err(text)
+    }
+
+    fn create_pool(&self, id: MempoolId, options: PoolOptions) -> Res<()> {
+        self.try_with(|a| a.create_pool(id, options)).map_err(text)
+    }
+
+    fn pool_use_count(&self, id: MempoolId) -> Res<u32> {
+        self.with(|a| a.pool_use_count(id)).map_err(text)
+    }
+
+    fn set_pool_use_on_oom(&self, id: MempoolId, on: bool) -> Res<()> {
+        self.try_with(|a| a.set_use_on_oom(id, on)).map_err(text)
+    }
+
+    fn set_pool_no_split(&self, id: MempoolId) -> Res<()> {
+        self.try_with(|a| a.set_no_split(id)).map_err(text)
     }
 
     fn share_ipc_handle(&self, ptr: u64) -> Res<ShareableHandle> {

@@ -57,7 +57,7 @@ mod snapshot;
 mod snapshot_walk;
 /// `memory_stats`, the resets, `empty_cache`, `cache_info`.
 mod stats;
-/// `cachealloc_begin_allocate_to_pool_filtered`.
+/// `torch.cuda.MemPool`'s pools, `cachealloc_begin_allocate_to_pool_filtered`.
 mod stream_filter;
 
 // The machinery.
@@ -101,7 +101,10 @@ pub use stats::{
     cachealloc_get_device_stats, cachealloc_memory_stats, cachealloc_reset_accumulated_stats,
     cachealloc_reset_peak_stats, cachealloc_stat, cachealloc_stat_callback,
 };
-pub use stream_filter::{cachealloc_begin_allocate_to_pool_filtered, cachealloc_stream_filter};
+pub use stream_filter::{
+    cachealloc_begin_allocate_to_pool_filtered, cachealloc_create_pool, cachealloc_pool_use_count,
+    cachealloc_set_pool_no_split, cachealloc_set_pool_use_on_oom, cachealloc_stream_filter,
+};
 
 use std::ffi::{c_char, CStr};
 

@@ -131,6 +131,34 @@ def _fingerprint(parts):
     return h.hexdigest()[:16]
 
 
+#: Methods of torch's CUDAAllocator that came with a torch version: the
+#: macro allocator.cpp guards each with, set from the installed header.
+HEADER_FEATURES = {"attachOomRejectionObserver": "CACHEALLOC_TORCH_OOM_REJECTION"}
+
+
+def features(torch):
+    """``-D`` flags saying which of ``HEADER_FEATURES`` the installed
+    torch's ``c10/cuda/CUDACachingAllocator.h`` declares."""
+    header = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include", "c10", "cuda",
+                          "CUDACachingAllocator.h")
+    try:
+        with open(header, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return []  # the header's version macros decide
+    return ["-D%s=%d" % (macro, int(name in text)) for name, macro in sorted(HEADER_FEATURES.items())]
+
+
+def cxx_standard(torch):
+    """C++20 from torch 2.12 on (its headers use std::bit_width and
+    std::strong_ordering), C++17 before."""
+    try:
+        major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return "-std=c++20"
+    return "-std=c++20" if (major, minor) >= (2, 12) else "-std=c++17"
+
+
 def command(torch, out, source=SOURCE, executable=False):
     """The compiler call that builds the library at ``out`` (or, with
     ``executable``, a program from ``source``, which includes the
@@ -146,11 +174,12 @@ def command(torch, out, source=SOURCE, executable=False):
     torch_lib = os.path.join(torch_dir, "lib")
     return [
         cxx,
-        "-std=c++17",
+        cxx_standard(torch),
         "-O2",
         "-Wall",
     ] + ([] if executable else ["-fPIC", "-shared", "-fvisibility=hidden"]) + [
         "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+    ] + features(torch) + [
         "-I", os.path.join(torch_dir, "include"),
         "-I", os.path.join(torch_dir, "include", "torch", "csrc", "api", "include"),
         "-I", include,
@@ -221,7 +250,11 @@ def load(verbose=False):
     if _LOADED is None:
         import torch  # noqa: F401 - loads libc10, libtorch_cuda
 
-        lib = ctypes.CDLL(build(verbose))
+        path = build(verbose)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:  # built, but this torch's libraries do not match it
+            raise BuildError("loading %s failed: %s" % (path, e)) from e
         lib.cachealloc_torch_install.restype = ctypes.c_int
         lib.cachealloc_torch_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.cachealloc_torch_allocator.restype = ctypes.c_void_p

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <thread>
 
 namespace {
 
@@ -188,6 +189,28 @@ int main(int argc, char** argv) {
     EXPECT(a.getDeviceStats(0).segment[0].current == segments - 1, "emptyCache(pool) freed it");
     std::printf("ok the pool hooks call the filter (%d calls) and route only its stream\n",
                 filter_calls);
+
+    // ---------------- torch.cuda.MemPool: create, use_mem_pool, release
+    c10::MempoolId_t mem{0, 9};
+    a.createOrIncrefPool(0, mem, nullptr);
+    a.setUseOnOOM(0, mem, true);
+    EXPECT(a.getPoolUseCount(0, mem) == 1, "MemPool(): one user");
+    auto this_thread = std::this_thread::get_id();
+    a.beginAllocateToPool(0, mem, [this_thread](cudaStream_t) {
+        return std::this_thread::get_id() == this_thread;  // use_mem_pool's filter
+    });
+    EXPECT(a.getPoolUseCount(0, mem) == 2, "use_mem_pool adds a user");
+    void* pooled = self.alloc(3 << 20, 0, stream);
+    a.endAllocateToPool(0, mem);
+    a.releasePool(0, mem);
+    EXPECT(a.getPoolUseCount(0, mem) == 1, "and takes it away");
+    EXPECT(a.checkPoolLiveAllocations(0, mem, {pooled}), "the allocation is the pool's");
+    a.raw_delete(pooled);
+    a.releasePool(0, mem);  // ~MemPool
+    a.emptyCache(mem);
+    EXPECT(a.getPoolUseCount(0, mem) == 0, "gone");
+    std::printf("ok torch.cuda.MemPool's calls: createOrIncrefPool, use counts, use_mem_pool's "
+                "thread filter, releasePool and emptyCache of the pool\n");
 
     // ---------------------------------------------- history and snapshot
     a.recordHistory(true, nullptr, 0, CA::RecordContext::NEVER, false, {});

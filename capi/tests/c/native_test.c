@@ -284,7 +284,18 @@ static void the_rest(void) {
     CHECK(w.allocs == 1 && w.snapshots == 0, "cleared, snapshots skipped: %d allocs %d snaps",
           w.allocs, w.snapshots);
     CHECK(cachealloc_record_history_ex(0, 0, 0, 0, 0) == 0, "history off");
-    printf("ok mem_get_info, a free by owner, empty_cache of one pool, history skip and clear\n");
+    /* torch.cuda.MemPool's pools. */
+    CHECK(cachealloc_create_pool(0, 0, 0, 0, 0) == -1, "the default id is no private pool");
+    CHECK(cachealloc_create_pool(0, 60, 0, 1, 1) == 0, "create");
+    CHECK(cachealloc_pool_use_count(0, 60, 0) == 1, "one user");
+    CHECK(cachealloc_set_pool_use_on_oom(0, 60, 0, 0) == 0 && cachealloc_set_pool_no_split(0, 60, 0) == 0,
+          "options");
+    CHECK(cachealloc_set_pool_no_split(0, 61, 0) == -1, "no such pool");
+    cachealloc_release_pool(0, 60, 0);
+    CHECK(cachealloc_pool_use_count(0, 60, 0) == 0, "released");
+    CHECK(cachealloc_pool_use_count(99, 60, 0) == -1, "bad device");
+    CHECK(cachealloc_empty_cache_pool(0, 60, 0) == 0, "deleted");
+    printf("ok mem_get_info, a free by owner, empty_cache of one pool, history skip and clear, MemPool's pools\n");
 }
 
 int main(int argc, char **argv) {

@@ -27,6 +27,13 @@
 
 #include <cuda_runtime_api.h>
 
+// Interface parts that came with a torch version: the build
+// (cachealloc/native.py) passes what it found in the installed header;
+// without it, the version decides (seen: absent in 2.11, present in 2.15).
+#ifndef CACHEALLOC_TORCH_OOM_REJECTION
+#define CACHEALLOC_TORCH_OOM_REJECTION (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 15)
+#endif
+
 #include <array>
 #include <cstring>
 #include <map>
@@ -334,6 +341,33 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         TORCH_CHECK(msg.empty(), "cachealloc: endAllocateToPool failed: ", msg);
     }
 
+    // torch.cuda.MemPool(): a pool with a user, nothing routed to it yet.
+    void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                            std::shared_ptr<CA::CUDAAllocator> allocator) override {
+        TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                    "cachealloc: a MemPool with an allocator of its own (", allocator->name(),
+                    ") is not supported: its pool would be cachealloc's");
+        check(cachealloc_create_pool(device, mempool_id.first, mempool_id.second, 0, 0),
+              "createOrIncrefPool");
+    }
+
+    int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+        int64_t n = cachealloc_pool_use_count(device, mempool_id.first, mempool_id.second);
+        if (n < 0) fail("getPoolUseCount");
+        return static_cast<int>(n);
+    }
+
+    void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override {
+        check(cachealloc_set_pool_use_on_oom(device, mempool_id.first, mempool_id.second,
+                                             use_on_oom ? 1 : 0),
+              "setUseOnOOM");
+    }
+
+    void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+        check(cachealloc_set_pool_no_split(device, mempool_id.first, mempool_id.second),
+              "setNoSplit");
+    }
+
     void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
         cachealloc_release_pool(device, mempool_id.first, mempool_id.second);
         check_void("releasePool");
@@ -429,6 +463,16 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         std::lock_guard<std::mutex> lock(mutex_);
         oom_observers_.push_back(std::move(observer));
     }
+
+#if CACHEALLOC_TORCH_OOM_REJECTION
+    // Observers of allocations refused before trying (torch's
+    // throw_on_cudamalloc_oom policy, which cachealloc has not): kept, never
+    // called.
+    void attachOomRejectionObserver(CA::OomRejectionObserver observer) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        oom_rejection_observers_.push_back(std::move(observer));
+    }
+#endif
 
     void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override {
         bool first = false;
@@ -694,6 +738,9 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     std::mutex mutex_;
     std::map<c10::DeviceIndex, double> fractions_;
     std::vector<CA::OutOfMemoryObserver> oom_observers_;
+#if CACHEALLOC_TORCH_OOM_REJECTION
+    std::vector<CA::OomRejectionObserver> oom_rejection_observers_;
+#endif
     std::vector<CA::AllocatorTraceTracker> trackers_;
     CA::CreateContextFn context_recorder_ = nullptr;
     CA::RecordContext when_ = CA::RecordContext::NEVER;
