@@ -65,7 +65,7 @@ fn record(
     if device == -1 {
         registry::for_all_and_new(
             |d| d.record_history(enabled, max, clear, skip),
-            |new| new.history = enabled.then_some(max),
+            |new| new.history = enabled.then_some((max, skip)),
         )
     } else {
         registry::device(device)?.record_history(enabled, max, clear, skip)

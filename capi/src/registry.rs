@@ -22,7 +22,8 @@ static DEVICES: [OnceLock<Box<dyn DeviceOps>>; MAX_DEVICES] =
 /// how many entries it keeps (see `cachealloc_record_history` with -1).
 #[derive(Clone, Copy)]
 pub(crate) struct NewDevice {
-    pub(crate) history: Option<usize>,
+    /// The history's most entries and skipped actions, when it is on.
+    pub(crate) history: Option<(usize, cachealloc_core::TraceActions)>,
     /// Whether a C trace tracker is attached (devices then carry the
     /// tracker that calls them).
     pub(crate) trace_forward: bool,
@@ -58,8 +59,8 @@ pub(crate) fn device(device: c_int) -> Res<&'static dyn DeviceOps> {
         return Ok(d.as_ref());
     }
     let d = open(settings()?, i as u32).map_err(|e| format!("device {device}: {e}"))?;
-    if let Some(max) = new.history {
-        d.record_history(true, max, false, cachealloc_core::TraceActions::NONE)?;
+    if let Some((max, skip)) = new.history {
+        d.record_history(true, max, false, skip)?;
     }
     if new.trace_forward {
         d.attach_trace_forward()?;
