@@ -63,6 +63,18 @@
 #define CACHEALLOC_ERROR_OTHER 2
 
 /**
+ * `cachealloc_snapshot_walk`'s flag: give the history too.
+ */
+#define CACHEALLOC_WALK_TRACES 1
+
+/**
+ * `cachealloc_snapshot_walk`'s flag: record no `snapshot` entry (a look at
+ * the segments for the caller's own bookkeeping, not a snapshot the user
+ * asked for); the history is not given.
+ */
+#define CACHEALLOC_WALK_QUIET 2
+
+/**
  * A handle to share an allocation with another process: the driver's IPC
  * handle of its segment (`cudaIpcMemHandle_t`, 64 bytes) and the
  * allocation's offset in the segment. Plain bytes: send it as it is.
@@ -735,11 +747,12 @@ int cachealloc_snapshot(int device, const char *path);
 /**
  * Walk a memory snapshot of `device`, or of every device created so far
  * when `device` is -1: `visitor->segment` for each segment followed by
- * `visitor->block` for each of its blocks, then (when `include_traces` is
- * nonzero and the history is on, `cachealloc_record_history`)
- * `visitor->trace_entry` for each history entry, oldest first. The same
- * content as `cachealloc_snapshot`'s file, as structures. Taking it
- * records a `snapshot` entry in the history, as PyTorch's does.
+ * `visitor->block` for each of its blocks, then (with
+ * `CACHEALLOC_WALK_TRACES` in `flags` and the history on,
+ * `cachealloc_record_history`) `visitor->trace_entry` for each history
+ * entry, oldest first. The same content as `cachealloc_snapshot`'s file,
+ * as structures. Taking it records a `snapshot` entry in the history, as
+ * PyTorch's does, unless `flags` has `CACHEALLOC_WALK_QUIET`.
  *
  * The snapshot is copied under the device's lock and the visitor called
  * after it is released: it may call any function of the library. Returns
@@ -751,7 +764,7 @@ int cachealloc_snapshot(int device, const char *path);
  * `cachealloc_snapshot_visitor`.
  */
 int cachealloc_snapshot_walk(int device,
-                             int include_traces,
+                             int flags,
                              const cachealloc_snapshot_visitor *visitor,
                              void *user);
 

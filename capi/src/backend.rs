@@ -113,9 +113,9 @@ pub(crate) trait DeviceOps: Send + Sync {
         stream: u64,
         peer: Option<(u32, u32)>,
     ) -> Res<()>;
-    /// Take a snapshot (it records its `snapshot` entry) as structures
-    /// (the history with `traces`).
-    fn walk(&self, traces: bool) -> Res<Walk>;
+    /// Take a snapshot as structures (the history with `traces`); with
+    /// `record`, it records its `snapshot` entry.
+    fn walk(&self, traces: bool, record: bool) -> Res<Walk>;
     /// Take a snapshot (it records its `snapshot` entry) into `dict`;
     /// `names[id - 1]` is annotation `id`'s name.
     fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) -> Res<()>;
@@ -315,8 +315,15 @@ where
         .map_err(text)
     }
 
-    fn walk(&self, traces: bool) -> Res<Walk> {
-        self.with(|a| Walk::of(a.snapshot(), traces)).map_err(text)
+    fn walk(&self, traces: bool, record: bool) -> Res<Walk> {
+        self.with(|a| {
+            if record {
+                Walk::of(a.snapshot(), traces)
+            } else {
+                Walk::of_parts(a.backend().ordinal(), a.segments(), None)
+            }
+        })
+        .map_err(text)
     }
 
     fn snapshot(&self, dict: &mut SnapshotDict, names: &[String]) -> Res<()> {

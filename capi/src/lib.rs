@@ -94,7 +94,7 @@ pub use snapshot::cachealloc_snapshot;
 pub use snapshot_walk::{
     cachealloc_allocator_settings, cachealloc_block_info, cachealloc_get_allocator_settings,
     cachealloc_segment_info, cachealloc_snapshot_visitor, cachealloc_snapshot_walk,
-    cachealloc_trace_entry,
+    cachealloc_trace_entry, CACHEALLOC_WALK_QUIET, CACHEALLOC_WALK_TRACES,
 };
 pub use stats::{
     cachealloc_cache_info, cachealloc_device_stats, cachealloc_empty_cache,

@@ -122,9 +122,18 @@ impl Walk {
         snap: Snapshot<'_, St>,
         traces: bool,
     ) -> Walk {
-        let device = snap.device as c_int;
-        let segments = snap
-            .segments
+        let history = traces.then_some(snap.history);
+        Walk::of_parts(snap.device, snap.segments, history)
+    }
+
+    /// Copy `segments` of device `device`, and `history` when given.
+    pub(crate) fn of_parts<'a, St: Into<u64> + From<u64> + Copy + 'a>(
+        device: u32,
+        segments: impl Iterator<Item = cachealloc_core::SegmentInfo<'a, St>>,
+        history: Option<cachealloc_core::HistoryEntries<'a>>,
+    ) -> Walk {
+        let device = device as c_int;
+        let segments = segments
             .map(|s| {
                 let blocks: Vec<cachealloc_block_info> = s
                     .blocks()
@@ -153,11 +162,7 @@ impl Walk {
                 (info, blocks)
             })
             .collect();
-        let traces = if traces {
-            snap.history.map(entry).collect()
-        } else {
-            Vec::new()
-        };
+        let traces = history.map(|h| h.map(entry).collect()).unwrap_or_default();
         Walk { segments, traces }
     }
 }
@@ -182,13 +187,21 @@ pub(crate) fn entry(e: &TraceEntry) -> cachealloc_trace_entry {
 /// The index of [`TraceAction::UserDefined`] in `cachealloc_trace_entry`.
 const USER_DEFINED: c_int = 9;
 
+/// `cachealloc_snapshot_walk`'s flag: give the history too.
+pub const CACHEALLOC_WALK_TRACES: c_int = 1;
+/// `cachealloc_snapshot_walk`'s flag: record no `snapshot` entry (a look at
+/// the segments for the caller's own bookkeeping, not a snapshot the user
+/// asked for); the history is not given.
+pub const CACHEALLOC_WALK_QUIET: c_int = 2;
+
 /// Walk a memory snapshot of `device`, or of every device created so far
 /// when `device` is -1: `visitor->segment` for each segment followed by
-/// `visitor->block` for each of its blocks, then (when `include_traces` is
-/// nonzero and the history is on, `cachealloc_record_history`)
-/// `visitor->trace_entry` for each history entry, oldest first. The same
-/// content as `cachealloc_snapshot`'s file, as structures. Taking it
-/// records a `snapshot` entry in the history, as PyTorch's does.
+/// `visitor->block` for each of its blocks, then (with
+/// `CACHEALLOC_WALK_TRACES` in `flags` and the history on,
+/// `cachealloc_record_history`) `visitor->trace_entry` for each history
+/// entry, oldest first. The same content as `cachealloc_snapshot`'s file,
+/// as structures. Taking it records a `snapshot` entry in the history, as
+/// PyTorch's does, unless `flags` has `CACHEALLOC_WALK_QUIET`.
 ///
 /// The snapshot is copied under the device's lock and the visitor called
 /// after it is released: it may call any function of the library. Returns
@@ -201,7 +214,7 @@ const USER_DEFINED: c_int = 9;
 #[no_mangle]
 pub unsafe extern "C" fn cachealloc_snapshot_walk(
     device: c_int,
-    include_traces: c_int,
+    flags: c_int,
     visitor: *const cachealloc_snapshot_visitor,
     user: *mut c_void,
 ) -> c_int {
@@ -213,8 +226,10 @@ pub unsafe extern "C" fn cachealloc_snapshot_walk(
         let v = unsafe { visitor.read() };
         let mut walks = Vec::new();
         for (i, d) in registry::selected(device)? {
+            let quiet = flags & CACHEALLOC_WALK_QUIET != 0;
+            let traces = !quiet && flags & CACHEALLOC_WALK_TRACES != 0;
             walks.push(
-                d.walk(include_traces != 0)
+                d.walk(traces, !quiet)
                     .map_err(|e| format!("device {i}: {e}"))?,
             );
         }

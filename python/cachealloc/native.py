@@ -6,7 +6,8 @@ between versions) and cached per torch version.
 ``build()`` compiles it once (a plain compiler call: no Python headers, no
 ninja) into ``$CACHEALLOC_CACHE`` (default ``~/.cache/cachealloc``), under a
 name that carries the torch version, its CUDA version and C++ ABI, and a
-hash of the sources and of the library it links; ``load()`` loads it into
+hash of the sources, of the path of the library it links (dynamically: a
+rebuilt library at the same path needs no new build) and of torch's path; ``load()`` loads it into
 the process. Nothing here runs at ``import cachealloc``.
 
 What a build needs: a C++17 compiler (``$CXX``, else ``c++`` / ``g++`` /
@@ -220,14 +221,20 @@ def build(verbose=False):
     path = os.path.join(folder, name)
     if os.path.isfile(path):
         return path
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
-    os.close(fd)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+        os.close(fd)
+    except OSError as e:
+        raise BuildError("cannot write to the cache folder %s (%s); set CACHEALLOC_CACHE" % (folder, e)) from e
     try:
         cmd = command(torch, tmp)
         if verbose:
             print("cachealloc: " + " ".join(cmd), file=sys.stderr)
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        except OSError as e:
+            raise BuildError("running the compiler %s failed: %s" % (cmd[0], e)) from e
         if proc.returncode != 0:
             raise BuildError(
                 "compiling the native allocator against torch %s failed (exit %d):\n%s"

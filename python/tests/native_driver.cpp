@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 namespace {
@@ -218,10 +219,20 @@ int main(int argc, char** argv) {
     void* h = self.alloc(1 << 20, 0, stream);
     a.recordAnnotation({{"name", "phase"}, {"stage", "START"}});
     a.raw_delete(h);
+    // Bookkeeping walks record no snapshot entry.
+    a.checkPoolLiveAllocations(0, pool, {});
+    a.getExpandableSegmentSizes(0);
     auto snap = a.snapshot({0, 0}, true);
-    size_t allocs = 0;
-    for (const auto& e : snap.device_traces.at(0)) allocs += e.action_ == CDA::TraceEntry::ALLOC;
+    size_t allocs = 0, snapshots = 0;
+    for (const auto& e : snap.device_traces.at(0)) {
+        allocs += e.action_ == CDA::TraceEntry::ALLOC;
+        snapshots += e.action_ == CDA::TraceEntry::SNAPSHOT;
+        // For test_native.py: the entries, times in microseconds (time_.t_).
+        std::printf("trace %d %zu %zu %lld\n", int(e.action_), e.addr_, e.size_,
+                    (long long)e.time_.t_);
+    }
     EXPECT(allocs == 1, "one alloc in the history (%zu)", allocs);
+    EXPECT(snapshots == 1, "only the snapshot itself recorded one (%zu)", snapshots);
     EXPECT(snap.external_annotations.size() == 1 &&
                snap.external_annotations[0].metadata_.at("stage") == "START",
            "the annotation's metadata");
@@ -244,6 +255,36 @@ int main(int argc, char** argv) {
         std::printf("\n");
     }
     a.recordHistory(false, nullptr, 0, CA::RecordContext::NEVER, false, {});
+
+    // ------------- exceptions of torch's callbacks reach the caller, not Rust
+    auto live = a.getDeviceStats(0).allocation[0].current;
+    c10::MempoolId_t throwing{8, 1};
+    a.beginAllocateToPool(0, throwing, [](cudaStream_t) -> bool {
+        throw std::runtime_error("a filter that throws");
+    });
+    bool filter_threw = false;
+    try {
+        self.alloc(1 << 20, 0, stream);
+    } catch (const std::runtime_error& e) {
+        filter_threw = std::string(e.what()) == "a filter that throws";
+    }
+    a.endAllocateToPool(0, throwing);
+    a.releasePool(0, throwing);
+    EXPECT(filter_threw, "the filter's exception reaches the caller");
+    EXPECT(a.getDeviceStats(0).allocation[0].current == live, "and nothing is left allocated");
+    a.attachOutOfMemoryObserver([](int64_t, size_t, size_t, size_t) {
+        throw std::runtime_error("an observer that throws");
+    });
+    bool observer_threw = false;
+    try {
+        self.alloc(size_t(3) << 30, 0, stream);
+    } catch (const std::runtime_error& e) {
+        observer_threw = std::string(e.what()) == "an observer that throws";
+    }
+    EXPECT(observer_threw, "an OOM observer's exception reaches the caller");
+    EXPECT(ooms == 2, "the other observer ran too (%d)", ooms);
+    std::printf("ok exceptions of a stream filter and of an OOM observer reach the caller, "
+                "never the C library's frames\n");
 
     // ------------------------------------------------------------- IPC
     auto shared = a.shareIpcHandle(ptrs[0]);

@@ -100,6 +100,16 @@ class NativeAllocator(unittest.TestCase):
         ]
         self.assertTrue(ours, "cachealloc's snapshot has segments")
         self.assertEqual(torch_segments, ours)
+        # The history's entries, times in microseconds as cachealloc's file has them.
+        actions = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+                   "segment_map", "segment_unmap", "snapshot", "oom"]
+        torch_traces = [
+            (actions[int(f[1])], int(f[2]), int(f[3]), int(f[4]))
+            for f in (line.split() for line in proc.stdout.splitlines() if line.startswith("trace "))
+        ]
+        file_traces = [(e["action"], e["addr"], e["size"], e["time_us"]) for e in d["device_traces"][0]]
+        self.assertTrue(torch_traces)
+        self.assertEqual(torch_traces, file_traces[:len(torch_traces)])
         print("ok snapshot() gives the %d segments and %d blocks of cachealloc's snapshot" % (
             len(ours), sum(len(s[7]) for s in ours)))
 

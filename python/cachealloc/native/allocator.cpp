@@ -16,7 +16,6 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #if __has_include(<torch/headeronly/version.h>)
@@ -35,6 +34,7 @@
 #endif
 
 #include <array>
+#include <exception>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -127,6 +127,24 @@ static std::unordered_map<std::string, std::string> decode_annotation(const char
 
 static void local_raw_delete(void* ptr);
 
+// An exception thrown by torch code that the C library called back (a
+// stream filter, an OOM observer, a trace tracker) must not unwind through
+// its Rust frames: it is caught there, kept here, and rethrown once the C
+// call has returned, on the same thread.
+static thread_local std::exception_ptr pending_exception;
+
+static void keep_exception() {
+    if (!pending_exception) pending_exception = std::current_exception();
+}
+
+static void rethrow_pending() {
+    if (pending_exception) {
+        auto e = pending_exception;
+        pending_exception = nullptr;
+        std::rethrow_exception(e);
+    }
+}
+
 class CacheallocAllocator final : public CA::CUDAAllocator {
    public:
     CacheallocAllocator() {
@@ -170,6 +188,11 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     void* alloc(size_t size, int device, cudaStream_t stream) {
         if (size == 0) return nullptr;
         void* ptr = cachealloc_alloc(size, device, stream);
+        if (pending_exception) {
+            // A filter, observer or tracker threw during the call.
+            if (ptr != nullptr) cachealloc_free_checked(ptr, 0, device, nullptr);
+            rethrow_pending();
+        }
         if (ptr != nullptr) {
             if (recording_context_) record_context(ptr);
             return ptr;
@@ -186,7 +209,9 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     void raw_delete(void* ptr) override {
         if (ptr == nullptr) return;
         if (recording_context_) forget_context(ptr);
-        check(cachealloc_free_checked(ptr, 0, -1, nullptr), "free");
+        int rc = cachealloc_free_checked(ptr, 0, -1, nullptr);
+        rethrow_pending();  // a trace tracker threw
+        check(rc, "free");
     }
 
     // ------------------------------------------------------- lifecycle
@@ -309,7 +334,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
                                     s->total_size);
             }
         };
-        check(cachealloc_snapshot_walk(device, 0, &v, &ctx), "getExpandableSegmentSizes");
+        check(cachealloc_snapshot_walk(device, CACHEALLOC_WALK_QUIET, &v, &ctx),
+              "getExpandableSegmentSizes");
         return ctx.out;
     }
 
@@ -328,16 +354,22 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
     void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
-        cachealloc_end_allocate_to_pool(device, mempool_id.first, mempool_id.second);
-        std::string msg = last_error("");
-        // The routing is gone from the device: nothing calls the filter now.
-        std::lock_guard<std::mutex> lock(slots_mutex_);
-        for (auto& s : slots_) {
-            if (s.used && s.device == device && s.id == mempool_id) {
-                s.used = false;
-                s.filter = nullptr;
+        // This routing's slot, found before the routing ends: a routing to
+        // the same pool begun right after it gets a slot of its own.
+        FilterSlot* mine = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(slots_mutex_);
+            for (auto& s : slots_) {
+                if (s.used && s.device == device && s.id == mempool_id) {
+                    mine = &s;
+                    break;
+                }
             }
         }
+        cachealloc_end_allocate_to_pool(device, mempool_id.first, mempool_id.second);
+        std::string msg = last_error("");
+        // The routing is gone from the device: nothing calls its filter now.
+        if (msg.empty() && mine != nullptr) give_back_slot(mine);
         TORCH_CHECK(msg.empty(), "cachealloc: endAllocateToPool failed: ", msg);
     }
 
@@ -393,7 +425,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             c->live++;
             if (!c->expected->count(reinterpret_cast<void*>(b->address))) c->ok = false;
         };
-        check(cachealloc_snapshot_walk(device, 0, &v, &ctx), "checkPoolLiveAllocations");
+        check(cachealloc_snapshot_walk(device, CACHEALLOC_WALK_QUIET, &v, &ctx),
+              "checkPoolLiveAllocations");
         return ctx.ok && ctx.live == expected.size();
     }
 
@@ -433,24 +466,42 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
         std::string name = encode_annotation(md);
-        check(cachealloc_record_annotation(-1, name.c_str()), "record_annotation");
+        // torch records it on the current device (every device if none is).
+        c10::DeviceIndex device = -1;
+        if (c10::cuda::GetDevice(&device) != cudaSuccess) {
+            (void)cudaGetLastError();
+            device = -1;
+        }
+        check(cachealloc_record_annotation(device, name.c_str()), "record_annotation");
     }
 
     CA::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
         Walk w;
         w.pool = mempool_id;
         w.all_pools = mempool_id.first == 0 && mempool_id.second == 0;
-        w.clock = clock_pair();
         {
             std::lock_guard<std::mutex> lock(mutex_);
             w.contexts = contexts_;
+            w.when = when_;
         }
         cachealloc_snapshot_visitor v{};
         v.segment = &Walk::segment;
         v.block = &Walk::block;
         v.trace_entry = &Walk::trace;
-        check(cachealloc_snapshot_walk(-1, include_traces ? 1 : 0, &v, &w), "snapshot");
+        check(cachealloc_snapshot_walk(-1, include_traces ? CACHEALLOC_WALK_TRACES : 0, &v, &w),
+              "snapshot");
         w.info.config_metadata = settings();
+        // Stacks go on the last `alloc` entry of each live allocation (an
+        // older one at a reused address belonged to someone else), and only
+        // when torch asked for them in the history (ALLOC or ALL).
+        if (w.when >= CA::RecordContext::ALLOC) {
+            std::unordered_set<size_t> done;
+            for (auto it = w.traces.rbegin(); it != w.traces.rend(); ++it) {
+                if (it->action_ != CDA::TraceEntry::ALLOC || !done.insert(it->addr_).second) continue;
+                auto c = w.contexts.find(reinterpret_cast<void*>(it->addr_));
+                if (c != w.contexts.end()) it->context_ = c->second;
+            }
+        }
         int devices = std::max<int>(w.devices, c10::cuda::device_count());
         w.info.device_traces.resize(std::max(devices, 1));
         for (auto& e : w.traces) {
@@ -475,15 +526,16 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 #endif
 
     void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override {
-        bool first = false;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            first = trackers_.empty();
             trackers_.push_back(std::move(tracker));
         }
-        if (first) {
+        // One C tracker calls them all, attached once (tried again after a failure).
+        std::lock_guard<std::mutex> once(tracker_attach_mutex_);
+        if (!tracker_attached_) {
             check(cachealloc_attach_trace_tracker(&CacheallocAllocator::on_trace, this),
                   "attachAllocatorTraceTracker");
+            tracker_attached_ = true;
         }
     }
 
@@ -551,7 +603,12 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     static int call_filter(void* stream, void* user) {
         auto* slot = static_cast<FilterSlot*>(user);
-        return slot->filter && slot->filter(static_cast<cudaStream_t>(stream)) ? 1 : 0;
+        try {
+            return slot->filter && slot->filter(static_cast<cudaStream_t>(stream)) ? 1 : 0;
+        } catch (...) {
+            keep_exception();
+            return 0;
+        }
     }
 
     FilterSlot* take_slot(c10::DeviceIndex device, c10::MempoolId_t id,
@@ -584,8 +641,12 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             std::lock_guard<std::mutex> lock(self->mutex_);
             observers = self->oom_observers_;
         }
-        for (const auto& o : observers) {
-            o(device, alloc_size, device_total, device_free);
+        try {
+            for (const auto& o : observers) {
+                o(device, alloc_size, device_total, device_free);
+            }
+        } catch (...) {
+            keep_exception();
         }
     }
 
@@ -600,7 +661,11 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         CDA::TraceEntry te(static_cast<CDA::TraceEntry::Action>(e->action),
                            static_cast<c10::DeviceIndex>(e->device), e->addr, e->size, e->stream,
                            c10::MempoolId_t{0, 0}, c10::getApproximateTime());
-        for (const auto& t : trackers) t(te);
+        try {
+            for (const auto& t : trackers) t(te);
+        } catch (...) {
+            keep_exception();
+        }
     }
 
     void record_context(void* ptr) {
@@ -620,30 +685,6 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         contexts_.erase(ptr);
     }
 
-    // A pair of clocks: the C library's microseconds (Unix time on CUDA)
-    // become torch's approximate time, which its snapshot converts back.
-    struct ClockPair {
-        double ns_per_tick = 1.0;
-        int64_t unix_ns = 0;
-        c10::approx_time_t approx = 0;
-    };
-
-    static ClockPair clock_pair() {
-        c10::ApproximateClockToUnixTimeConverter converter;
-        auto to_unix = converter.makeConverter();
-        ClockPair p;
-        p.approx = c10::getApproximateTime();
-        p.unix_ns = to_unix(p.approx);
-        auto later = to_unix(p.approx + 1000000000);
-        if (later != p.unix_ns) p.ns_per_tick = double(later - p.unix_ns) / 1e9;
-        return p;
-    }
-
-    static c10::approx_time_t approx_of(const ClockPair& p, uint64_t time_us) {
-        double delta_ns = double(int64_t(time_us) * 1000 - p.unix_ns);
-        return static_cast<c10::approx_time_t>(double(p.approx) + delta_ns / p.ns_per_tick);
-    }
-
     // The snapshot as it is walked.
     struct Walk {
         CA::SnapshotInfo info;
@@ -651,8 +692,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         bool all_pools = true;
         bool keep = false;  // the segment being walked is in the snapshot
         int devices = 0;
-        ClockPair clock;
         std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
+        CA::RecordContext when = CA::RecordContext::NEVER;
         std::vector<CDA::TraceEntry> traces;
 
         static void segment(const cachealloc_segment_info* s, void* user) {
@@ -693,23 +734,22 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             auto* w = static_cast<Walk*>(user);
             w->devices = std::max(w->devices, e->device + 1);
             auto device = static_cast<c10::DeviceIndex>(e->device);
-            auto when = approx_of(w->clock, e->time_us);
+            // A snapshot holds times as microseconds in time_.t_ (torch's
+            // allocator converts its approximate clock when it takes one):
+            // the C library's are microseconds already.
             if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
-                CDA::AnnotationEntry a(device, when);
+                CDA::AnnotationEntry a(device, 0);
+                a.time_.t_ = static_cast<time_t>(e->time_us);
                 for (auto& [k, v] : decode_annotation(e->annotation)) a.recordUserMetadata(k, v);
                 w->info.external_annotations.push_back(std::move(a));
 #endif
                 return;
             }
-            std::shared_ptr<c10::GatheredContext> ctx;
-            if (e->action == static_cast<int>(CDA::TraceEntry::ALLOC)) {
-                auto it = w->contexts.find(reinterpret_cast<void*>(e->addr));
-                if (it != w->contexts.end()) ctx = it->second;
-            }
             w->traces.emplace_back(static_cast<CDA::TraceEntry::Action>(e->action), device,
                                    static_cast<size_t>(e->addr), e->size, e->stream,
-                                   c10::MempoolId_t{0, 0}, when, ctx);
+                                   c10::MempoolId_t{0, 0}, 0);
+            w->traces.back().time_.t_ = static_cast<time_t>(e->time_us);
         }
     };
 
@@ -745,6 +785,9 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     CA::CreateContextFn context_recorder_ = nullptr;
     CA::RecordContext when_ = CA::RecordContext::NEVER;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+
+    std::mutex tracker_attach_mutex_;
+    bool tracker_attached_ = false;
 
     std::mutex slots_mutex_;
     std::array<FilterSlot, 64> slots_;
