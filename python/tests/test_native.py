@@ -17,9 +17,14 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+try:
+    from cachealloc import native  # the installed package (python/ci-check.sh)
+except ImportError:  # run from a source checkout
+    sys.path.insert(0, os.path.dirname(HERE))
+    from cachealloc import native
 
-from cachealloc import native  # noqa: E402
+#: Where the package imported here lives (for child processes).
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(native.__file__)))
 
 try:
     import torch
@@ -157,7 +162,7 @@ print("torch.cuda.memory_stats: %d keys equal; memory_summary, max_memory_alloca
         snap = os.path.join(self.tmp.name, "torch-snap.json")
         proc = subprocess.run(
             [sys.executable, "-c", script, snap], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            universal_newlines=True, env=dict(mock_env(), PYTHONPATH=os.path.dirname(HERE)), timeout=180,
+            universal_newlines=True, env=dict(mock_env(), PYTHONPATH=PACKAGE_ROOT), timeout=180,
         )
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         print("ok " + proc.stdout.strip().splitlines()[-1])
