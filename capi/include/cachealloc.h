@@ -413,6 +413,41 @@ typedef struct {
  */
 typedef int (*cachealloc_stream_filter)(void*, void*);
 
+/**
+ * One block of a checkpointed pool (PyTorch's `BlockState`): every block
+ * of every segment of the pool, segment by segment, each segment's first
+ * block marked.
+ */
+typedef struct {
+    /**
+     * Its address.
+     */
+    uint64_t ptr;
+    /**
+     * Its size.
+     */
+    size_t size;
+    /**
+     * Its stream.
+     */
+    void *stream;
+    /**
+     * 1 when it was allocated, 0 when free.
+     */
+    int allocated;
+    /**
+     * 1 for the first block of its segment.
+     */
+    int segment_start;
+} cachealloc_checkpoint_block;
+
+/**
+ * Called once per pointer a restore freed (`allocated` 0) and once per
+ * allocation it made (`allocated` 1: the caller owns it and frees it with
+ * `cachealloc_free`), with its size and the caller's `user` pointer.
+ */
+typedef void (*cachealloc_restore_callback)(void*, size_t, int, void*);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -902,6 +937,49 @@ int cachealloc_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int u
  * now on. Returns 0, or -1 (no such pool).
  */
 int cachealloc_set_pool_no_split(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * Copy every block of private pool `(id0, id1)` of `device` to `out`, at
+ * most `capacity` of them, and return how many the pool has: call it with
+ * a `capacity` of 0 to learn the size, then with room for that many (the
+ * pool must not change in between; a larger return asks again). Its frees
+ * pending on other streams' events must have completed. Returns -1 on
+ * failure (no such pool, a pool with expandable segments, pending events).
+ *
+ * # Safety
+ *
+ * `out` points to room for `capacity` `cachealloc_checkpoint_block`s (or
+ * is anything when `capacity` is 0).
+ */
+int64_t cachealloc_checkpoint_pool(int device,
+                                   uint64_t id0,
+                                   uint64_t id1,
+                                   cachealloc_checkpoint_block *out,
+                                   size_t capacity);
+
+/**
+ * Rewind private pool `(id0, id1)` of `device` to checkpoint `blocks` (`n`
+ * of them, from `cachealloc_checkpoint_pool`): every live allocation of
+ * the pool is freed, then each recorded segment is carved into its
+ * recorded blocks, the allocated ones handed out again. `callback` (may be
+ * NULL) hears of each pointer freed, then of each allocation made, after
+ * the device's lock is released. Everything is checked first: on failure
+ * (the pool routed to, blocks with pending events or IPC shares, a
+ * checkpoint that does not match the pool's segments) nothing changes.
+ * Returns 0, or -1.
+ *
+ * # Safety
+ *
+ * `blocks` points to `n` readable `cachealloc_checkpoint_block`s (or is
+ * anything when `n` is 0).
+ */
+int cachealloc_restore_pool(int device,
+                            uint64_t id0,
+                            uint64_t id1,
+                            const cachealloc_checkpoint_block *blocks,
+                            size_t n,
+                            cachealloc_restore_callback callback,
+                            void *user);
 
 #ifdef __cplusplus
 }  // extern "C"

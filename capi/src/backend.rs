@@ -5,6 +5,7 @@
 //! (`cudaStream_t`) and become the backend's stream from the pointer's value
 //! (the simulated device: the value itself; CUDA and HIP: the raw handle).
 
+use crate::checkpoint::Restored;
 use crate::error::{debug_hooks, mark_out_of_memory, Res};
 use crate::observers::{FORWARD, TRACE_FORWARD};
 use crate::segments;
@@ -13,8 +14,9 @@ use crate::snapshot::add_device;
 use crate::snapshot_walk::Walk;
 use crate::stream_filter::{stream_filter, Filter};
 use cachealloc_core::{
-    BlockSlot, CacheInfo, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, DeviceStats,
-    MallocFlags, MempoolId, PoolOptions, ShareableHandle, TraceActions, TraceEntry,
+    Allocation, BlockSlot, CacheInfo, CachingAllocator, CheckpointBlock, DeviceAllocator,
+    DeviceBackend, DevicePtr, DeviceStats, MallocFlags, MempoolId, PoolOptions, ShareableHandle,
+    TraceActions, TraceEntry,
 };
 use cachealloc_trace::SnapshotDict;
 
@@ -90,6 +92,11 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn set_pool_use_on_oom(&self, id: MempoolId, on: bool) -> Res<()>;
     /// `setNoSplit`.
     fn set_pool_no_split(&self, id: MempoolId) -> Res<()>;
+    /// `getCheckpointState`: every block of private pool `id`.
+    fn checkpoint_pool(&self, id: MempoolId) -> Res<Vec<CheckpointBlock>>;
+    /// `setCheckpointPoolState`: the pointers freed and the allocations
+    /// made (address, size).
+    fn restore_pool(&self, id: MempoolId, blocks: &[CheckpointBlock]) -> Res<Restored>;
     /// `shareIpcHandle` of the allocation starting at `ptr` (one more
     /// consumer until `release_ipc_share`).
     fn share_ipc_handle(&self, ptr: u64) -> Res<ShareableHandle>;
@@ -263,6 +270,31 @@ where
 
     fn set_pool_use_on_oom(&self, id: MempoolId, on: bool) -> Res<()> {
         self.try_with(|a| a.set_use_on_oom(id, on)).map_err(text)
+    }
+
+    fn checkpoint_pool(&self, id: MempoolId) -> Res<Vec<CheckpointBlock>> {
+        self.try_with(|a| {
+            let mut out = vec![CheckpointBlock::EMPTY; a.checkpoint_len(id)?];
+            a.checkpoint_pool(id, &mut out).map(|b| b.to_vec())
+        })
+        .map_err(text)
+    }
+
+    fn restore_pool(&self, id: MempoolId, blocks: &[CheckpointBlock]) -> Res<Restored> {
+        self.try_with(|a| {
+            // Room: every block of the pool now may be a live allocation.
+            let mut freed = vec![DevicePtr::NULL; a.checkpoint_len(id)?];
+            let mut made = vec![Allocation::NULL; blocks.iter().filter(|b| b.allocated).count()];
+            let n = a.restore_pool(id, blocks, &mut freed, &mut made)?;
+            Ok(Restored {
+                freed: freed[..n.freed].iter().map(|p| p.0).collect(),
+                allocated: made[..n.allocated]
+                    .iter()
+                    .map(|m| (m.ptr.0, m.size))
+                    .collect(),
+            })
+        })
+        .map_err(text)
     }
 
     fn set_pool_no_split(&self, id: MempoolId) -> Res<()> {

@@ -60,6 +60,9 @@ mod stats;
 /// `torch.cuda.MemPool`'s pools, `cachealloc_begin_allocate_to_pool_filtered`.
 mod stream_filter;
 
+/// Checkpoints of a private pool (cudagraph trees).
+mod checkpoint;
+
 // The machinery.
 mod backend;
 mod registry;
@@ -67,6 +70,10 @@ mod registry;
 mod segments;
 mod settings;
 
+pub use checkpoint::{
+    cachealloc_checkpoint_block, cachealloc_checkpoint_pool, cachealloc_restore_callback,
+    cachealloc_restore_pool,
+};
 pub use error::{
     cachealloc_debug_fail_inside_lock, cachealloc_debug_force_internal_error,
     cachealloc_last_error, cachealloc_last_error_code, CACHEALLOC_ERROR_OTHER,

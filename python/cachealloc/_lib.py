@@ -80,6 +80,8 @@ PROTOTYPES = {
     "cachealloc_get_device_stats": (c_int, [c_int, c_void_p]),
     "cachealloc_begin_allocate_to_pool_filtered": (c_int, [c_int, c_uint64, c_uint64, c_void_p, c_void_p]),
     "cachealloc_create_pool": (c_int, [c_int, c_uint64, c_uint64, c_int, c_int]),
+    "cachealloc_checkpoint_pool": (c_int64, [c_int, c_uint64, c_uint64, c_void_p, c_size_t]),
+    "cachealloc_restore_pool": (c_int, [c_int, c_uint64, c_uint64, c_void_p, c_size_t, c_void_p, c_void_p]),
     "cachealloc_pool_use_count": (c_int64, [c_int, c_uint64, c_uint64]),
     "cachealloc_set_pool_use_on_oom": (c_int, [c_int, c_uint64, c_uint64, c_int]),
     "cachealloc_set_pool_no_split": (c_int, [c_int, c_uint64, c_uint64]),

@@ -191,6 +191,38 @@ int main(int argc, char** argv) {
     std::printf("ok the pool hooks call the filter (%d calls) and route only its stream\n",
                 filter_calls);
 
+    // ------------------------ cudagraph trees: checkpoint and restore a pool
+    c10::MempoolId_t graph{5, 0};
+    a.beginAllocateToPool(0, graph, [](cudaStream_t) { return true; });
+    void* g1 = self.alloc(1 << 20, 0, stream);
+    void* g2 = self.alloc(2 << 20, 0, stream);
+    void* g3 = self.alloc(1 << 20, 0, stream);
+    a.endAllocateToPool(0, graph);
+    a.raw_delete(g2);
+    auto checkpoint = a.getCheckpointState(0, graph);
+    a.raw_delete(g1);  // the pool moves on
+    a.beginAllocateToPool(0, graph, [](cudaStream_t) { return true; });
+    void* g4 = self.alloc(3 << 20, 0, stream);
+    a.endAllocateToPool(0, graph);
+    auto delta = a.setCheckpointPoolState(0, checkpoint);
+    std::unordered_set<void*> freed(delta.ptrs_freed.begin(), delta.ptrs_freed.end());
+    std::unordered_set<void*> made;
+    for (auto& d : delta.dataptrs_allocd) made.insert(d.get());
+    EXPECT(freed == (std::unordered_set<void*>{g3, g4}), "the live allocations were freed (%zu)",
+           freed.size());
+    EXPECT(made == (std::unordered_set<void*>{g1, g3}), "the checkpoint's came back (%zu)",
+           made.size());
+    EXPECT(a.checkPoolLiveAllocations(0, graph, made), "and are the pool's live ones");
+    stats_equal(a, "after a checkpoint restore");
+    delta.dataptrs_allocd.clear();  // torch frees them through their deleter
+    EXPECT(!a.checkPoolLiveAllocations(0, graph, made), "freed");
+    a.releasePool(0, graph);  // one user per beginAllocateToPool
+    a.releasePool(0, graph);
+    a.emptyCache(graph);
+    EXPECT(a.getPoolUseCount(0, graph) == 0, "the graph's pool is gone");
+    std::printf("ok getCheckpointState / setCheckpointPoolState rewind a graph's pool "
+                "(%zu freed, %zu handed back)\n", freed.size(), made.size());
+
     // ---------------- torch.cuda.MemPool: create, use_mem_pool, release
     c10::MempoolId_t mem{0, 9};
     a.createOrIncrefPool(0, mem, nullptr);

@@ -248,6 +248,50 @@ static void settings_come_back(void) {
     printf("ok the allocator settings come back\n");
 }
 
+/* ------------------------------------------------------- checkpoints */
+
+typedef struct {
+    int freed, made;
+    void *made_ptr[8];
+} restore_ctx;
+
+static void on_restored(void *ptr, size_t size, int allocated, void *user) {
+    restore_ctx *r = user;
+    (void)size;
+    if (allocated) {
+        if (r->made < 8) r->made_ptr[r->made] = ptr;
+        r->made++;
+    } else {
+        r->freed++;
+    }
+}
+
+static void checkpoints_rewind_a_pool(void) {
+    CHECK(cachealloc_begin_allocate_to_pool_filtered(0, 70, 0, NULL, NULL) == 0, "begin");
+    void *a = cachealloc_alloc(1 << 20, 0, NULL), *b = cachealloc_alloc(1 << 20, 0, NULL);
+    cachealloc_end_allocate_to_pool(0, 70, 0);
+    int64_t n = cachealloc_checkpoint_pool(0, 70, 0, NULL, 0);
+    CHECK(n >= 2, "blocks: %lld", (long long)n);
+    cachealloc_checkpoint_block blocks[16];
+    CHECK(n <= 16 && cachealloc_checkpoint_pool(0, 70, 0, blocks, 16) == n, "checkpoint");
+    CHECK(blocks[0].segment_start && blocks[0].allocated && blocks[0].ptr == (uint64_t)(uintptr_t)a,
+          "the first block");
+    cachealloc_free(a, 0, 0, NULL);
+    cachealloc_free(b, 0, 0, NULL);
+    restore_ctx r = {0, 0, {0}};
+    CHECK(cachealloc_restore_pool(0, 70, 0, blocks, (size_t)n, on_restored, &r) == 0, "restore");
+    CHECK(r.freed == 0 && r.made == 2, "freed %d made %d", r.freed, r.made);
+    CHECK(stat(0, "allocation.all.current") >= 2, "allocated again");
+    for (int i = 0; i < r.made; i++) cachealloc_free(r.made_ptr[i], 0, 0, NULL);
+    CHECK(cachealloc_checkpoint_pool(0, 71, 0, NULL, 0) == -1, "no such pool");
+    CHECK(cachealloc_restore_pool(0, 70, 0, blocks + 1, (size_t)n - 1, NULL, NULL) == -1 &&
+              error_has("first block"),
+          "a checkpoint that does not start a segment is refused");
+    cachealloc_release_pool(0, 70, 0);
+    CHECK(cachealloc_empty_cache_pool(0, 70, 0) == 0, "gone");
+    printf("ok a checkpoint rewinds a pool (%lld blocks, %d handed back)\n", (long long)n, r.made);
+}
+
 /* --------------------------------------------------------- the others */
 
 static void the_rest(void) {
@@ -319,6 +363,7 @@ int main(int argc, char **argv) {
     tracker_sees_every_entry();
     settings_come_back();
     the_rest();
+    checkpoints_rewind_a_pool();
     printf("native_test: all checks passed\n");
     return 0;
 }

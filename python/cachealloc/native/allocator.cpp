@@ -430,16 +430,56 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         return ctx.ok && ctx.live == expected.size();
     }
 
-    std::shared_ptr<CA::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
-        TORCH_CHECK(false,
-                    "cachealloc does not support getCheckpointState yet (cudagraph trees' "
-                    "checkpointing of a private pool); use torch.compile without "
-                    "mode='reduce-overhead', or install(native=False) is no better");
+    // cudagraph trees: a private pool's layout, to rewind it to later.
+    struct CheckpointState final : CA::AllocatorState {
+        c10::DeviceIndex device = 0;
+        c10::MempoolId_t id{0, 0};
+        std::vector<cachealloc_checkpoint_block> blocks;
+    };
+
+    std::shared_ptr<CA::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                           c10::MempoolId_t id) override {
+        auto state = std::make_shared<CheckpointState>();
+        state->device = device;
+        state->id = id;
+        int64_t n = 0;
+        do {  // sized, then filled (again if the pool grew in between)
+            state->blocks.resize(static_cast<size_t>(n));
+            n = cachealloc_checkpoint_pool(device, id.first, id.second, state->blocks.data(),
+                                           state->blocks.size());
+            if (n < 0) fail("getCheckpointState");
+        } while (static_cast<size_t>(n) > state->blocks.size());
+        state->blocks.resize(static_cast<size_t>(n));
+        return state;
     }
 
-    CA::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
-                                               std::shared_ptr<CA::AllocatorState>) override {
-        TORCH_CHECK(false, "cachealloc does not support setCheckpointPoolState yet");
+    CA::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                               std::shared_ptr<CA::AllocatorState> pps) override {
+        auto* state = dynamic_cast<CheckpointState*>(pps.get());
+        TORCH_CHECK(state != nullptr, "cachealloc: setCheckpointPoolState was given a state that "
+                                      "cachealloc's getCheckpointState did not make");
+        TORCH_CHECK(state->device == device, "cachealloc: a checkpoint of device ", state->device,
+                    " restored on device ", device);
+        struct Ctx {
+            CA::CheckpointDelta delta;
+            c10::DeviceIndex device;
+        } ctx{{}, device};
+        auto on_block = [](void* ptr, size_t, int allocated, void* user) {
+            auto* c = static_cast<Ctx*>(user);
+            if (allocated) {
+                c->delta.dataptrs_allocd.emplace_back(
+                    ptr, ptr, &local_raw_delete, c10::Device(c10::DeviceType::CUDA, c->device));
+            } else {
+                c->delta.ptrs_freed.push_back(ptr);
+            }
+        };
+        check(cachealloc_restore_pool(device, state->id.first, state->id.second,
+                                      state->blocks.data(), state->blocks.size(), on_block, &ctx),
+              "setCheckpointPoolState");
+        if (recording_context_) {
+            for (void* p : ctx.delta.ptrs_freed) forget_context(p);
+        }
+        return std::move(ctx.delta);
     }
 
     // ------------------------------------------------ history, snapshots
