@@ -623,6 +623,16 @@ class Install(unittest.TestCase):
         self.assertEqual(calls[0][2], "cachealloc_pluggable_alloc")
         self.assertEqual(calls[-1], ("change_current_allocator", a))
 
+    def test_without_a_compiler_the_build_says_so(self):
+        """No C++ compiler: the native build fails with a BuildError that
+        names it (install() then falls back, as above)."""
+        from cachealloc import native
+
+        with mock.patch.dict(os.environ, {"CXX": "/nonexistent/c++"}):
+            self.assertIsNone(native.compiler())
+            with self.assertRaisesRegex(native.BuildError, "no C\\+\\+ compiler"):
+                native.command(types.SimpleNamespace(__file__="/nowhere/torch/__init__.py"), "/tmp/x.so")
+
     def test_real_torch_without_cuda(self):
         try:
             import torch
