@@ -52,6 +52,24 @@ namespace cachealloc_torch {
 namespace CA = c10::cuda::CUDACachingAllocator;
 namespace CDA = c10::CachingDeviceAllocator;
 
+// An exception thrown by torch code that the C library called back (a
+// stream filter, an OOM observer, a trace tracker) must not unwind through
+// its Rust frames: it is caught there, kept here, and rethrown once the C
+// call has returned, on the same thread.
+static thread_local std::exception_ptr pending_exception;
+
+static void keep_exception() {
+    if (!pending_exception) pending_exception = std::current_exception();
+}
+
+static void rethrow_pending() {
+    if (pending_exception) {
+        auto e = pending_exception;
+        pending_exception = nullptr;
+        std::rethrow_exception(e);
+    }
+}
+
 // The C library's last error on this thread, or `fallback`.
 static std::string last_error(const char* fallback) {
     const char* e = cachealloc_last_error();
@@ -64,12 +82,16 @@ static std::string last_error(const char* fallback) {
     throw;  // not reached: TORCH_CHECK(false) throws
 }
 
+// After a C call: rethrow what a callback threw during it, else throw if
+// it failed.
 static void check(int status, const char* what) {
+    rethrow_pending();
     if (status != 0) fail(what);
 }
 
-// After a void C call: throw if it left an error.
+// After a void C call: the same.
 static void check_void(const char* what) {
+    rethrow_pending();
     if (cachealloc_last_error() != nullptr) fail(what);
 }
 
@@ -126,24 +148,6 @@ static std::unordered_map<std::string, std::string> decode_annotation(const char
 }
 
 static void local_raw_delete(void* ptr);
-
-// An exception thrown by torch code that the C library called back (a
-// stream filter, an OOM observer, a trace tracker) must not unwind through
-// its Rust frames: it is caught there, kept here, and rethrown once the C
-// call has returned, on the same thread.
-static thread_local std::exception_ptr pending_exception;
-
-static void keep_exception() {
-    if (!pending_exception) pending_exception = std::current_exception();
-}
-
-static void rethrow_pending() {
-    if (pending_exception) {
-        auto e = pending_exception;
-        pending_exception = nullptr;
-        std::rethrow_exception(e);
-    }
-}
 
 class CacheallocAllocator final : public CA::CUDAAllocator {
    public:
@@ -209,9 +213,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     void raw_delete(void* ptr) override {
         if (ptr == nullptr) return;
         if (recording_context_) forget_context(ptr);
-        int rc = cachealloc_free_checked(ptr, 0, -1, nullptr);
-        rethrow_pending();  // a trace tracker threw
-        check(rc, "free");
+        check(cachealloc_free_checked(ptr, 0, -1, nullptr), "free");
     }
 
     // ------------------------------------------------------- lifecycle
