@@ -141,7 +141,11 @@ ptrs = [cachealloc.caching_allocator_alloc(n << 20) for n in (1, 3, 25)]
 cachealloc.caching_allocator_delete(ptrs[1])
 ours = dict(cachealloc.memory_stats(0))
 theirs = dict(torch.cuda.memory_stats(0))
-assert ours == theirs, sorted(k for k in ours if ours[k] != theirs.get(k))
+assert all(ours[k] == theirs.get(k) for k in ours), sorted(k for k in ours if ours[k] != theirs.get(k))
+# Keys of newer torch versions that cachealloc has no counter for: 0, as
+# torch's own allocator reports them without the policy behind them.
+extra = set(theirs) - set(ours)
+assert extra <= {"num_oom_rejections"} and all(theirs[k] == 0 for k in extra), extra
 assert torch.cuda.max_memory_allocated(0) == ours["allocated_bytes.all.peak"]
 summary = torch.cuda.memory_summary(0)
 assert "PyTorch CUDA memory summary" in summary, summary[:200]
