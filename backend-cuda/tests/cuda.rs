@@ -126,7 +126,7 @@ fn a_missing_ordinal_is_an_error() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU (run on a GPU machine with `-- --ignored real_device`; gpu/check.sh does)"]
+#[ignore = "needs an NVIDIA GPU (run on a GPU machine with `-- --ignored real_device`; scripts/gpu-check.sh does)"]
 fn real_device_conformance() {
     backend_suite::run_and_report(&GpuHarness::<Cuda>::new(None), &testdata_dir());
 }
