@@ -28,7 +28,7 @@ esac
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 for need in ("cachealloc/libcachealloc.so", "cachealloc/include/cachealloc.h",
-             "cachealloc/native/allocator.cpp"):
+             "cachealloc/native/allocator.cpp", "cachealloc/native/snapshot_walk.h"):
     if need not in names:
         sys.exit("FAIL: %s is not in the wheel: %s" % (need, names))
 PY

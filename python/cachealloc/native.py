@@ -208,8 +208,11 @@ def build(verbose=False):
     cuda = getattr(getattr(torch, "version", None), "cuda", None)
     if not cuda:
         raise BuildError("torch %s is not a CUDA build" % getattr(torch, "__version__", "(unknown)"))
-    with open(SOURCE, "rb") as f:
-        source = f.read()
+    source = b""
+    for name in sorted(os.listdir(os.path.dirname(SOURCE))):  # allocator.cpp and its headers
+        if name.endswith((".cpp", ".h")):
+            with open(os.path.join(os.path.dirname(SOURCE), name), "rb") as f:
+                source += name.encode() + b"\0" + f.read()
     with open(os.path.join(header_dir(), "cachealloc.h"), "rb") as f:
         header = f.read()
     library = _lib.library_path()

@@ -47,105 +47,12 @@
 
 #include "cachealloc.h"
 
+// The pieces, one file each, included into this one translation unit.
+#include "c_calls.h"       // calling the C library: errors, callbacks' exceptions
+#include "ipc_handle.h"    // torch's shareable-handle layout
+#include "snapshot_walk.h" // the C library's snapshot walk into torch's SnapshotInfo
+
 namespace cachealloc_torch {
-
-namespace CA = c10::cuda::CUDACachingAllocator;
-namespace CDA = c10::CachingDeviceAllocator;
-
-// An exception thrown by torch code that the C library called back (a
-// stream filter, an OOM observer, a trace tracker) must not unwind through
-// its Rust frames: it is caught there, kept here, and rethrown once the C
-// call has returned, on the same thread.
-static thread_local std::exception_ptr pending_exception;
-
-static void keep_exception() {
-    if (!pending_exception) pending_exception = std::current_exception();
-}
-
-static void rethrow_pending() {
-    if (pending_exception) {
-        auto e = pending_exception;
-        pending_exception = nullptr;
-        std::rethrow_exception(e);
-    }
-}
-
-// The C library's last error on this thread, or `fallback`.
-static std::string last_error(const char* fallback) {
-    const char* e = cachealloc_last_error();
-    return e ? std::string(e) : std::string(fallback);
-}
-
-// Throw c10::Error (torch's RuntimeError) with the C library's message.
-[[noreturn]] static void fail(const char* what) {
-    TORCH_CHECK(false, "cachealloc: ", what, " failed: ", last_error("no message"));
-    throw;  // not reached: TORCH_CHECK(false) throws
-}
-
-// After a C call: rethrow what a callback threw during it, else throw if
-// it failed.
-static void check(int status, const char* what) {
-    rethrow_pending();
-    if (status != 0) fail(what);
-}
-
-// After a void C call: the same.
-static void check_void(const char* what) {
-    rethrow_pending();
-    if (cachealloc_last_error() != nullptr) fail(what);
-}
-
-static void copy_stat(CDA::Stat& to, const cachealloc_stat& from) {
-    to.current = from.current;
-    to.peak = from.peak;
-    to.allocated = from.allocated;
-    to.freed = from.freed;
-}
-
-static void copy_array(CDA::StatArray& to, const cachealloc_stat (&from)[3]) {
-    for (size_t i = 0; i < 3; i++) copy_stat(to[i], from[i]);
-}
-
-// The first byte of a handle string (PyTorch's SHAREABLE_HANDLE_VERSION),
-// then the type ('c': a cudaMalloc segment, PyTorch's
-// SHAREABLE_CUDA_MALLOC), then the driver's 64-byte handle.
-constexpr char kHandleVersion = 2;
-constexpr char kHandleCudaMalloc = 'c';
-constexpr size_t kIpcHandleSize = 64;
-
-// Annotations: torch's metadata pairs, kept in the C library's name as
-// KEY \x1f VALUE \x1e ... after a marker, and read back in snapshots.
-constexpr const char* kAnnotationMarker = "\x1d" "torch:";
-
-static std::string encode_annotation(const std::vector<std::pair<std::string, std::string>>& md) {
-    std::string s = kAnnotationMarker;
-    for (const auto& [k, v] : md) {
-        s += k;
-        s += '\x1f';
-        s += v;
-        s += '\x1e';
-    }
-    return s;
-}
-
-static std::unordered_map<std::string, std::string> decode_annotation(const char* name) {
-    std::unordered_map<std::string, std::string> md;
-    std::string s = name ? name : "";
-    const std::string marker = kAnnotationMarker;
-    if (s.compare(0, marker.size(), marker) != 0) {
-        md["name"] = s;
-        return md;
-    }
-    size_t at = marker.size();
-    while (at < s.size()) {
-        size_t sep = s.find('\x1f', at);
-        size_t end = s.find('\x1e', at);
-        if (sep == std::string::npos || end == std::string::npos || sep > end) break;
-        md[s.substr(at, sep - at)] = s.substr(sep + 1, end - sep - 1);
-        at = end + 1;
-    }
-    return md;
-}
 
 static void local_raw_delete(void* ptr);
 
@@ -518,7 +425,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
     CA::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
-        Walk w;
+        SnapshotWalk w;
         w.pool = mempool_id;
         w.all_pools = mempool_id.first == 0 && mempool_id.second == 0;
         {
@@ -527,12 +434,12 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             w.when = when_;
         }
         cachealloc_snapshot_visitor v{};
-        v.segment = &Walk::segment;
-        v.block = &Walk::block;
-        v.trace_entry = &Walk::trace;
+        v.segment = &SnapshotWalk::segment;
+        v.block = &SnapshotWalk::block;
+        v.trace_entry = &SnapshotWalk::trace;
         check(cachealloc_snapshot_walk(-1, include_traces ? CACHEALLOC_WALK_TRACES : 0, &v, &w),
               "snapshot");
-        w.info.config_metadata = settings();
+        w.info.config_metadata = allocator_settings();
         // Stacks go on the last `alloc` entry of each live allocation (an
         // older one at a reused address belonged to someone else), and only
         // when torch asked for them in the history (ALLOC or ALL).
@@ -589,30 +496,11 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         // torch keeps the memory alive (its ref-counted sent data), not the
         // allocator: no share is held here.
         check(cachealloc_release_ipc_share(ptr), "shareIpcHandle (release)");
-        std::string handle;
-        handle.push_back(kHandleVersion);
-        handle.push_back(kHandleCudaMalloc);
-        handle.append(reinterpret_cast<const char*>(h.handle), kIpcHandleSize);
-        return CA::ShareableHandle{static_cast<ptrdiff_t>(h.offset), handle};
+        return CA::ShareableHandle{static_cast<ptrdiff_t>(h.offset), handle_string(h)};
     }
 
     std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-        cachealloc_ipc_handle h{};
-        const char* bytes = handle.data();
-        if (handle.size() == kIpcHandleSize) {
-            // A bare driver handle (older torch's StorageSharing).
-        } else if (handle.size() == kIpcHandleSize + 2 && handle[0] <= kHandleVersion &&
-                   handle[1] == kHandleCudaMalloc) {
-            bytes += 2;
-        } else {
-            TORCH_CHECK(handle.size() >= 2 && handle[0] <= kHandleVersion,
-                        "cachealloc: received a shareable handle from a newer torch");
-            TORCH_CHECK(false,
-                        "cachealloc: this handle shares an expandable segment, which cachealloc "
-                        "cannot open; the sending process should use expandable_segments:False");
-        }
-        std::memcpy(h.handle, bytes, kIpcHandleSize);
-        h.offset = 0;
+        cachealloc_ipc_handle h = parse_handle_string(handle);
         int device = c10::cuda::current_device();
         void* p = cachealloc_open_ipc_handle(&h, device);
         if (p == nullptr) fail("getIpcDevPtr");
@@ -725,91 +613,6 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     void forget_context(void* ptr) {
         std::lock_guard<std::mutex> lock(mutex_);
         contexts_.erase(ptr);
-    }
-
-    // The snapshot as it is walked.
-    struct Walk {
-        CA::SnapshotInfo info;
-        c10::MempoolId_t pool{0, 0};
-        bool all_pools = true;
-        bool keep = false;  // the segment being walked is in the snapshot
-        int devices = 0;
-        std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
-        CA::RecordContext when = CA::RecordContext::NEVER;
-        std::vector<CDA::TraceEntry> traces;
-
-        static void segment(const cachealloc_segment_info* s, void* user) {
-            auto* w = static_cast<Walk*>(user);
-            w->devices = std::max(w->devices, s->device + 1);
-            w->keep = w->all_pools || (s->pool_id0 == w->pool.first && s->pool_id1 == w->pool.second);
-            if (!w->keep) return;
-            CDA::SegmentInfo seg;
-            seg.device = static_cast<c10::DeviceIndex>(s->device);
-            seg.address = static_cast<size_t>(s->address);
-            seg.total_size = s->total_size;
-            seg.requested_size = s->requested_size;
-            seg.allocated_size = s->allocated_size;
-            seg.active_size = s->active_size;
-            seg.stream = s->stream;
-            seg.is_large = s->is_large != 0;
-            seg.is_expandable = s->is_expandable != 0;
-            seg.owner_private_pool_id = {s->pool_id0, s->pool_id1};
-            w->info.segments.push_back(std::move(seg));
-        }
-
-        static void block(const cachealloc_block_info* b, void* user) {
-            auto* w = static_cast<Walk*>(user);
-            if (!w->keep || w->info.segments.empty()) return;
-            CDA::BlockInfo bi;
-            bi.size = b->size;
-            bi.requested_size = b->requested_size;
-            bi.allocated = b->allocated != 0;
-            bi.active = b->active != 0;
-            if (bi.allocated) {
-                auto it = w->contexts.find(reinterpret_cast<void*>(b->address));
-                if (it != w->contexts.end()) bi.context_when_allocated = it->second;
-            }
-            w->info.segments.back().blocks.push_back(std::move(bi));
-        }
-
-        static void trace(const cachealloc_trace_entry* e, void* user) {
-            auto* w = static_cast<Walk*>(user);
-            w->devices = std::max(w->devices, e->device + 1);
-            auto device = static_cast<c10::DeviceIndex>(e->device);
-            // A snapshot holds times as microseconds in time_.t_ (torch's
-            // allocator converts its approximate clock when it takes one):
-            // the C library's are microseconds already.
-            if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
-                CDA::AnnotationEntry a(device, 0);
-                a.time_.t_ = static_cast<time_t>(e->time_us);
-                for (auto& [k, v] : decode_annotation(e->annotation)) a.recordUserMetadata(k, v);
-                w->info.external_annotations.push_back(std::move(a));
-#endif
-                return;
-            }
-            w->traces.emplace_back(static_cast<CDA::TraceEntry::Action>(e->action), device,
-                                   static_cast<size_t>(e->addr), e->size, e->stream,
-                                   c10::MempoolId_t{0, 0}, 0);
-            w->traces.back().time_.t_ = static_cast<time_t>(e->time_us);
-        }
-    };
-
-    static CA::AllocatorConfigInfo settings() {
-        cachealloc_allocator_settings s;
-        check(cachealloc_get_allocator_settings(&s), "allocator settings");
-        CA::AllocatorConfigInfo c;
-        c.garbage_collection_threshold = s.garbage_collection_threshold;
-        c.max_split_size = s.max_split_size;
-        c.pinned_num_register_threads = s.pinned_num_register_threads;
-        c.expandable_segments = s.expandable_segments != 0;
-        c.release_lock_on_malloc = s.release_lock_on_malloc != 0;
-        c.pinned_use_host_register = s.pinned_use_host_register != 0;
-        c.graph_capture_record_stream_reuse = s.graph_capture_record_stream_reuse != 0;
-        c.last_allocator_settings = s.last_allocator_settings ? s.last_allocator_settings : "";
-        c.roundup_power2_divisions.assign(std::begin(s.roundup_power2_divisions),
-                                          std::end(s.roundup_power2_divisions));
-        return c;
     }
 
     std::atomic<bool> initialized_{false};
