@@ -418,7 +418,7 @@ mod tests {
             for step in 0..3000 {
                 // Phases that grow or shrink the index, long enough for it
                 // to cross the bins' thresholds both ways.
-                let grow = (step / (2 * n + 50)) % 2 == 0;
+                let grow = (step / (2 * n + 50)).is_multiple_of(2);
                 // Mostly the phase's operation: the next slot from a random
                 // one that is out of the index (grow) or in it (shrink).
                 let want_in = if r.below(5) == 0 { grow } else { !grow };

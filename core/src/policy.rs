@@ -180,7 +180,7 @@ mod tests {
         let mut x = 1u64;
         while x < 1 << 40 {
             let r = round_size(x, &c).unwrap();
-            assert!(r >= x && r % 512 == 0 && r >= prev, "{x} -> {r}");
+            assert!(r >= x && r.is_multiple_of(512) && r >= prev, "{x} -> {r}");
             prev = r;
             x = x + x / 7 + 1;
         }

@@ -325,7 +325,9 @@ where
             bytes_in_use: allocated.current,
             peak_bytes_in_use: allocated.peak,
             largest_alloc_size: c.largest as i64,
-            bytes_limit: Some(limit? as i64),
+            // A limit past i64 (set_memory_limit(u64::MAX): no limit in
+            // effect) saturates rather than wrapping to -1.
+            bytes_limit: Some(i64::try_from(limit?).unwrap_or(i64::MAX)),
             bytes_reserved: 0,
             peak_bytes_reserved: 0,
             bytes_reservable_limit: None,

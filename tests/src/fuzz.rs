@@ -303,7 +303,7 @@ impl Shadow {
 
     fn insert(&mut self, a: Allocation, requested: u64, stream: u64) {
         assert!(
-            a.size >= requested && a.size % 512 == 0 && a.ptr.0 % 512 == 0,
+            a.size >= requested && a.size.is_multiple_of(512) && a.ptr.0.is_multiple_of(512),
             "bad block for {requested}: {a:?}"
         );
         for (&p, pe) in self.pending.range(..a.ptr.0 + a.size) {

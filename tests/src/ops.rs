@@ -243,7 +243,7 @@ struct Check {
 
 impl Observer for Check {
     fn after_event(&mut self, index: u64, r: &Replay) {
-        if self.violation.is_none() && index % self.every == 0 {
+        if self.violation.is_none() && index.is_multiple_of(self.every) {
             for d in &r.devices {
                 if let Err(v) = d.alloc.check_invariants() {
                     self.violation = Some(format!("after event {index}, device {}: {v}", d.index));

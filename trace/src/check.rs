@@ -82,7 +82,7 @@ pub fn check_reader(
     while let Some(ev) = r.next_event() {
         let (line, ev) = ev?;
         s.events += 1;
-        if s.events % 65536 == 0 {
+        if s.events.is_multiple_of(65536) {
             let (a, b) = r.progress();
             progress(a, b);
         }

@@ -195,7 +195,7 @@ where
             .backend
             .allocation_granularity()
             .map_err(vm_error::<B>)?;
-        if granularity == 0 || page % granularity != 0 {
+        if granularity == 0 || !page.is_multiple_of(granularity) {
             return Err(unsupported::<B>(
                 "expandable segments on a device whose allocation granularity does not divide 2 MiB",
             ));

@@ -292,7 +292,7 @@ where
         let page = self.page_of(h, pool);
         let compact = self.is_compact_head(h);
         ensure(
-            !expandable || head.seg_size % page == 0,
+            !expandable || head.seg_size.is_multiple_of(page),
             "expandable segment: not a whole number of pages",
             Some(h),
         )?;
@@ -515,7 +515,7 @@ where
         )?;
         let (base, page) = c.expandable.unwrap_or((b.addr, 1));
         ensure(
-            (b.addr - base) % page == 0 && b.size % page == 0,
+            (b.addr - base).is_multiple_of(page) && b.size.is_multiple_of(page),
             "expandable segment: an unmapped block is not whole pages",
             Some(i),
         )?;

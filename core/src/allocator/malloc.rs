@@ -302,7 +302,7 @@ where
         }
         let what = match ptr.0.checked_add(size) {
             // Blocks sit at multiples of 512 from the base.
-            _ if ptr.0 % policy::MIN_BLOCK_SIZE != 0 => pick(
+            _ if !ptr.0.is_multiple_of(policy::MIN_BLOCK_SIZE) => pick(
                 "malloc returned an address that is not 512-byte aligned",
                 "an address-space reservation is not 512-byte aligned",
             ),

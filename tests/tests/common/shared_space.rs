@@ -83,7 +83,7 @@ impl DeviceBackend for SharedSpace {
         let mut free = self.space.free.lock().unwrap_or_else(|p| p.into_inner());
         let slot = ptr.0.wrapping_sub(BASE);
         if ptr.0 < BASE
-            || slot % SLOT != 0
+            || !slot.is_multiple_of(SLOT)
             || slot / SLOT >= self.space.slots
             || free.contains(&ptr.0)
         {

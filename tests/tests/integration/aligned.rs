@@ -75,7 +75,7 @@ fn up_to_512_bytes_alignment_is_the_old_path_bit_for_bit() {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            if rng % 3 == 0 && !live.is_empty() {
+            if rng.is_multiple_of(3) && !live.is_empty() {
                 let (x, y): (Allocation, Allocation) =
                     live.swap_remove((rng >> 8) as usize % live.len());
                 a.free(x.id.unwrap()).unwrap();

@@ -208,4 +208,9 @@ fn allocator_stats_against_a_hand_count() {
     ));
     let u: TfAllocator<MockDevice, Vec<BlockSlot>> = u;
     assert_eq!(u.get_stats().unwrap().bytes_limit, Some(8 << 30));
+    // A limit of u64::MAX saturates at i64::MAX, never wraps to -1.
+    u.allocator()
+        .with(|a| a.set_memory_limit(u64::MAX))
+        .unwrap();
+    assert_eq!(u.get_stats().unwrap().bytes_limit, Some(i64::MAX));
 }
