@@ -12,16 +12,21 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub(crate) type Res<T> = Result<T, String>;
 
 thread_local! {
-    /// The message of the last failure on this thread (`None`: the last
-    /// call succeeded).
-    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    /// The last failure on this thread (`None`: the last call succeeded).
+    static LAST_ERROR: RefCell<Option<LastError>> = const { RefCell::new(None) };
     /// Set by `cachealloc_debug_force_internal_error`: the next guarded call
     /// on this thread panics inside its guard.
     static PANIC_NEXT: Cell<bool> = const { Cell::new(false) };
-    /// The kind of the last failure (`cachealloc_last_error_code`).
-    static LAST_CODE: Cell<c_int> = const { Cell::new(CACHEALLOC_OK) };
-    /// Set by the body of a failing call whose failure is an out-of-memory.
+    /// Set by the body of a failing call whose failure is an out-of-memory;
+    /// taken by its guard on the way out (only a failure sets it, so a
+    /// call that succeeds pays nothing for it).
     static OOM_PENDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A failure: its message and its `cachealloc_last_error_code`.
+struct LastError {
+    text: CString,
+    code: c_int,
 }
 
 /// `cachealloc_last_error_code()`: the last call succeeded.
@@ -35,23 +40,30 @@ pub const CACHEALLOC_ERROR_OUT_OF_MEMORY: c_int = 1;
 pub const CACHEALLOC_ERROR_OTHER: c_int = 2;
 
 /// The failing call in progress on this thread is an out-of-memory: its
-/// code is `CACHEALLOC_ERROR_OUT_OF_MEMORY`.
+/// code is `CACHEALLOC_ERROR_OUT_OF_MEMORY`. Called only as the error is
+/// returned (the guard takes the mark with the failure).
 pub(crate) fn mark_out_of_memory() {
     let _ = OOM_PENDING.try_with(|p| p.set(true));
 }
 
-/// Keep `msg` as this thread's last error (interior NULs become spaces).
+/// Keep `msg` as this thread's last error (interior NULs become spaces),
+/// an out-of-memory if the failing body marked it so.
 pub(crate) fn set_last_error(msg: &str) {
-    let _ = LAST_CODE.try_with(|c| c.set(CACHEALLOC_ERROR_OTHER));
-    let text = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    let oom = OOM_PENDING.try_with(Cell::take).unwrap_or(false);
+    let error = LastError {
+        text: CString::new(msg.replace('\0', " ")).unwrap_or_default(),
+        code: if oom {
+            CACHEALLOC_ERROR_OUT_OF_MEMORY
+        } else {
+            CACHEALLOC_ERROR_OTHER
+        },
+    };
     // A thread being torn down has no last error any more: nothing to keep.
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(text));
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(error));
 }
 
 /// Forget this thread's last error.
 fn clear_last_error() {
-    let _ = LAST_CODE.try_with(|c| c.set(CACHEALLOC_OK));
-    let _ = OOM_PENDING.try_with(|p| p.set(false));
     let _ = LAST_ERROR.try_with(|e| {
         if let Ok(mut e) = e.try_borrow_mut() {
             if e.is_some() {
@@ -67,7 +79,7 @@ pub(crate) fn last_error_text() -> String {
         .try_with(|e| {
             e.try_borrow()
                 .ok()
-                .and_then(|e| e.as_ref().map(|c| c.to_string_lossy().into_owned()))
+                .and_then(|e| e.as_ref().map(|e| e.text.to_string_lossy().into_owned()))
         })
         .ok()
         .flatten()
@@ -81,7 +93,7 @@ fn last_error_ptr() -> *const c_char {
         .try_with(|e| {
             e.try_borrow()
                 .ok()
-                .and_then(|e| e.as_ref().map(|c| c.as_ptr()))
+                .and_then(|e| e.as_ref().map(|e| e.text.as_ptr()))
                 .unwrap_or(std::ptr::null())
         })
         .unwrap_or(std::ptr::null())
@@ -103,9 +115,6 @@ pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res
         Ok(Ok(value)) => value,
         Ok(Err(msg)) => {
             set_last_error(&msg);
-            if OOM_PENDING.try_with(Cell::take).unwrap_or(false) {
-                let _ = LAST_CODE.try_with(|c| c.set(CACHEALLOC_ERROR_OUT_OF_MEMORY));
-            }
             failed
         }
         Err(payload) => {
@@ -137,7 +146,14 @@ pub extern "C" fn cachealloc_last_error() -> *const c_char {
 /// `cachealloc_last_error()` is; this call changes neither.
 #[no_mangle]
 pub extern "C" fn cachealloc_last_error_code() -> c_int {
-    LAST_CODE.try_with(Cell::get).unwrap_or(CACHEALLOC_OK)
+    LAST_ERROR
+        .try_with(|e| {
+            e.try_borrow()
+                .ok()
+                .and_then(|e| e.as_ref().map(|e| e.code))
+                .unwrap_or(CACHEALLOC_OK)
+        })
+        .unwrap_or(CACHEALLOC_OK)
 }
 
 /// For tests of the error path: the next call into cachealloc on this

@@ -17,19 +17,44 @@ use std::sync::Mutex;
 #[allow(non_camel_case_types)]
 pub type cachealloc_oom_observer = Option<extern "C" fn(c_int, usize, usize, usize, *mut c_void)>;
 
-/// An observer and its user pointer (kept as an integer: it is the
-/// caller's, passed back untouched).
-#[derive(Clone, Copy)]
-struct Observer {
-    callback: extern "C" fn(c_int, usize, usize, usize, *mut c_void),
-    user: usize,
+/// C callbacks of one kind, each with its user pointer (kept as an
+/// integer: it is the caller's, passed back untouched).
+struct Callbacks<F: Copy>(Mutex<Vec<(F, usize)>>);
+
+impl<F: Copy> Callbacks<F> {
+    const fn new() -> Self {
+        Callbacks(Mutex::new(Vec::new()))
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(F, usize)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, callback: F, user: *mut c_void) {
+        self.list().push((callback, user as usize));
+    }
+
+    /// Call `call` with each callback and its user pointer, on a copy of
+    /// the list: a callback may attach another without deadlocking.
+    fn each_of_a_copy(&self, mut call: impl FnMut(F, *mut c_void)) {
+        let copy = self.list().clone();
+        for (f, user) in copy {
+            call(f, user as *mut c_void);
+        }
+    }
+
+    /// The same under the list's lock, with no copy: for callbacks that
+    /// must not call into the library anyway.
+    fn each(&self, mut call: impl FnMut(F, *mut c_void)) {
+        for &(f, user) in self.list().iter() {
+            call(f, user as *mut c_void);
+        }
+    }
 }
 
-static OBSERVERS: Mutex<Vec<Observer>> = Mutex::new(Vec::new());
+type OomFn = extern "C" fn(c_int, usize, usize, usize, *mut c_void);
 
-fn observers() -> std::sync::MutexGuard<'static, Vec<Observer>> {
-    OBSERVERS.lock().unwrap_or_else(|p| p.into_inner())
-}
+static OBSERVERS: Callbacks<OomFn> = Callbacks::new();
 
 /// The observer every device carries: calls the C observers.
 pub(crate) struct Forward;
@@ -39,17 +64,15 @@ pub(crate) static FORWARD: Forward = Forward;
 
 impl OutOfMemoryObserver for Forward {
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
-        // A copy: an observer may attach another without deadlocking.
-        let list = observers().clone();
-        for o in list {
-            (o.callback)(
+        OBSERVERS.each_of_a_copy(|f, user| {
+            f(
                 device as c_int,
                 alloc_size as usize,
                 device_total as usize,
                 device_free as usize,
-                o.user as *mut c_void,
-            );
-        }
+                user,
+            )
+        });
     }
 }
 
@@ -70,10 +93,7 @@ pub extern "C" fn cachealloc_attach_oom_observer(
 ) -> c_int {
     guard("cachealloc_attach_oom_observer", -1, || -> Res<c_int> {
         let callback = observer.ok_or("cachealloc_attach_oom_observer: observer is NULL")?;
-        observers().push(Observer {
-            callback,
-            user: user as usize,
-        });
+        OBSERVERS.push(callback, user);
         Ok(0)
     })
 }
@@ -85,18 +105,9 @@ pub extern "C" fn cachealloc_attach_oom_observer(
 pub type cachealloc_trace_tracker =
     Option<extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void)>;
 
-/// A tracker and its user pointer.
-#[derive(Clone, Copy)]
-struct Tracker {
-    callback: extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void),
-    user: usize,
-}
+type TrackerFn = extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void);
 
-static TRACKERS: Mutex<Vec<Tracker>> = Mutex::new(Vec::new());
-
-fn trackers() -> std::sync::MutexGuard<'static, Vec<Tracker>> {
-    TRACKERS.lock().unwrap_or_else(|p| p.into_inner())
-}
+static TRACKERS: Callbacks<TrackerFn> = Callbacks::new();
 
 /// The trace tracker a device carries once a C tracker is attached: calls
 /// them all (devices carry none before, so the allocation path pays nothing
@@ -109,10 +120,9 @@ pub(crate) static TRACE_FORWARD: TraceForward = TraceForward;
 impl cachealloc_core::TraceTracker for TraceForward {
     fn trace(&self, e: &cachealloc_core::TraceEntry) {
         let entry = crate::snapshot_walk::entry(e);
-        let list = trackers().clone();
-        for t in list {
-            (t.callback)(&entry, t.user as *mut c_void);
-        }
+        // Trackers run under the device's lock and must not call into the
+        // library: no copy of the list for each entry.
+        TRACKERS.each(|f, user| f(&entry, user));
     }
 }
 
@@ -134,10 +144,7 @@ pub extern "C" fn cachealloc_attach_trace_tracker(
 ) -> c_int {
     guard("cachealloc_attach_trace_tracker", -1, || -> Res<c_int> {
         let callback = tracker.ok_or("cachealloc_attach_trace_tracker: tracker is NULL")?;
-        trackers().push(Tracker {
-            callback,
-            user: user as usize,
-        });
+        TRACKERS.push(callback, user);
         crate::registry::once_for_all_and_new(
             |d| d.attach_trace_forward(),
             |new| &mut new.trace_forward,

@@ -476,8 +476,11 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override {
         {
+            // Copy on write: on_trace takes the list without copying it.
             std::lock_guard<std::mutex> lock(mutex_);
-            trackers_.push_back(std::move(tracker));
+            auto more = std::make_shared<std::vector<CA::AllocatorTraceTracker>>(*trackers_);
+            more->push_back(std::move(tracker));
+            trackers_ = std::move(more);
         }
         // One C tracker calls them all, attached once (tried again after a failure).
         std::lock_guard<std::mutex> once(tracker_attach_mutex_);
@@ -583,7 +586,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     static void on_trace(const cachealloc_trace_entry* e, void* user) {
         auto* self = static_cast<CacheallocAllocator*>(user);
         if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) return;  // annotations
-        std::vector<CA::AllocatorTraceTracker> trackers;
+        std::shared_ptr<const std::vector<CA::AllocatorTraceTracker>> trackers;
         {
             std::lock_guard<std::mutex> lock(self->mutex_);
             trackers = self->trackers_;
@@ -592,7 +595,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
                            static_cast<c10::DeviceIndex>(e->device), e->addr, e->size, e->stream,
                            c10::MempoolId_t{0, 0}, c10::getApproximateTime());
         try {
-            for (const auto& t : trackers) t(te);
+            for (const auto& t : *trackers) t(te);
         } catch (...) {
             keep_exception();
         }
@@ -626,7 +629,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 #if CACHEALLOC_TORCH_OOM_REJECTION
     std::vector<CA::OomRejectionObserver> oom_rejection_observers_;
 #endif
-    std::vector<CA::AllocatorTraceTracker> trackers_;
+    std::shared_ptr<const std::vector<CA::AllocatorTraceTracker>> trackers_ =
+        std::make_shared<const std::vector<CA::AllocatorTraceTracker>>();
     CA::CreateContextFn context_recorder_ = nullptr;
     CA::RecordContext when_ = CA::RecordContext::NEVER;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;

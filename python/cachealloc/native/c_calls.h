@@ -35,7 +35,6 @@ static std::string last_error(const char* fallback) {
 // Throw c10::Error (torch's RuntimeError) with the C library's message.
 [[noreturn]] static void fail(const char* what) {
     TORCH_CHECK(false, "cachealloc: ", what, " failed: ", last_error("no message"));
-    throw;  // not reached: TORCH_CHECK(false) throws
 }
 
 // After a C call: rethrow what a callback threw during it, else throw if
