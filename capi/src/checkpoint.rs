@@ -6,9 +6,10 @@
 //! it back into the checkpoint's blocks, as PyTorch does
 //! (`DeviceAllocator::restore_pool` in the core).
 
-use crate::error::{guard, status};
+use crate::backend::{on_device, text};
+use crate::error::{guard, status, Res};
 use crate::registry;
-use cachealloc_core::{CheckpointBlock, DevicePtr, MempoolId};
+use cachealloc_core::{Allocation, CheckpointBlock, DevicePtr, MempoolId, SharedAllocator};
 use std::ffi::{c_int, c_void};
 
 /// One block of a checkpointed pool (PyTorch's `BlockState`): every block
@@ -39,6 +40,32 @@ pub(crate) struct Restored {
     pub(crate) allocated: Vec<(u64, u64)>,
 }
 
+/// Every block of private pool `id` of `a`.
+fn checkpoint<A: SharedAllocator>(a: &A, id: MempoolId) -> Res<Vec<CheckpointBlock>> {
+    let mut out = vec![CheckpointBlock::EMPTY; a.checkpoint_len(id).map_err(text)?];
+    let n = a.checkpoint_pool(id, &mut out).map_err(text)?;
+    out.truncate(n);
+    Ok(out)
+}
+
+/// Restore private pool `id` of `a` to `blocks`.
+fn restore<A: SharedAllocator>(a: &A, id: MempoolId, blocks: &[CheckpointBlock]) -> Res<Restored> {
+    // Room: every block of the pool now may be a live allocation (a pool
+    // that grows before the restore takes the lock is refused, unchanged).
+    let mut freed = vec![DevicePtr::NULL; a.checkpoint_len(id).map_err(text)?];
+    let mut made = vec![Allocation::NULL; blocks.iter().filter(|b| b.allocated).count()];
+    let n = a
+        .restore_pool(id, blocks, &mut freed, &mut made)
+        .map_err(text)?;
+    Ok(Restored {
+        freed: freed[..n.freed].iter().map(|p| p.0).collect(),
+        allocated: made[..n.allocated]
+            .iter()
+            .map(|m| (m.ptr.0, m.size))
+            .collect(),
+    })
+}
+
 /// Called once per pointer a restore freed (`allocated` 0) and once per
 /// allocation it made (`allocated` 1: the caller owns it and frees it with
 /// `cachealloc_free`), with its size and the caller's `user` pointer.
@@ -66,7 +93,8 @@ pub unsafe extern "C" fn cachealloc_checkpoint_pool(
     capacity: usize,
 ) -> i64 {
     guard("cachealloc_checkpoint_pool", -1, || {
-        let blocks = registry::device(device)?.checkpoint_pool(MempoolId(id0, id1))?;
+        let id = MempoolId(id0, id1);
+        let blocks = on_device!(registry::device(device)?, |a| checkpoint(&**a, id))?;
         if blocks.len() <= capacity && !out.is_null() {
             for (k, b) in blocks.iter().enumerate() {
                 let c = cachealloc_checkpoint_block {
@@ -130,7 +158,8 @@ pub unsafe extern "C" fn cachealloc_restore_pool(
                 b
             })
             .collect();
-        let done = registry::device(device)?.restore_pool(MempoolId(id0, id1), &blocks)?;
+        let id = MempoolId(id0, id1);
+        let done = on_device!(registry::device(device)?, |a| restore(&**a, id, &blocks))?;
         if let Some(f) = callback {
             for &p in &done.freed {
                 f(p as usize as *mut c_void, 0, 0, user);

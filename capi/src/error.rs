@@ -196,10 +196,16 @@ pub(crate) mod debug_hooks {
         ARMED.try_with(|a| a.set(true)).map_or(-1, |()| 0)
     }
 
-    /// Called inside a device's lock: panics once if this thread armed it.
+    /// Whether some thread armed the hook (one relaxed load).
     #[inline]
+    pub(crate) fn armed() -> bool {
+        ANY.load(Ordering::Relaxed)
+    }
+
+    /// Called inside a device's lock: panics once if this thread armed it.
+    #[cold]
     pub(crate) fn inside_lock() {
-        if ANY.load(Ordering::Relaxed) && ARMED.try_with(Cell::take).unwrap_or(false) {
+        if ARMED.try_with(Cell::take).unwrap_or(false) {
             panic!("forced inside the device's lock by cachealloc_debug_fail_inside_lock");
         }
     }

@@ -3,10 +3,11 @@
 //! in each device's ring buffer (`CACHEALLOC_HISTORY_CAPACITY` entries at
 //! most), and written out by `cachealloc_snapshot`.
 
+use crate::backend::{on_device, text};
 use crate::error::status;
 use crate::registry;
 use crate::snapshot::names;
-use cachealloc_core::{TraceAction, TraceActions};
+use cachealloc_core::{SharedAllocator, TraceAction, TraceActions};
 use std::ffi::{c_char, c_int, CStr};
 
 /// Start (`enabled` nonzero) or stop recording the memory history of
@@ -64,11 +65,17 @@ fn record(
     };
     if device == -1 {
         registry::for_all_and_new(
-            |d| d.record_history(enabled, max, clear, skip),
+            |d| {
+                on_device!(d, |a| a
+                    .record_history(enabled, max, clear, skip)
+                    .map_err(text))
+            },
             |new| new.history = enabled.then_some((max, skip)),
         )
     } else {
-        registry::device(device)?.record_history(enabled, max, clear, skip)
+        on_device!(registry::device(device)?, |a| {
+            a.record_history(enabled, max, clear, skip).map_err(text)
+        })
     }
 }
 
@@ -92,7 +99,7 @@ pub unsafe extern "C" fn cachealloc_record_annotation(device: c_int, name: *cons
         let id = names().id(&name);
         let mut first = Ok(());
         for (i, d) in devices {
-            if let Err(e) = d.record_annotation(id) {
+            if let Err(e) = on_device!(d, |a| a.record_annotation(id).map_err(text)) {
                 if first.is_ok() {
                     first = Err(format!("device {i}: {e}"));
                 }

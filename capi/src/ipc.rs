@@ -3,9 +3,10 @@
 //! and `memcpyAsync`, plus the release of a share (the end of a consumer,
 //! which PyTorch learns from its shared-memory counter).
 
+use crate::backend::{on_device, text, Device};
 use crate::error::{guard, status};
 use crate::registry;
-use cachealloc_core::{needs_peer_copy, IpcMemHandle, ShareableHandle};
+use cachealloc_core::{needs_peer_copy, DevicePtr, IpcMemHandle, ShareableHandle, SharedAllocator};
 use std::ffi::{c_int, c_void};
 
 /// A handle to share an allocation with another process: the driver's IPC
@@ -69,7 +70,9 @@ pub unsafe extern "C" fn cachealloc_share_ipc_handle(
             return Err("cachealloc_share_ipc_handle: out is NULL".to_string());
         }
         let p = ptr as usize as u64;
-        let h = registry::owner(p)?.share_ipc_handle(p)?;
+        let h = on_device!(registry::owner(p)?, |a| a
+            .share_ipc_handle(DevicePtr(p))
+            .map_err(text))?;
         // SAFETY: `out` is non-null and points to a writable handle (see
         // # Safety).
         unsafe {
@@ -89,7 +92,9 @@ pub unsafe extern "C" fn cachealloc_share_ipc_handle(
 pub extern "C" fn cachealloc_release_ipc_share(ptr: *mut c_void) -> c_int {
     status("cachealloc_release_ipc_share", || {
         let p = ptr as usize as u64;
-        registry::owner(p)?.release_ipc_share(p)
+        on_device!(registry::owner(p)?, |a| a
+            .release_ipc_share(DevicePtr(p))
+            .map_err(text))
     })
 }
 
@@ -110,8 +115,10 @@ pub unsafe extern "C" fn cachealloc_open_ipc_handle(
     guard("cachealloc_open_ipc_handle", std::ptr::null_mut(), || {
         // SAFETY: `handle` is NULL or readable (see # Safety).
         let h = unsafe { handle_at(handle, "cachealloc_open_ipc_handle") }?;
-        let p = registry::device(device)?.open_ipc_handle(&h)?;
-        Ok(p as usize as *mut c_void)
+        let p = on_device!(registry::device(device)?, |a| a
+            .open_ipc_handle(&h)
+            .map_err(text))?;
+        Ok(p.0 as usize as *mut c_void)
     })
 }
 
@@ -129,7 +136,9 @@ pub unsafe extern "C" fn cachealloc_close_ipc_handle(
     status("cachealloc_close_ipc_handle", || {
         // SAFETY: `handle` is NULL or readable (see # Safety).
         let h = unsafe { handle_at(handle, "cachealloc_close_ipc_handle") }?;
-        registry::existing(device)?.close_ipc_handle(&h)
+        on_device!(registry::existing(device)?, |a| a
+            .close_ipc_handle(&h)
+            .map_err(text))
     })
 }
 
@@ -141,7 +150,10 @@ pub extern "C" fn cachealloc_enable_peer_access(device: c_int, peer: c_int) -> c
     status("cachealloc_enable_peer_access", || {
         let p = u32::try_from(peer).map_err(|_| format!("peer device {peer}: negative"))?;
         registry::device(peer)?;
-        registry::device(device)?.enable_peer_access(p)
+        on_device!(registry::device(device)?, |a| a
+            .enable_peer_access(p)
+            .map(|_| ())
+            .map_err(text))
     })
 }
 
@@ -165,16 +177,19 @@ pub extern "C" fn cachealloc_memcpy_async(
     status("cachealloc_memcpy_async", || {
         let to = registry::device(dst_device)?;
         let from = registry::device(src_device)?;
-        let expandable = to.has_expandable_segments()? || from.has_expandable_segments()?;
+        let expandable = |d: &Device| on_device!(d, |a| a.has_expandable_segments().map_err(text));
+        let expandable = expandable(to)? || expandable(from)?;
+        let _ = p2p_enabled; // changes nothing here: see above
         let (dd, sd) = (dst_device as usize, src_device as usize);
-        let peer = needs_peer_copy(sd, dd, expandable, p2p_enabled != 0)
-            .then_some((dst_device as u32, src_device as u32));
-        from.memcpy_async(
-            dst as usize as u64,
-            src as usize as u64,
-            count as u64,
-            stream as usize as u64,
-            peer,
-        )
+        let peer =
+            needs_peer_copy(sd, dd, expandable).then_some((dst_device as u32, src_device as u32));
+        let (dst, src) = (
+            DevicePtr(dst as usize as u64),
+            DevicePtr(src as usize as u64),
+        );
+        let stream = stream as usize as u64;
+        on_device!(from, |a| a
+            .memcpy_async(dst, src, count as u64, stream.into(), peer)
+            .map_err(text))
     })
 }

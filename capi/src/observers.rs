@@ -145,10 +145,9 @@ pub extern "C" fn cachealloc_attach_trace_tracker(
     guard("cachealloc_attach_trace_tracker", -1, || -> Res<c_int> {
         let callback = tracker.ok_or("cachealloc_attach_trace_tracker: tracker is NULL")?;
         TRACKERS.push(callback, user);
-        crate::registry::once_for_all_and_new(
-            |d| d.attach_trace_forward(),
-            |new| &mut new.trace_forward,
-        )
+        crate::registry::once_for_all_and_new(crate::registry::attach_trace_forward, |new| {
+            &mut new.trace_forward
+        })
         .map(|()| 0)
     })
 }

@@ -7,10 +7,11 @@
 //! `set_begin_allocate_to_pool`, `set_end_allocate_to_pool_fn`,
 //! `set_release_pool`).
 
+use crate::backend::{alloc_error, debug_inside_lock, on_device, text};
 use crate::error::{guard, status, Res};
 use crate::registry;
 use crate::settings::settings;
-use cachealloc_core::MempoolId;
+use cachealloc_core::{DevicePtr, MallocFlags, MempoolId, SharedAllocator, StreamFilter};
 use std::ffi::{c_int, c_void};
 
 /// The raw value of a stream handle.
@@ -30,8 +31,12 @@ fn stream_value(stream: *mut c_void) -> u64 {
 #[no_mangle]
 pub extern "C" fn cachealloc_alloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
     guard("cachealloc_alloc", std::ptr::null_mut(), || {
-        let ptr = registry::device(device)?.malloc(size as u64, stream_value(stream))?;
-        Ok(ptr as usize as *mut c_void)
+        let stream = stream_value(stream);
+        let x = on_device!(registry::device(device)?, |a| {
+            debug_inside_lock(a);
+            a.malloc(size as u64, stream.into()).map_err(alloc_error)
+        })?;
+        Ok(x.ptr.0 as usize as *mut c_void)
     })
 }
 
@@ -76,12 +81,18 @@ pub extern "C" fn cachealloc_alloc_aligned(
     stream: *mut c_void,
 ) -> *mut c_void {
     guard("cachealloc_alloc_aligned", std::ptr::null_mut(), || {
-        let ptr = registry::device(device)?.malloc_aligned(
-            size as u64,
-            alignment as u64,
-            stream_value(stream),
-        )?;
-        Ok(ptr as usize as *mut c_void)
+        let stream = stream_value(stream);
+        let x = on_device!(registry::device(device)?, |a| {
+            debug_inside_lock(a);
+            a.malloc_aligned(
+                size as u64,
+                alignment as u64,
+                stream.into(),
+                MallocFlags::empty(),
+            )
+            .map_err(alloc_error)
+        })?;
+        Ok(x.ptr.0 as usize as *mut c_void)
     })
 }
 
@@ -92,14 +103,18 @@ fn free(ptr: *mut c_void, device: c_int) -> Res<()> {
     }
     if device == -1 {
         let p = ptr as usize as u64;
-        return registry::owner(p)?
-            .free(p)
-            .map_err(|e| format!("free of {ptr:p}: {e}"));
+        return on_device!(registry::owner(p)?, |a| {
+            debug_inside_lock(a);
+            a.free_ptr(DevicePtr(p))
+                .map_err(|e| format!("free of {ptr:p}: {e}"))
+        });
     }
-    registry::existing(device)
-        .map_err(|e| format!("free of {ptr:p}: {e}"))?
-        .free(ptr as usize as u64)
-        .map_err(|e| format!("free of {ptr:p} on device {device}: {e}"))
+    let d = registry::existing(device).map_err(|e| format!("free of {ptr:p}: {e}"))?;
+    on_device!(d, |a| {
+        debug_inside_lock(a);
+        a.free_ptr(DevicePtr(ptr as usize as u64))
+            .map_err(|e| format!("free of {ptr:p} on device {device}: {e}"))
+    })
 }
 
 /// Free `ptr`, allocated on `device` by `cachealloc_alloc`. PyTorch's
@@ -162,7 +177,7 @@ pub extern "C" fn cachealloc_init(device_count: c_int) {
 #[no_mangle]
 pub extern "C" fn cachealloc_reset() {
     guard("cachealloc_reset", (), || {
-        registry::each(-1, |d| d.empty_cache())
+        registry::each(-1, |d| on_device!(d, |a| a.empty_cache().map_err(text)))
     });
 }
 
@@ -173,9 +188,11 @@ pub extern "C" fn cachealloc_reset() {
 #[no_mangle]
 pub extern "C" fn cachealloc_set_memory_fraction(fraction: f64, device: c_int) {
     guard("cachealloc_set_memory_fraction", (), || {
-        registry::device(device)?
+        on_device!(registry::device(device)?, |a| a
             .set_memory_fraction(fraction)
-            .map_err(|e| format!("cachealloc_set_memory_fraction({fraction}): {e}"))
+            .map_err(|e| format!(
+                "cachealloc_set_memory_fraction({fraction}): {e}"
+            )))
     });
 }
 
@@ -193,11 +210,13 @@ pub unsafe extern "C" fn cachealloc_base_alloc(ptr: *mut c_void, size: *mut usiz
         if size.is_null() {
             return Err("cachealloc_base_alloc: size is NULL".to_string());
         }
-        let (base, bytes) =
-            registry::owner(ptr as usize as u64)?.base_allocation(ptr as usize as u64)?;
+        let p = ptr as usize as u64;
+        let (base, bytes) = on_device!(registry::owner(p)?, |a| a
+            .base_allocation(DevicePtr(p))
+            .map_err(text))?;
         // SAFETY: `size` is non-null and points to a writable size_t (see # Safety).
         unsafe { size.write(bytes as usize) };
-        Ok(base as usize as *mut c_void)
+        Ok(base.0 as usize as *mut c_void)
     })
 }
 
@@ -213,7 +232,10 @@ pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void
             return Ok(());
         }
         let p = ptr as usize as u64;
-        registry::owner(p)?.record_stream(p, stream_value(stream))
+        let stream = stream_value(stream);
+        on_device!(registry::owner(p)?, |a| a
+            .record_stream_ptr(DevicePtr(p), stream.into())
+            .map_err(text))
     });
 }
 
@@ -243,7 +265,9 @@ pub extern "C" fn cachealloc_begin_allocate_to_pool(
 ) {
     let _ = filter;
     guard("cachealloc_begin_allocate_to_pool", (), || {
-        registry::device(device)?.begin_allocate_to_pool(MempoolId(id0, id1), None)
+        on_device!(registry::device(device)?, |a| a
+            .capture_begin(MempoolId(id0, id1), StreamFilter::All)
+            .map_err(text))
     });
 }
 
@@ -255,7 +279,9 @@ pub extern "C" fn cachealloc_begin_allocate_to_pool(
 #[no_mangle]
 pub extern "C" fn cachealloc_end_allocate_to_pool(device: c_int, id0: u64, id1: u64) {
     guard("cachealloc_end_allocate_to_pool", (), || {
-        registry::device(device)?.end_allocate_to_pool(MempoolId(id0, id1))
+        on_device!(registry::device(device)?, |a| a
+            .end_allocate_to_pool(MempoolId(id0, id1))
+            .map_err(text))
     });
 }
 
@@ -266,6 +292,8 @@ pub extern "C" fn cachealloc_end_allocate_to_pool(device: c_int, id0: u64, id1: 
 #[no_mangle]
 pub extern "C" fn cachealloc_release_pool(device: c_int, id0: u64, id1: u64) {
     guard("cachealloc_release_pool", (), || {
-        registry::device(device)?.release_pool(MempoolId(id0, id1))
+        on_device!(registry::device(device)?, |a| a
+            .release_pool(MempoolId(id0, id1))
+            .map_err(text))
     });
 }

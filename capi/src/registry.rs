@@ -5,18 +5,18 @@
 //! reported and tried again at the next use. Reading a created device takes
 //! no lock.
 
-use crate::backend::{open, DeviceOps};
+use crate::backend::{on_device, open, text, Device};
 use crate::error::Res;
+use crate::observers::TRACE_FORWARD;
 use crate::settings::settings;
-use cachealloc_core::SegmentRegistry;
+use cachealloc_core::{SegmentRegistry, SharedAllocator};
 use std::ffi::c_int;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The most devices a process can use.
 pub(crate) const MAX_DEVICES: usize = 64;
 
-static DEVICES: [OnceLock<Box<dyn DeviceOps>>; MAX_DEVICES] =
-    [const { OnceLock::new() }; MAX_DEVICES];
+static DEVICES: [OnceLock<Device>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
 
 /// What creation starts a device with: whether history is recorded, and
 /// how many entries it keeps (see `cachealloc_record_history` with -1).
@@ -49,44 +49,53 @@ fn index(device: c_int) -> Res<usize> {
 }
 
 /// Device `device`, created now if this is its first use.
-pub(crate) fn device(device: c_int) -> Res<&'static dyn DeviceOps> {
+pub(crate) fn device(device: c_int) -> Res<&'static Device> {
     let i = index(device)?;
     if let Some(d) = DEVICES[i].get() {
-        return Ok(d.as_ref());
+        return Ok(d);
     }
     let new = creating();
     if let Some(d) = DEVICES[i].get() {
-        return Ok(d.as_ref());
+        return Ok(d);
     }
     let d = open(settings()?, i as u32).map_err(|e| format!("device {device}: {e}"))?;
     if let Some((max, skip)) = new.history {
-        d.record_history(true, max, false, skip)?;
+        on_device!(&d, |a| a
+            .record_history(true, max, false, skip)
+            .map_err(text))?;
     }
     if new.trace_forward {
-        d.attach_trace_forward()?;
+        attach_trace_forward(&d)?;
     }
-    Ok(DEVICES[i].get_or_init(|| d).as_ref())
+    Ok(DEVICES[i].get_or_init(|| d))
+}
+
+/// Attach the trace tracker that calls the C trackers to `d`.
+pub(crate) fn attach_trace_forward(d: &Device) -> Res<()> {
+    match on_device!(d, |a| a.attach_trace_tracker(&TRACE_FORWARD).map_err(text))? {
+        true => Ok(()),
+        false => Err("the device has 4 trace trackers already".to_string()),
+    }
 }
 
 /// Device `device` if it has been created.
-pub(crate) fn existing(device: c_int) -> Res<&'static dyn DeviceOps> {
+pub(crate) fn existing(device: c_int) -> Res<&'static Device> {
     let i = index(device)?;
     DEVICES[i]
         .get()
-        .map(|d| d.as_ref())
         .ok_or_else(|| format!("device {device} has allocated nothing"))
 }
 
 /// The devices created so far, with their indices.
-pub(crate) fn created() -> impl Iterator<Item = (c_int, &'static dyn DeviceOps)> {
+pub(crate) fn created() -> impl Iterator<Item = (c_int, &'static Device)> {
     DEVICES
         .iter()
         .enumerate()
-        .filter_map(|(i, d)| d.get().map(|d| (i as c_int, d.as_ref())))
+        .filter_map(|(i, d)| d.get().map(|d| (i as c_int, d)))
 }
 
 /// `device` (created if new), or with -1 every device created so far.
-pub(crate) fn selected(device: c_int) -> Res<Vec<(c_int, &'static dyn DeviceOps)>> {
+pub(crate) fn selected(device: c_int) -> Res<Vec<(c_int, &'static Device)>> {
     if device == -1 {
         Ok(created().collect())
     } else {
@@ -97,15 +106,15 @@ pub(crate) fn selected(device: c_int) -> Res<Vec<(c_int, &'static dyn DeviceOps)
 /// Run `f` on `device` (created if new), or with -1 on every device
 /// created so far; all of them even when one fails, whose error is
 /// returned (the first one's).
-pub(crate) fn each(device: c_int, f: impl Fn(&dyn DeviceOps) -> Res<()>) -> Res<()> {
+pub(crate) fn each(device: c_int, f: impl Fn(&Device) -> Res<()>) -> Res<()> {
     on_all(selected(device)?, f)
 }
 
 /// Run `f` on each of `devices`, all of them even when one fails; the first
 /// one's error, naming its device.
 fn on_all(
-    devices: impl IntoIterator<Item = (c_int, &'static dyn DeviceOps)>,
-    f: impl Fn(&dyn DeviceOps) -> Res<()>,
+    devices: impl IntoIterator<Item = (c_int, &'static Device)>,
+    f: impl Fn(&Device) -> Res<()>,
 ) -> Res<()> {
     let mut first = Ok(());
     for (i, d) in devices {
@@ -121,12 +130,11 @@ fn on_all(
 /// The created device whose segments contain `ptr`, from the segment map:
 /// no device's lock is taken (a `record_stream` on one device never waits
 /// behind an `empty_cache` or a device free on another).
-pub(crate) fn owner(ptr: u64) -> Res<&'static dyn DeviceOps> {
+pub(crate) fn owner(ptr: u64) -> Res<&'static Device> {
     crate::segments::map()
         .owner(ptr)
         .and_then(|d| DEVICES.get(d as usize))
         .and_then(|d| d.get())
-        .map(|d| d.as_ref())
         .ok_or_else(|| format!("pointer {ptr:#x} was not allocated by cachealloc"))
 }
 
@@ -134,7 +142,7 @@ pub(crate) fn owner(ptr: u64) -> Res<&'static dyn DeviceOps> {
 /// with, with creation held off (so no device misses the change); the
 /// first device's error, after trying them all.
 pub(crate) fn for_all_and_new(
-    f: impl Fn(&dyn DeviceOps) -> Res<()>,
+    f: impl Fn(&Device) -> Res<()>,
     new: impl FnOnce(&mut NewDevice),
 ) -> Res<()> {
     let mut guard = creating();
@@ -145,7 +153,7 @@ pub(crate) fn for_all_and_new(
 /// [`for_all_and_new`] for a setting that is turned on once and stays on:
 /// nothing is done when `on(new devices)` is already true.
 pub(crate) fn once_for_all_and_new(
-    f: impl Fn(&dyn DeviceOps) -> Res<()>,
+    f: impl Fn(&Device) -> Res<()>,
     on: impl Fn(&mut NewDevice) -> &mut bool,
 ) -> Res<()> {
     let mut guard = creating();

@@ -72,7 +72,7 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
     let config = Config::parse(&conf_text).map_err(|e| format!("{e} (in {conf_text:?})"))?;
     let mock_capacity = match env("CACHEALLOC_MOCK_CAPACITY") {
         Some(s) if !s.trim().is_empty() => Some(
-            cachealloc_trace::parse_bytes(&s)
+            cachealloc_snapshot::parse_bytes(&s)
                 .map_err(|e| format!("CACHEALLOC_MOCK_CAPACITY: {e}"))?,
         ),
         _ => None,

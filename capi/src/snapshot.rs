@@ -1,18 +1,20 @@
 //! `cachealloc_snapshot`: PyTorch's memory snapshot (the dict
 //! `torch.cuda.memory._snapshot()` returns, which pytorch.org/memory_viz
 //! reads) of one device or of all, written by the trace crate's writer
-//! (`cachealloc_trace::write_snapshot`: a pickle, or JSON for a path ending
-//! in `.json`) and its dict builder (`cachealloc_trace::add_device`). What
+//! (`cachealloc_snapshot::write_snapshot`: a pickle, or JSON for a path ending
+//! in `.json`) and its dict builder (`cachealloc_snapshot::add_device`). What
 //! differs from a replay's snapshot (`Replay::snapshot_dict`) is only where
 //! names come from: annotations carry the names given to
 //! `cachealloc_record_annotation`, and there is no trace file for frames to
 //! point at, so frames are empty.
 
+use crate::backend::on_device;
 use crate::error::status;
 use crate::registry;
 use crate::settings::settings;
+use cachealloc_core::SharedAllocator;
 use cachealloc_core::{AllocatorSettings, Snapshot};
-use cachealloc_trace::{settings_dict, write_snapshot, Frame, SnapshotDict, SnapshotNames};
+use cachealloc_snapshot::{settings_dict, write_snapshot, Frame, SnapshotDict, SnapshotNames};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::{LazyLock, Mutex};
@@ -84,7 +86,7 @@ pub(crate) fn add_device<St: Into<u64> + From<u64> + Copy>(
         let conf = settings().map(|s| s.conf_text.as_str()).unwrap_or("");
         dict.allocator_settings = settings_dict(snap.settings, conf);
     }
-    cachealloc_trace::add_device(dict, snap, &AnnotationNames(names));
+    cachealloc_snapshot::add_device(dict, snap, &AnnotationNames(names));
 }
 
 /// Write a memory snapshot (PyTorch's format) of `device`, or of every
@@ -114,8 +116,9 @@ pub unsafe extern "C" fn cachealloc_snapshot(device: c_int, path: *const c_char)
         // A copy: no device is locked while the names are.
         let names = names().all();
         for (i, d) in devices {
-            d.snapshot(&mut dict, &names)
-                .map_err(|e| format!("device {i}: {e}"))?;
+            on_device!(d, |a| a
+                .snapshot(&mut |snap| add_device(&mut dict, snap, &names))
+                .map_err(|e| format!("device {i}: {e}")))?;
         }
         write_snapshot(path, &dict)
     })

@@ -7,10 +7,12 @@
 //! The device's lock is held only while the snapshot is copied: the
 //! visitor runs after, so it may call into the library.
 
+use crate::backend::on_device;
 use crate::error::status;
 use crate::registry;
 use crate::settings::settings;
 use crate::snapshot::names;
+use cachealloc_core::SharedAllocator;
 use cachealloc_core::{BlockState, Pool, Snapshot, TraceAction, TraceEntry};
 use std::ffi::{c_char, c_int, c_void, CString};
 
@@ -228,10 +230,19 @@ pub unsafe extern "C" fn cachealloc_snapshot_walk(
         for (i, d) in registry::selected(device)? {
             let quiet = flags & CACHEALLOC_WALK_QUIET != 0;
             let traces = !quiet && flags & CACHEALLOC_WALK_TRACES != 0;
-            walks.push(
-                d.walk(traces, !quiet)
-                    .map_err(|e| format!("device {i}: {e}"))?,
-            );
+            let mut walk = None;
+            if quiet {
+                on_device!(d, |a| a
+                    .segments(&mut |device, segments| {
+                        walk = Some(Walk::of_parts(device, segments, None))
+                    })
+                    .map_err(|e| format!("device {i}: {e}")))?;
+            } else {
+                on_device!(d, |a| a
+                    .snapshot(&mut |snap| walk = Some(Walk::of(snap, traces)))
+                    .map_err(|e| format!("device {i}: {e}")))?;
+            }
+            walks.extend(walk);
         }
         for w in &walks {
             for (seg, blocks) in &w.segments {

@@ -3,8 +3,10 @@
 //! `empty_cache` and `cudaCacheInfo` give (PyTorch raises on all of these
 //! once a pluggable allocator is installed: these are cachealloc's own).
 
+use crate::backend::{on_device, text};
 use crate::error::status;
 use crate::registry;
+use cachealloc_core::SharedAllocator;
 use std::ffi::{c_char, c_int, c_void, CString};
 
 /// Called once per statistic: its key (as `torch.cuda.memory_stats()` names
@@ -25,7 +27,7 @@ pub extern "C" fn cachealloc_memory_stats(
 ) -> c_int {
     status("cachealloc_memory_stats", || {
         let callback = callback.ok_or("cachealloc_memory_stats: callback is NULL")?;
-        let stats = registry::device(device)?.stats()?;
+        let stats = on_device!(registry::device(device)?, |a| a.stats().map_err(text))?;
         let mut keys = Vec::new();
         stats.for_each(|key, value| keys.push((key, value)));
         for (key, value) in keys {
@@ -41,7 +43,9 @@ pub extern "C" fn cachealloc_memory_stats(
 #[no_mangle]
 pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
     status("cachealloc_reset_peak_stats", || {
-        registry::device(device)?.reset_peak_stats()
+        on_device!(registry::device(device)?, |a| a
+            .reset_peak_stats()
+            .map_err(text))
     })
 }
 
@@ -51,7 +55,9 @@ pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn cachealloc_reset_accumulated_stats(device: c_int) -> c_int {
     status("cachealloc_reset_accumulated_stats", || {
-        registry::device(device)?.reset_accumulated_stats()
+        on_device!(registry::device(device)?, |a| a
+            .reset_accumulated_stats()
+            .map_err(text))
     })
 }
 
@@ -62,7 +68,7 @@ pub extern "C" fn cachealloc_reset_accumulated_stats(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
     status("cachealloc_empty_cache", || {
-        registry::each(device, |d| d.empty_cache())
+        registry::each(device, |d| on_device!(d, |a| a.empty_cache().map_err(text)))
     })
 }
 
@@ -75,7 +81,9 @@ pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
 pub extern "C" fn cachealloc_empty_cache_pool(device: c_int, id0: u64, id1: u64) -> c_int {
     status("cachealloc_empty_cache_pool", || {
         registry::each(device, |d| {
-            d.empty_cache_pool(cachealloc_core::MempoolId(id0, id1))
+            on_device!(d, |a| a
+                .empty_cache_pool(cachealloc_core::MempoolId(id0, id1))
+                .map_err(text))
         })
     })
 }
@@ -94,7 +102,10 @@ pub unsafe extern "C" fn cachealloc_mem_get_info(
     total: *mut usize,
 ) -> c_int {
     status("cachealloc_mem_get_info", || {
-        let (f, t) = registry::device(device)?.mem_info()?;
+        let m = on_device!(registry::device(device)?, |a| a
+            .mem_info()
+            .map_err(|e| format!("memory info: {e}")))?;
+        let (f, t) = (m.free, m.total);
         if !free.is_null() {
             // SAFETY: non-null, and writable by the caller's contract.
             unsafe { free.write(f as usize) };
@@ -122,7 +133,7 @@ pub unsafe extern "C" fn cachealloc_cache_info(
     largest_block: *mut usize,
 ) -> c_int {
     status("cachealloc_cache_info", || {
-        let info = registry::device(device)?.cache_info()?;
+        let info = on_device!(registry::device(device)?, |a| a.cache_info().map_err(text))?;
         if !total_cached.is_null() {
             // SAFETY: non-null, and writable by the caller's contract.
             unsafe { total_cached.write(info.cached_bytes as usize) };
@@ -248,7 +259,7 @@ pub unsafe extern "C" fn cachealloc_get_device_stats(
         if out.is_null() {
             return Err("cachealloc_get_device_stats: out is NULL".to_string());
         }
-        let stats = registry::device(device)?.stats()?;
+        let stats = on_device!(registry::device(device)?, |a| a.stats().map_err(text))?;
         // SAFETY: non-null, and writable by the caller's contract.
         unsafe { out.write(stats.into()) };
         Ok(())

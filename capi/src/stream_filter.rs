@@ -12,9 +12,10 @@
 //! a fixed table of them) costs a fixed amount of memory however many pools
 //! it routes to.
 
+use crate::backend::{on_device, text};
 use crate::error::{status, Res};
 use crate::registry;
-use cachealloc_core::{MempoolId, PoolOptions, StreamFilter};
+use cachealloc_core::{MempoolId, PoolOptions, SharedAllocator, StreamFilter};
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -88,7 +89,9 @@ pub extern "C" fn cachealloc_begin_allocate_to_pool_filtered(
         "cachealloc_begin_allocate_to_pool_filtered",
         || -> Res<()> {
             let f = filter.map(|f| (f, user as usize));
-            registry::device(device)?.begin_allocate_to_pool(MempoolId(id0, id1), f)
+            on_device!(registry::device(device)?, |a| a
+                .capture_begin(MempoolId(id0, id1), stream_filter(f))
+                .map_err(text))
         },
     )
 }
@@ -112,7 +115,9 @@ pub extern "C" fn cachealloc_create_pool(
         let mut options = PoolOptions::NONE;
         options.use_on_oom = use_on_oom != 0;
         options.no_split = no_split != 0;
-        registry::device(device)?.create_pool(MempoolId(id0, id1), options)
+        on_device!(registry::device(device)?, |a| a
+            .create_pool(MempoolId(id0, id1), options)
+            .map_err(text))
     })
 }
 
@@ -122,9 +127,10 @@ pub extern "C" fn cachealloc_create_pool(
 #[no_mangle]
 pub extern "C" fn cachealloc_pool_use_count(device: c_int, id0: u64, id1: u64) -> i64 {
     crate::error::guard("cachealloc_pool_use_count", -1, || {
-        registry::device(device)?
+        on_device!(registry::device(device)?, |a| a
             .pool_use_count(MempoolId(id0, id1))
             .map(i64::from)
+            .map_err(text))
     })
 }
 
@@ -139,7 +145,9 @@ pub extern "C" fn cachealloc_set_pool_use_on_oom(
     use_on_oom: c_int,
 ) -> c_int {
     status("cachealloc_set_pool_use_on_oom", || {
-        registry::device(device)?.set_pool_use_on_oom(MempoolId(id0, id1), use_on_oom != 0)
+        on_device!(registry::device(device)?, |a| a
+            .set_use_on_oom(MempoolId(id0, id1), use_on_oom != 0)
+            .map_err(text))
     })
 }
 
@@ -148,6 +156,8 @@ pub extern "C" fn cachealloc_set_pool_use_on_oom(
 #[no_mangle]
 pub extern "C" fn cachealloc_set_pool_no_split(device: c_int, id0: u64, id1: u64) -> c_int {
     status("cachealloc_set_pool_no_split", || {
-        registry::device(device)?.set_pool_no_split(MempoolId(id0, id1))
+        on_device!(registry::device(device)?, |a| a
+            .set_no_split(MempoolId(id0, id1))
+            .map_err(text))
     })
 }

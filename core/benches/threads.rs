@@ -7,6 +7,7 @@
 //! `std::sync::Mutex`; the default lock is `spin::Mutex`.
 //! Figures go in BENCHMARKS.md, never in asserts.
 
+use cachealloc_core::SharedAllocator;
 use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator};
 use cachealloc_mock::MockDevice;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

@@ -16,7 +16,7 @@
 #[cfg(loom)]
 fn main() {
     use cachealloc_core::testing::TinyBackend;
-    use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator};
+    use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator, SharedAllocator};
     use loom::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -4,6 +4,7 @@
 //! (CONF: a config string, e.g. `policy:compact`; `locked`: through the
 //! thread-safe `CachingAllocator`, its lock and failed-device check).
 
+use cachealloc_core::SharedAllocator;
 use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator};
 use cachealloc_mock::MockDevice;
 use std::hint::black_box;

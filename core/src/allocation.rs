@@ -56,12 +56,13 @@ impl Allocation {
 /// What the allocator knows of a live allocation.
 ///
 /// ```
-/// # use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
-/// # let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
+/// # use cachealloc_mock::MockDevice;
+/// # use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
+/// # let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 8], Config::DEFAULT);
 /// let x = a.malloc(1000, 0)?;
 /// let info = a.allocation_info_ptr(x.ptr)?;
 /// assert_eq!((info.requested_size, info.allocated_size), (1000, 1024));
-/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

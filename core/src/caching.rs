@@ -11,17 +11,15 @@
 //! call on it is refused with [`Error::DeviceFailed`] instead of running on
 //! it.
 
-use crate::allocation::{Allocation, MallocFlags};
+use crate::allocation::Allocation;
 use crate::allocator::{needs_peer_copy, DeviceAllocator, ShareableHandle, DEFAULT_POOLS};
-use crate::arena::{BlockId, BlockSlot};
+use crate::arena::BlockSlot;
 use crate::backend::{DeviceBackend, DevicePtr, PeerAccess};
 use crate::error::Error;
 use crate::history::{HistoryStorage, NoHistory};
 use crate::invariants::InvariantViolation;
-use crate::private_pool::{MempoolId, PoolOptions, StreamFilter};
 use crate::segment_table::SegmentRegistry;
-use crate::snapshot::CacheInfo;
-use crate::stats::DeviceStats;
+use crate::shared::SharedAllocator;
 use crate::sync::{Guard, Mutex};
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
@@ -44,13 +42,14 @@ struct Guarded<A> {
 /// returns [`Error::DeviceFailed`].
 ///
 /// ```
-/// use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator};
+/// # use cachealloc_mock::MockDevice;
+/// use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator, SharedAllocator};
 /// let a = CachingAllocator::new(DeviceAllocator::new(
-///     TinyBackend::default(), [BlockSlot::VACANT; 64], Config::DEFAULT));
+///     MockDevice::new(None), [BlockSlot::VACANT; 64], Config::DEFAULT));
 /// let x = a.malloc(4096, 0)?;
 /// a.free(x.id.unwrap())?;
 /// assert_eq!(a.stats()?.allocation.all().current, 0);
-/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 /// ```
 pub struct CachingAllocator<
     B: DeviceBackend,
@@ -60,6 +59,9 @@ pub struct CachingAllocator<
     const P: usize = DEFAULT_POOLS,
 > {
     inner: Mutex<Guarded<DeviceAllocator<B, S, E, H, P>>>,
+    /// Makes a larger slot storage when a call runs out
+    /// ([`with_storage_growth`](Self::with_storage_growth)).
+    grow: Option<fn(u32) -> S>,
 }
 
 impl<B, S, const E: usize, H, const P: usize> CachingAllocator<B, S, E, H, P>
@@ -79,6 +81,7 @@ where
                 alloc: allocator,
                 busy: false,
             }),
+            grow: None,
         }
     }
 
@@ -92,6 +95,7 @@ where
                 alloc: allocator,
                 busy: false,
             }),
+            grow: None,
         }
     }
 
@@ -169,98 +173,6 @@ where
         self.inner.lock().busy
     }
 
-    /// [`DeviceAllocator::malloc`].
-    pub fn malloc(&self, size: u64, stream: B::Stream) -> Res<Allocation, B> {
-        self.try_run(|a| a.malloc(size, stream))
-    }
-
-    /// [`DeviceAllocator::malloc_with`].
-    pub fn malloc_with(
-        &self,
-        size: u64,
-        stream: B::Stream,
-        flags: MallocFlags,
-    ) -> Res<Allocation, B> {
-        self.try_run(|a| a.malloc_with(size, stream, flags))
-    }
-
-    /// [`DeviceAllocator::free`].
-    pub fn free(&self, id: BlockId) -> Res<(), B> {
-        self.try_run(|a| a.free(id))
-    }
-
-    /// [`DeviceAllocator::free_ptr`].
-    pub fn free_ptr(&self, ptr: DevicePtr) -> Res<(), B> {
-        self.try_run(|a| a.free_ptr(ptr))
-    }
-
-    /// [`DeviceAllocator::record_stream`].
-    pub fn record_stream(&self, id: BlockId, stream: B::Stream) -> Res<(), B> {
-        self.try_run(|a| a.record_stream(id, stream))
-    }
-
-    /// [`DeviceAllocator::record_stream_ptr`].
-    pub fn record_stream_ptr(&self, ptr: DevicePtr, stream: B::Stream) -> Res<(), B> {
-        self.try_run(|a| a.record_stream_ptr(ptr, stream))
-    }
-
-    /// [`DeviceAllocator::empty_cache`].
-    pub fn empty_cache(&self) -> Res<(), B> {
-        self.try_run(|a| a.empty_cache())
-    }
-
-    /// A copy of the statistics (the lock is held only for the copy).
-    pub fn stats(&self) -> Res<DeviceStats, B> {
-        self.run(|a| *a.stats())
-    }
-
-    /// [`DeviceAllocator::cache_info`].
-    pub fn cache_info(&self) -> Res<CacheInfo, B> {
-        self.run(|a| a.cache_info())
-    }
-
-    /// Whether `ptr` lies in a segment of this device (under its lock; a
-    /// [`SegmentRegistry`] answers without it).
-    pub fn owns(&self, ptr: DevicePtr) -> Res<bool, B> {
-        self.run(|a| a.owns(ptr))
-    }
-
-    /// [`DeviceAllocator::share_ipc_handle`].
-    pub fn share_ipc_handle(&self, ptr: DevicePtr) -> Res<ShareableHandle, B> {
-        self.try_run(|a| a.share_ipc_handle(ptr))
-    }
-
-    /// [`DeviceAllocator::release_ipc_share`].
-    pub fn release_ipc_share(&self, ptr: DevicePtr) -> Res<(), B> {
-        self.try_run(|a| a.release_ipc_share(ptr))
-    }
-
-    /// [`DeviceAllocator::open_ipc_handle`].
-    pub fn open_ipc_handle(&self, handle: &ShareableHandle) -> Res<DevicePtr, B> {
-        self.try_run(|a| a.open_ipc_handle(handle))
-    }
-
-    /// [`DeviceAllocator::close_ipc_handle`].
-    pub fn close_ipc_handle(&self, handle: &ShareableHandle) -> Res<(), B> {
-        self.try_run(|a| a.close_ipc_handle(handle))
-    }
-
-    /// [`DeviceAllocator::enable_peer_access`].
-    pub fn enable_peer_access(&self, peer: u32) -> Res<PeerAccess, B> {
-        self.try_run(|a| a.enable_peer_access(peer))
-    }
-
-    /// [`DeviceAllocator::check_invariants`]; a failed device fails it.
-    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        self.run(|a| a.check_invariants())
-            .unwrap_or(Err(InvariantViolation::new(
-                "device failed: a call panicked while it held the device's lock",
-                None,
-                0,
-                1,
-            )))
-    }
-
     /// Run `f` with the allocator locked (several operations as one).
     /// Out-of-memory observers are told once the lock is released (of the
     /// first 4 out-of-memory errors `f` ran into). Refused on a failed
@@ -288,49 +200,29 @@ where
         a
     }
 
-    /// [`DeviceAllocator::create_pool`].
-    pub fn create_pool(&self, id: MempoolId, options: PoolOptions) -> Res<(), B> {
-        self.try_run(|a| a.create_pool(id, options))
+    /// Grow the slot storage whenever a call runs out of slots: `bigger`
+    /// makes a larger storage from the slot count in use (say, twice as
+    /// many), the blocks move into it, and the call runs again
+    /// ([`DeviceAllocator::with_growing_storage`]). For a host that can
+    /// allocate; without it, running out is a
+    /// [`MetadataExhausted`](Error::MetadataExhausted) error.
+    pub fn with_storage_growth(mut self, bigger: fn(u32) -> S) -> Self {
+        self.grow = Some(bigger);
+        self
     }
 
-    /// [`DeviceAllocator::begin_allocate_to_pool`]: from now on, requests on
-    /// the streams `filter` accepts (from any thread) go to pool `id`.
-    pub fn begin_allocate_to_pool(
+    /// [`try_run`](Self::try_run) for a call that may run out of slots:
+    /// with [`with_storage_growth`](Self::with_storage_growth), grow and
+    /// run it again.
+    #[inline]
+    pub(crate) fn try_growing<R>(
         &self,
-        id: MempoolId,
-        filter: StreamFilter<B::Stream>,
-    ) -> Res<(), B> {
-        self.try_run(|a| a.begin_allocate_to_pool(id, filter))
-    }
-
-    /// [`DeviceAllocator::end_allocate_to_pool`].
-    pub fn end_allocate_to_pool(&self, id: MempoolId) -> Res<(), B> {
-        self.try_run(|a| a.end_allocate_to_pool(id))
-    }
-
-    /// [`DeviceAllocator::capture_begin`].
-    pub fn capture_begin(&self, id: MempoolId, filter: StreamFilter<B::Stream>) -> Res<(), B> {
-        self.try_run(|a| a.capture_begin(id, filter))
-    }
-
-    /// [`DeviceAllocator::capture_end`].
-    pub fn capture_end(&self, id: MempoolId) -> Res<(), B> {
-        self.try_run(|a| a.capture_end(id))
-    }
-
-    /// [`DeviceAllocator::release_pool`].
-    pub fn release_pool(&self, id: MempoolId) -> Res<(), B> {
-        self.try_run(|a| a.release_pool(id))
-    }
-
-    /// [`DeviceAllocator::pool_use_count`].
-    pub fn pool_use_count(&self, id: MempoolId) -> Res<u32, B> {
-        self.run(|a| a.pool_use_count(id))
-    }
-
-    /// [`DeviceAllocator::empty_cache_pool`].
-    pub fn empty_cache_pool(&self, id: MempoolId) -> Res<(), B> {
-        self.try_run(|a| a.empty_cache_pool(id))
+        op: impl FnMut(&mut DeviceAllocator<B, S, E, H, P>) -> Res<R, B>,
+    ) -> Res<R, B> {
+        match self.grow {
+            None => self.try_run(op),
+            Some(bigger) => self.try_run(|a| a.with_growing_storage(op, bigger)),
+        }
     }
 }
 
@@ -351,43 +243,37 @@ pub struct DeviceAllocation {
 /// waits behind an `empty_cache` or a device free on another.
 ///
 /// ```
-/// use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator,
+/// # use cachealloc_mock::MockDevice;
+/// use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator, SharedAllocator,
 ///     MultiDeviceAllocator, SegmentTable};
 /// static SEGMENTS: SegmentTable<64> = SegmentTable::new();
 /// let dev = |base: u64| CachingAllocator::new(DeviceAllocator::new(
-///     TinyBackend { next: base, ..TinyBackend::default() }, [BlockSlot::VACANT; 32], Config::DEFAULT));
+///     MockDevice::new(None).with_base(base), [BlockSlot::VACANT; 32], Config::DEFAULT));
 /// let m = MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)], &SEGMENTS)?;
 /// let x = m.malloc(1, 512, 0)?;
 /// assert_eq!(m.owner(x.allocation.ptr), Some(1));      // no device locked
 /// m.free_ptr(x.allocation.ptr)?;                       // routed to device 1
 /// assert_eq!(m.device(1).unwrap().stats()?.allocation.all().allocated, 1);
-/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 /// ```
-pub struct MultiDeviceAllocator<B: DeviceBackend, S, const E: usize, const D: usize, H = NoHistory>
-{
-    devices: [CachingAllocator<B, S, E, H>; D],
+pub struct MultiDeviceAllocator<A: SharedAllocator, const D: usize> {
+    devices: [A; D],
     registry: &'static dyn SegmentRegistry,
 }
 
-impl<B, S, const E: usize, const D: usize, H> MultiDeviceAllocator<B, S, E, D, H>
-where
-    B: DeviceBackend,
-    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
-    H: HistoryStorage,
-{
+type MRes<T, A> = Result<T, Error<<A as SharedAllocator>::BackendError>>;
+
+impl<A: SharedAllocator, const D: usize> MultiDeviceAllocator<A, D> {
     /// The devices, index = device number (their address ranges must not
     /// overlap), each registering its segments in `registry` under its
     /// number (the segments they hold already too). Give each
     /// `MultiDeviceAllocator` a registry of its own. Fails if the registry
     /// refuses a segment a device holds, or a device failed.
-    pub fn new(
-        devices: [CachingAllocator<B, S, E, H>; D],
-        registry: &'static dyn SegmentRegistry,
-    ) -> Res<Self, B> {
+    pub fn new(devices: [A; D], registry: &'static dyn SegmentRegistry) -> MRes<Self, A> {
         for (k, d) in devices.iter().enumerate() {
-            if let Err(e) = d.try_with(|a| a.attach_segment_registry(registry, k as u32)) {
+            if let Err(e) = d.attach_segment_registry(registry, k as u32) {
                 for d in &devices[..k] {
-                    let _ = d.with(|a| a.detach_segment_registry());
+                    let _ = d.detach_segment_registry();
                 }
                 return Err(e);
             }
@@ -396,18 +282,24 @@ where
     }
 
     /// One device.
-    pub fn device(&self, device: usize) -> Option<&CachingAllocator<B, S, E, H>> {
+    pub fn device(&self, device: usize) -> Option<&A> {
         self.devices.get(device)
     }
 
-    fn get(&self, device: usize) -> Res<&CachingAllocator<B, S, E, H>, B> {
+    fn get(&self, device: usize) -> MRes<&A, A> {
         self.devices.get(device).ok_or(Error::NoSuchDevice {
             device: device as u32,
         })
     }
 
+    /// The device that owns `ptr`, or the error naming an unknown pointer.
+    fn owning(&self, ptr: DevicePtr) -> MRes<&A, A> {
+        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
+        self.get(d)
+    }
+
     /// Allocate on `device`.
-    pub fn malloc(&self, device: usize, size: u64, stream: B::Stream) -> Res<DeviceAllocation, B> {
+    pub fn malloc(&self, device: usize, size: u64, stream: A::Stream) -> MRes<DeviceAllocation, A> {
         Ok(DeviceAllocation {
             device,
             allocation: self.get(device)?.malloc(size, stream)?,
@@ -415,7 +307,7 @@ where
     }
 
     /// Free by handle (the allocation names its device).
-    pub fn free(&self, a: &DeviceAllocation) -> Res<(), B> {
+    pub fn free(&self, a: &DeviceAllocation) -> MRes<(), A> {
         match a.allocation.id {
             Some(id) => self.get(a.device)?.free(id),
             None => Ok(()),
@@ -434,52 +326,48 @@ where
     }
 
     /// Free by address, on whichever device owns it (null is a no-op).
-    pub fn free_ptr(&self, ptr: DevicePtr) -> Res<(), B> {
+    pub fn free_ptr(&self, ptr: DevicePtr) -> MRes<(), A> {
         if ptr.is_null() {
             return Ok(());
         }
-        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
-        self.devices[d].free_ptr(ptr)
+        self.owning(ptr)?.free_ptr(ptr)
     }
 
     /// `record_stream` by address, on whichever device owns it.
-    pub fn record_stream_ptr(&self, ptr: DevicePtr, stream: B::Stream) -> Res<(), B> {
+    pub fn record_stream_ptr(&self, ptr: DevicePtr, stream: A::Stream) -> MRes<(), A> {
         if ptr.is_null() {
             return Ok(());
         }
-        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
-        self.devices[d].record_stream_ptr(ptr, stream)
+        self.owning(ptr)?.record_stream_ptr(ptr, stream)
     }
 
     /// A handle to share the live allocation at `ptr`, from whichever
     /// device owns it ([`DeviceAllocator::share_ipc_handle`]).
-    pub fn share_ipc_handle(&self, ptr: DevicePtr) -> Res<ShareableHandle, B> {
-        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
-        self.devices[d].share_ipc_handle(ptr)
+    pub fn share_ipc_handle(&self, ptr: DevicePtr) -> MRes<ShareableHandle, A> {
+        self.owning(ptr)?.share_ipc_handle(ptr)
     }
 
     /// One consumer of a share of `ptr` is done, on whichever device owns
     /// it ([`DeviceAllocator::release_ipc_share`]).
-    pub fn release_ipc_share(&self, ptr: DevicePtr) -> Res<(), B> {
-        let d = self.owner(ptr).ok_or(Error::UnknownPointer { ptr })?;
-        self.devices[d].release_ipc_share(ptr)
+    pub fn release_ipc_share(&self, ptr: DevicePtr) -> MRes<(), A> {
+        self.owning(ptr)?.release_ipc_share(ptr)
     }
 
     /// Open a shared allocation on `device` (PyTorch's `getIpcDevPtr` on
     /// the current device, plus the offset).
-    pub fn open_ipc_handle(&self, device: usize, handle: &ShareableHandle) -> Res<DevicePtr, B> {
+    pub fn open_ipc_handle(&self, device: usize, handle: &ShareableHandle) -> MRes<DevicePtr, A> {
         self.get(device)?.open_ipc_handle(handle)
     }
 
     /// One user of a handle opened on `device` is done.
-    pub fn close_ipc_handle(&self, device: usize, handle: &ShareableHandle) -> Res<(), B> {
+    pub fn close_ipc_handle(&self, device: usize, handle: &ShareableHandle) -> MRes<(), A> {
         self.get(device)?.close_ipc_handle(handle)
     }
 
     /// Let device `device` access the memory of `peer` (PyTorch's
     /// `enablePeerAccess(dev, dev_to_access)`: access already enabled is no
     /// error). Asking for a device's access to itself is the driver's error.
-    pub fn enable_peer_access(&self, device: usize, peer: usize) -> Res<PeerAccess, B> {
+    pub fn enable_peer_access(&self, device: usize, peer: usize) -> MRes<PeerAccess, A> {
         self.get(peer)?;
         self.get(device)?.enable_peer_access(peer as u32)
     }
@@ -488,7 +376,6 @@ where
     /// `dst_device`, on `stream` of `src_device` (PyTorch's `memcpyAsync`):
     /// plain, or through the driver's peer copy as [`needs_peer_copy`]
     /// decides.
-    #[allow(clippy::too_many_arguments)]
     pub fn memcpy_async(
         &self,
         dst: DevicePtr,
@@ -496,31 +383,18 @@ where
         src: DevicePtr,
         src_device: usize,
         bytes: u64,
-        stream: B::Stream,
-        p2p_enabled: bool,
-    ) -> Res<(), B> {
+        stream: A::Stream,
+    ) -> MRes<(), A> {
         let to = self.get(dst_device)?;
         let from = self.get(src_device)?;
-        let expandable = to.with(|a| a.has_expandable_segments())?
-            || from.with(|a| a.has_expandable_segments())?;
-        from.try_with(|a| {
-            if !needs_peer_copy(src_device, dst_device, expandable, p2p_enabled) {
-                a.memcpy_async(dst, src, bytes, stream)
-            } else {
-                a.memcpy_peer_async(
-                    dst,
-                    dst_device as u32,
-                    src,
-                    src_device as u32,
-                    bytes,
-                    stream,
-                )
-            }
-        })
+        let expandable = to.has_expandable_segments()? || from.has_expandable_segments()?;
+        let peer = needs_peer_copy(src_device, dst_device, expandable)
+            .then_some((dst_device as u32, src_device as u32));
+        from.memcpy_async(dst, src, bytes, stream, peer)
     }
 
     /// `empty_cache` on every device (PyTorch's counts a sync on each).
-    pub fn empty_cache(&self) -> Res<(), B> {
+    pub fn empty_cache(&self) -> MRes<(), A> {
         for d in &self.devices {
             d.empty_cache()?;
         }
@@ -529,7 +403,7 @@ where
 
     /// The devices, unwrapped (their segments stay in the registry, which
     /// they keep up to date, until they are detached from it).
-    pub fn into_devices(self) -> [CachingAllocator<B, S, E, H>; D] {
+    pub fn into_devices(self) -> [A; D] {
         self.devices
     }
 

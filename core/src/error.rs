@@ -10,8 +10,9 @@ use core::fmt;
 /// total capacity of ..."; "HIP out of memory" on a HIP backend).
 ///
 /// ```
-/// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator, Error};
-/// let mut a = DeviceAllocator::new(TinyBackend::with_capacity(20 << 20), [BlockSlot::VACANT; 8], Config::DEFAULT);
+/// # use cachealloc_mock::MockDevice;
+/// use cachealloc_core::{BlockSlot, Config, DeviceAllocator, Error};
+/// let mut a = DeviceAllocator::new(MockDevice::with_capacity(20 << 20), [BlockSlot::VACANT; 8], Config::DEFAULT);
 /// let Err(Error::OutOfMemory(r)) = a.malloc(30 << 20, 0) else { panic!() };
 /// assert_eq!((r.requested, r.alloc_size, r.platform), (30 << 20, 30 << 20, "CUDA"));
 /// assert!(r.to_string().starts_with("CUDA out of memory. Tried to allocate 30.00 MiB. GPU 0"));

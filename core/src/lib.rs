@@ -42,16 +42,16 @@
 //!
 //! ```
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
-//! # use cachealloc_core::testing::TinyBackend;
+//! # use cachealloc_mock::MockDevice;
 //! let storage = [BlockSlot::VACANT; 64];
 //! let mut alloc =
-//!     DeviceAllocator::new(TinyBackend::default(), storage, Config::DEFAULT);
+//!     DeviceAllocator::new(MockDevice::new(None), storage, Config::DEFAULT);
 //! let a = alloc.malloc(1000, 0)?;
 //! assert_eq!(a.size, 1024);
 //! alloc.free(a.id.expect("non-empty allocation"))?;
 //! assert_eq!(alloc.stats().reserved_bytes.all().current, 2 << 20);
 //! alloc.check_invariants().expect("consistent");
-//! # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+//! # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 //! ```
 #![no_std]
 #![forbid(unsafe_code)]
@@ -83,11 +83,12 @@ mod pool;
 mod private_pool;
 mod segment_index;
 mod segment_table;
+mod shared;
 mod snapshot;
 pub mod stats;
 mod sync;
+#[cfg(any(test, loom, feature = "testing"))]
 pub mod testing;
-pub mod tf_allocator;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
@@ -110,6 +111,7 @@ pub use invariants::InvariantViolation;
 pub use pool::Pool;
 pub use private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
 pub use segment_table::{RegistryRefusal, SegmentRegistry, SegmentTable};
+pub use shared::{SharedAllocator, SharedResult};
 pub use snapshot::{
     AllocatorSettings, BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments, Snapshot,
 };

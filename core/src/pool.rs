@@ -124,12 +124,14 @@ impl BlockPool {
         self.len += 1;
     }
 
-    /// Take slot `i` out, if it is in.
+    /// Take slot `i` out, if it is in (whether it was).
     #[inline]
-    pub(crate) fn remove(&mut self, slots: &mut [BlockSlot], i: u32) {
-        if self.free.remove(slots, i) {
+    pub(crate) fn remove(&mut self, slots: &mut [BlockSlot], i: u32) -> bool {
+        let found = self.free.remove(slots, i);
+        if found {
             self.len -= 1;
         }
+        found
     }
 
     /// The cached block with the smallest key `>= key`, or `NIL`.

@@ -14,11 +14,12 @@ use crate::segment_index::SegmentIndex;
 /// Cached (free) device memory.
 ///
 /// ```
-/// # use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
-/// # let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
+/// # use cachealloc_mock::MockDevice;
+/// # use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
+/// # let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 8], Config::DEFAULT);
 /// let x = a.malloc(512, 0)?;
 /// assert_eq!(a.cache_info().largest_block, (2 << 20) - 512);
-/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]

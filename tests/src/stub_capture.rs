@@ -21,6 +21,7 @@
 use crate::gpu::{GpuApi, StreamOf};
 use crate::stub::Stub;
 use crate::stub_suite::assert_clean;
+use cachealloc_core::SharedAllocator;
 use cachealloc_core::{
     BlockSlot, CachingAllocator, Config, DeviceAllocator, DeviceBackend, EventStatus, MallocError,
     MempoolId, StreamFilter,

@@ -11,6 +11,7 @@
 #[path = "common/shared_space.rs"]
 mod shared_space;
 
+use cachealloc_core::SharedAllocator;
 use cachealloc_core::{
     Allocation, BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error,
     MultiDeviceAllocator, SegmentTable,
@@ -313,7 +314,7 @@ fn two_devices_route_frees_across_threads() {
             ))
         };
         let table: &'static SegmentTable<8> = Box::leak(Box::default());
-        let m: Arc<MultiDeviceAllocator<MockDevice, Vec<BlockSlot>, 4, 2>> =
+        let m: Arc<MultiDeviceAllocator<CachingAllocator<MockDevice, Vec<BlockSlot>, 4>, 2>> =
             Arc::new(MultiDeviceAllocator::new([dev(1 << 40), dev(2 << 40)], table).unwrap());
         let a = m.malloc(0, 4096, 0).unwrap();
         let b = m.malloc(1, 4096, 0).unwrap();

@@ -48,10 +48,13 @@ mod report;
 mod run;
 mod snapshot;
 pub mod synthetic;
-mod units;
 mod writer;
 
 pub use against::{against, DeviceAgainst, Side};
+pub use cachealloc_snapshot::{
+    add_device, parse_bytes, settings_dict, write_snapshot, AnnotationDict, BlockDict, Frame,
+    SegmentDict, SettingsDict, SnapshotDict, SnapshotNames, TraceDict,
+};
 pub use check::{check, check_reader, TraceStats};
 pub use device::ReplayDevice;
 pub use error::{LivenessError, Op, Reason, TraceError};
@@ -65,9 +68,5 @@ pub use reader::TraceReader;
 pub use replay::{Alloc, Device, Replay, REPLAY_POOLS};
 pub use report::Report;
 pub use run::{run, run_on, run_reader, run_reader_on, Observer, Options, Quiet};
-pub use snapshot::{
-    add_device, settings_dict, write_snapshot, AnnotationDict, BlockDict, Dropped, Frame,
-    SegmentDict, SettingsDict, SnapshotDict, SnapshotNames, TraceDict,
-};
-pub use units::parse_bytes;
+pub use snapshot::Dropped;
 pub use writer::{event_json, TraceWriter};

@@ -1,9 +1,10 @@
 //! [`Report`]: what a replay measured, and its JSON (the replay contract of
 //! the design).
 
-use crate::snapshot::{Dropped, SnapshotDict};
+use crate::snapshot::Dropped;
 use cachealloc_core::{DeviceStats, PoolInfo};
 use cachealloc_mock::RealAddressUse;
+use cachealloc_snapshot::SnapshotDict;
 
 /// The result of a replay.
 #[non_exhaustive]

@@ -308,14 +308,7 @@ where
         }
         let b = self.merge_cached_neighbours(i);
         self.cache_insert(b);
-        self.total_allocated_memory += mapped;
-        self.reserved_high = self.reserved_high.max(self.total_allocated_memory);
-        self.stats.reserved_bytes.increase(pool, mapped);
-        self.stats.num_device_alloc += 1;
-        if let Some(p) = self.private.get_mut(owner) {
-            p.reserved += mapped;
-            p.peak = p.peak.max(p.reserved);
-        }
+        self.reserve(owner, pool, mapped, false);
         self.record(TraceAction::SegmentMap, addr, mapped, stream);
         Ok(b)
     }
@@ -406,12 +399,7 @@ where
             self.cache_insert(a);
         }
         let u = self.merge_unmapped_neighbours(u, owner, pool);
-        self.total_allocated_memory -= usize;
-        self.stats.reserved_bytes.decrease(pool, usize);
-        self.stats.num_device_free += 1;
-        if let Some(p) = self.private.get_mut(owner) {
-            p.reserved -= usize;
-        }
+        self.unreserve(owner, pool, usize, false);
         self.record(TraceAction::SegmentUnmap, ustart, usize, stream);
         Ok(u)
     }

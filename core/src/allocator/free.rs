@@ -41,6 +41,11 @@ where
     /// live and untouched. During a capture a block that other streams used
     /// records no event: it is parked until the capture ends.
     pub(super) fn free_slot(&mut self, i: u32) -> Res<(), B> {
+        debug_assert!(
+            self.slot(i).has(Flags::ALLOCATED) && !self.slot(i).has(Flags::CACHED),
+            "free_slot: block {i} is not an allocated block ({:?})",
+            self.slot(i).flags
+        );
         let mut events = 0;
         let mut deferred = false;
         if self.slot(i).has(Flags::HAS_USES) {
@@ -129,9 +134,7 @@ where
             st.inactive_split.apply(pool, net_blocks);
             st.inactive_split_bytes.apply(pool, net_bytes);
         }
-        st.active.decrease(pool, 1);
-        st.active_bytes.decrease(pool, orig_size);
-        st.requested_bytes.decrease(pool, requested);
+        self.leave_active(pool, orig_size, requested);
     }
 
     /// Block `b` takes over the block after it (which leaves its segment list
@@ -203,9 +206,7 @@ where
         if !expandable {
             st.inactive_split_bytes.increase(pool, orig_size);
         }
-        st.active.decrease(pool, 1);
-        st.active_bytes.decrease(pool, orig_size);
-        st.requested_bytes.decrease(pool, requested);
+        self.leave_active(pool, orig_size, requested);
         true
     }
 

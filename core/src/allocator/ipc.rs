@@ -370,17 +370,13 @@ where
 /// `src_device` to `dst_device` goes through the driver's peer copy, which
 /// also moves mapped pages (`expandable`: either device holds an
 /// expandable segment), or is a plain copy (within one device, or between
-/// plain driver allocations). PyTorch also copies plainly when
-/// `p2p_enabled`, because its `enablePeerAccess` grants the peer access to
-/// every expandable segment's pages (`addPeerAccess`); that grant is not
-/// built here, so `p2p_enabled` changes nothing.
-pub fn needs_peer_copy(
-    src_device: usize,
-    dst_device: usize,
-    expandable: bool,
-    p2p_enabled: bool,
-) -> bool {
-    let _ = p2p_enabled;
+/// plain driver allocations). PyTorch also copies plainly when its caller
+/// says peer access is enabled (`p2p_enabled`), because its
+/// `enablePeerAccess` grants the peer access to every expandable segment's
+/// pages (`addPeerAccess`); that grant is not built here, so there is no
+/// such case, and no such parameter (the C library takes torch's and
+/// documents that it changes nothing).
+pub fn needs_peer_copy(src_device: usize, dst_device: usize, expandable: bool) -> bool {
     src_device != dst_device && expandable
 }
 

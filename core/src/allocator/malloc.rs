@@ -249,19 +249,8 @@ where
         s.stream = skey;
         s.flags.insert(pool.flag());
         s.owner = owner;
-        if let Some(p) = self.private.get_mut(owner) {
-            p.segments += 1;
-            p.reserved += alloc_size;
-            p.peak = p.peak.max(p.reserved);
-        }
         self.segments.insert(self.arena.slots_mut(), i);
-        self.total_allocated_memory += alloc_size;
-        self.stats.segment.increase(pool, 1);
-        self.stats.reserved_bytes.increase(pool, alloc_size);
-        if alloc_size >= self.config.max_split_size {
-            self.stats.oversize_segments.increase(1);
-        }
-        self.stats.num_device_alloc += 1;
+        self.reserve(owner, pool, alloc_size, true);
         self.record(TraceAction::SegmentAlloc, ptr.0, alloc_size, skey);
         Ok(i)
     }

@@ -31,6 +31,7 @@ mod split;
 mod storage;
 #[cfg(test)]
 mod tests;
+mod transitions;
 
 use crate::allocation::{Allocation, AllocationInfo, MallocFlags};
 use crate::arena::{Arena, BlockId, BlockSlot, Flags, NIL};
@@ -42,7 +43,7 @@ use crate::history::{History, HistoryStorage, NoHistory, OutOfMemoryObserver, Tr
 use crate::live::LiveIndex;
 use crate::policy;
 use crate::pool::{Pool, Pools};
-use crate::private_pool::{block_pool, block_pool_mut, PoolTable, Route};
+use crate::private_pool::{block_pool, PoolTable, Route};
 use crate::segment_index::SegmentIndex;
 use crate::segment_table::SegmentRegistry;
 use crate::snapshot::{BlockState, CacheInfo, Segments};
@@ -132,14 +133,15 @@ where
 ///   with [`Error::PoolTableFull`].
 ///
 /// ```
-/// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator};
-/// let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 32], Config::DEFAULT);
+/// # use cachealloc_mock::MockDevice;
+/// use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
+/// let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 32], Config::DEFAULT);
 /// let x = a.malloc(3 << 20, 0)?;                       // large pool, 20 MiB segment
 /// assert_eq!(a.stats().reserved_bytes.all().current, 20 << 20);
 /// a.free(x.id.unwrap())?;
 /// a.empty_cache()?;
 /// assert_eq!(a.stats().reserved_bytes.all().current, 0);
-/// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+/// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 /// ```
 pub struct DeviceAllocator<
     B: DeviceBackend,
@@ -460,14 +462,15 @@ where
     /// Register a free-memory callback (at most 4); gives it back if full.
     ///
     /// ```
-    /// # use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator, FreeAccess};
+    /// # use cachealloc_mock::MockDevice;
+    /// # use cachealloc_core::{BlockSlot, Config, DeviceAllocator, FreeAccess};
     /// use std::sync::atomic::{AtomicU32, Ordering};
     /// static CALLS: AtomicU32 = AtomicU32::new(0);
     /// fn count(_: &mut dyn FreeAccess) -> bool {
     ///     CALLS.fetch_add(1, Ordering::Relaxed);
     ///     false // freed nothing
     /// }
-    /// let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 8], Config::DEFAULT);
+    /// let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 8], Config::DEFAULT);
     /// a.add_free_memory_callback(&count).ok();
     /// assert!(a.malloc(1, 0).is_ok());
     /// assert_eq!(CALLS.load(Ordering::Relaxed), 1); // no cached block fitted
@@ -575,30 +578,5 @@ where
     fn free_index_of(&self, i: u32) -> &crate::pool::BlockPool {
         let s = self.slot(i);
         block_pool(&self.pools, &self.private, s.owner, Pool::of(s.flags))
-    }
-
-    /// Put block `i` in its pool's free index (it is cached from now, at the
-    /// pool's current GC clock).
-    #[inline]
-    fn cache_insert(&mut self, i: u32) {
-        let s = &self.arena.slots()[i as usize];
-        let (owner, kind) = (s.owner, Pool::of(s.flags));
-        let pool = block_pool_mut(&mut self.pools, &mut self.private, owner, kind);
-        let s = &mut self.arena.slots_mut()[i as usize];
-        s.aux = pool.gc_clock();
-        s.flags.insert(Flags::CACHED);
-        pool.insert(self.arena.slots_mut(), i);
-    }
-
-    /// Take block `i` out of its pool's free index.
-    #[inline]
-    fn cache_remove(&mut self, i: u32) {
-        let s = &self.arena.slots()[i as usize];
-        let (owner, kind) = (s.owner, Pool::of(s.flags));
-        let pool = block_pool_mut(&mut self.pools, &mut self.private, owner, kind);
-        self.arena.slots_mut()[i as usize]
-            .flags
-            .remove(Flags::CACHED);
-        pool.remove(self.arena.slots_mut(), i);
     }
 }

@@ -37,8 +37,9 @@ where
     /// revived.
     ///
     /// ```
-    /// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator, MempoolId, PoolOptions, StreamFilter};
-    /// let mut a = DeviceAllocator::new(TinyBackend::default(), [BlockSlot::VACANT; 16], Config::DEFAULT);
+    /// # use cachealloc_mock::MockDevice;
+    /// use cachealloc_core::{BlockSlot, Config, DeviceAllocator, MempoolId, PoolOptions, StreamFilter};
+    /// let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 16], Config::DEFAULT);
     /// let pool = MempoolId(0, 1);
     /// a.create_pool(pool, PoolOptions::NONE)?;               // MemPool()
     /// a.begin_allocate_to_pool(pool, StreamFilter::All)?;    // with use_mem_pool(pool):
@@ -47,7 +48,7 @@ where
     /// a.release_pool(pool)?;
     /// assert_eq!(a.allocation_info(x.id.unwrap())?.pool, pool);
     /// assert_eq!(a.pool_use_count(pool), 1);
-    /// # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+    /// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
     /// ```
     pub fn create_pool(&mut self, id: MempoolId, options: PoolOptions) -> Res<(), B> {
         let owner = self.create_or_incref(id)?;

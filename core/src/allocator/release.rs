@@ -32,19 +32,13 @@ where
         self.unregistered(addr, |b| b.free(DevicePtr(addr), size))
             .map_err(Error::Backend)?;
         self.keep(entry);
+        debug_assert!(
+            self.slot(i).prev == NIL && self.slot(i).next == NIL,
+            "release_block: block {i} is not a whole segment"
+        );
         self.cache_remove(i);
-        if let Some(p) = self.private.get_mut(owner) {
-            p.segments -= 1;
-            p.reserved -= size;
-        }
         self.segments.remove(self.arena.slots_mut(), i);
-        self.total_allocated_memory -= size;
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, size);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_segments.decrease(1);
-        }
-        self.stats.num_device_free += 1;
+        self.unreserve(owner, pool, size, true);
         self.arena.release(i);
         Ok(())
     }

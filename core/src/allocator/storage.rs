@@ -27,8 +27,9 @@ where
     /// changed nothing).
     ///
     /// ```
-    /// use cachealloc_core::{testing::TinyBackend, BlockSlot, Config, DeviceAllocator, Error};
-    /// let mut a = DeviceAllocator::new(TinyBackend::default(), vec![BlockSlot::VACANT; 4], Config::DEFAULT);
+    /// # use cachealloc_mock::MockDevice;
+    /// use cachealloc_core::{BlockSlot, Config, DeviceAllocator, Error};
+    /// let mut a = DeviceAllocator::new(MockDevice::new(None), vec![BlockSlot::VACANT; 4], Config::DEFAULT);
     /// let mut held = Vec::new();
     /// let full = loop {
     ///     match a.malloc(512, 0) {
@@ -44,7 +45,7 @@ where
     ///     a.free(x.id.unwrap())?;
     /// }
     /// a.check_invariants().expect("consistent");
-    /// # Ok::<(), Error<cachealloc_core::testing::TinyError>>(())
+    /// # Ok::<(), Error<cachealloc_mock::MockError>>(())
     /// ```
     pub fn grow_storage(&mut self, mut bigger: S) -> Result<S, S> {
         let old_len = self.arena.slots().len();

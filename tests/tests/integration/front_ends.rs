@@ -7,6 +7,7 @@
 //! invariant checker (shown failing).
 
 use crate::shared_space::{SharedSpace, Space};
+use cachealloc_core::SharedAllocator;
 use cachealloc_core::{
     BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error, MultiDeviceAllocator,
     SegmentRegistry, SegmentTable, TraceEntry,

@@ -296,7 +296,7 @@ fn two_devices_of_a_multi_device_allocator() {
     ));
     // No expandable segment anywhere: a plain copy, queued on the source
     // device, with or without p2p.
-    multi.memcpy_async(yp, 1, xp, 0, 4096, 5, false).unwrap();
+    multi.memcpy_async(yp, 1, xp, 0, 4096, 5).unwrap();
     macro_rules! copies {
         ($m:expr, $d:expr) => {
             $m.device($d)
@@ -322,16 +322,16 @@ fn two_devices_of_a_multi_device_allocator() {
         .with(|a| a.has_expandable_segments())
         .unwrap());
     multi
-        .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5, false)
+        .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5)
         .unwrap();
     assert_eq!(copies!(multi, 0)[1].peer, Some((1, 0)));
     // PyTorch copies plainly when p2p is enabled, since its peer access
     // covers expandable pages; ours does not, so still the peer copy.
     multi
-        .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5, true)
+        .memcpy_async(z.allocation.ptr, 1, xp, 0, 4096, 5)
         .unwrap();
     assert_eq!(copies!(multi, 0)[2].peer, Some((1, 0)));
-    multi.memcpy_async(xp, 0, xp, 0, 16, 5, false).unwrap();
+    multi.memcpy_async(xp, 0, xp, 0, 16, 5).unwrap();
     assert_eq!(copies!(multi, 0)[3].peer, None, "one device: a plain copy");
     multi.free_ptr(xp).unwrap();
     // Routed by address to the device whose expandable segment holds it

@@ -22,6 +22,7 @@ mod fuzz_trace;
 mod history;
 mod ipc;
 mod real_traces;
+mod shared_allocator;
 #[path = "../common/shared_space.rs"]
 mod shared_space;
 mod snapshots;

@@ -1,14 +1,15 @@
 //! TensorFlow's `Allocator` facade on the simulated device: each call, the
 //! no-retry attribute, and `AllocatorStats` against a count kept by hand.
 
-use cachealloc_core::tf_allocator::{
-    AllocationAttributes, AllocatorStats, MemoryType, TfAllocator,
-};
-use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, Error};
+use cachealloc_core::SharedAllocator;
+use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error};
 use cachealloc_mock::MockDevice;
+use cachealloc_tf::{
+    AllocationAttributes, AllocatorStats, MemoryType, TfAllocator, ALLOCATOR_ALIGNMENT,
+};
 
 const MIB: u64 = 1 << 20;
-type Tf = TfAllocator<MockDevice, Vec<BlockSlot>>;
+type Tf = TfAllocator<CachingAllocator<MockDevice, Vec<BlockSlot>>>;
 
 fn tf(capacity: Option<u64>) -> Tf {
     TfAllocator::from((
@@ -26,7 +27,7 @@ fn allocate_and_deallocate_raw() {
     let t = tf(None);
     assert_eq!(t.name(), "cachealloc");
     assert_eq!(tf(None).with_name("GPU_0_bfc").name(), "GPU_0_bfc");
-    let p = t.allocate_raw(Tf::ALLOCATOR_ALIGNMENT, 1000).unwrap();
+    let p = t.allocate_raw(ALLOCATOR_ALIGNMENT, 1000).unwrap();
     assert_eq!(p.0 % 64, 0);
     // Every request is on the facade's stream.
     let info = t
@@ -206,7 +207,7 @@ fn allocator_stats_against_a_hand_count() {
         ),
         0u64,
     ));
-    let u: TfAllocator<MockDevice, Vec<BlockSlot>> = u;
+    let u: Tf = u;
     assert_eq!(u.get_stats().unwrap().bytes_limit, Some(8 << 30));
     // A limit of u64::MAX saturates at i64::MAX, never wraps to -1.
     u.allocator()

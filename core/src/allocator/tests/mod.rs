@@ -9,6 +9,7 @@ mod expandable_corruption;
 mod fast_paths;
 mod pool_corruption;
 mod storage;
+mod transition_checks;
 
 use super::DeviceAllocator;
 use crate::arena::BlockSlot;

@@ -9,15 +9,19 @@
 //! TF device allocator is per device). Where TensorFlow CHECK-fails (an
 //! unknown pointer), the calls here return an error value.
 //!
+//! It works over any [`SharedAllocator`] (the thread-safe
+//! [`CachingAllocator`] of any backend).
+//!
 //! ```
-//! use cachealloc_core::{testing::TinyBackend, BlockSlot, CachingAllocator, Config, DeviceAllocator};
-//! use cachealloc_core::tf_allocator::{AllocationAttributes, TfAllocator};
+//! use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator};
+//! use cachealloc_mock::MockDevice;
+//! use cachealloc_tf::{AllocationAttributes, TfAllocator, ALLOCATOR_ALIGNMENT};
 //! let tf = TfAllocator::new(
 //!     CachingAllocator::new(DeviceAllocator::new(
-//!         TinyBackend::default(), [BlockSlot::VACANT; 64], Config::DEFAULT)),
+//!         MockDevice::new(None), [BlockSlot::VACANT; 64], Config::DEFAULT)),
 //!     0, // the stream every request is for
 //! );
-//! let p = tf.allocate_raw(TfAllocator::<TinyBackend, [BlockSlot; 64]>::ALLOCATOR_ALIGNMENT, 1000)?;
+//! let p = tf.allocate_raw(ALLOCATOR_ALIGNMENT, 1000)?;
 //! assert_eq!(tf.requested_size(p)?, 1000);
 //! assert_eq!(tf.allocated_size(p)?, 1024);
 //! let q = tf.allocate_raw_with(4096, 10, &AllocationAttributes::NO_RETRY)?;
@@ -25,20 +29,21 @@
 //! assert_eq!(tf.get_stats()?.num_allocs, 2);
 //! tf.deallocate_raw(p)?;
 //! tf.deallocate_raw(q)?;
-//! # Ok::<(), cachealloc_core::Error<cachealloc_core::testing::TinyError>>(())
+//! # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 //! ```
 
-use crate::allocation::MallocFlags;
-use crate::allocator::{DeviceAllocator, DEFAULT_POOLS};
-use crate::arena::BlockSlot;
-use crate::backend::{DeviceBackend, DevicePtr};
-use crate::caching::CachingAllocator;
-use crate::error::Error;
-use crate::history::{HistoryStorage, NoHistory};
-use crate::sync::Mutex;
-use core::fmt;
+#![no_std]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
-type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
+use cachealloc_core::{
+    BlockSlot, CachingAllocator, DeviceAllocator, DeviceBackend, DevicePtr, Error, HistoryStorage,
+    MallocFlags, SharedAllocator, StatArray,
+};
+use core::fmt;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+type Res<T, A> = Result<T, Error<<A as SharedAllocator>::BackendError>>;
 
 /// TensorFlow's `AllocationAttributes`, the options of one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,46 +150,34 @@ impl fmt::Display for AllocatorStats {
     }
 }
 
-/// What the facade counts itself since creation or `clear_stats`: its
-/// allocations, and the largest block it handed out.
-#[derive(Clone, Copy, Debug, Default)]
-struct Counters {
-    num_allocs: u64,
-    largest: u64,
-}
+/// TensorFlow's `Allocator::kAllocatorAlignment` (64), what its tensor
+/// buffers ask for.
+pub const ALLOCATOR_ALIGNMENT: u64 = 64;
 
-/// TensorFlow's `Allocator` over a [`CachingAllocator`], serving every
+/// TensorFlow's `Allocator` over a [`SharedAllocator`], serving every
 /// request on one stream. Thread-safe as the allocator is.
-pub struct TfAllocator<
-    B: DeviceBackend,
-    S,
-    const E: usize = 64,
-    H = NoHistory,
-    const P: usize = DEFAULT_POOLS,
-> {
-    allocator: CachingAllocator<B, S, E, H, P>,
-    stream: B::Stream,
+///
+/// What it counts itself (`num_allocs`, `largest_alloc_size`) is kept in
+/// atomics beside the allocator: a `clear_stats` racing an allocation on
+/// another thread counts that allocation before or after the reset, as
+/// with any concurrent reset (BFC takes its one lock for both).
+pub struct TfAllocator<A: SharedAllocator> {
+    allocator: A,
+    stream: A::Stream,
     name: &'static str,
-    counters: Mutex<Counters>,
+    num_allocs: AtomicU64,
+    largest: AtomicU64,
 }
 
-impl<B, S, const E: usize, H, const P: usize> TfAllocator<B, S, E, H, P>
-where
-    B: DeviceBackend,
-    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
-    H: HistoryStorage,
-{
-    /// TensorFlow's `Allocator::kAllocatorAlignment` (64), what its tensor
-    /// buffers ask for.
-    pub const ALLOCATOR_ALIGNMENT: u64 = 64;
-
+impl<A: SharedAllocator> TfAllocator<A> {
     /// The facade over `allocator`, for requests on `stream`.
-    pub fn new(allocator: CachingAllocator<B, S, E, H, P>, stream: B::Stream) -> Self {
+    pub fn new(allocator: A, stream: A::Stream) -> Self {
         TfAllocator {
             allocator,
             stream,
             name: "cachealloc",
-            counters: Mutex::new(Counters::default()),
+            num_allocs: AtomicU64::new(0),
+            largest: AtomicU64::new(0),
         }
     }
 
@@ -195,12 +188,12 @@ where
     }
 
     /// The allocator underneath (PyTorch's statistics, snapshots, ...).
-    pub fn allocator(&self) -> &CachingAllocator<B, S, E, H, P> {
+    pub fn allocator(&self) -> &A {
         &self.allocator
     }
 
     /// The allocator, unwrapped.
-    pub fn into_inner(self) -> CachingAllocator<B, S, E, H, P> {
+    pub fn into_inner(self) -> A {
         self.allocator
     }
 
@@ -211,13 +204,13 @@ where
 
     /// `AllocateRaw(alignment, num_bytes)`: [`allocate_raw_with`](Self::allocate_raw_with)
     /// with the default attributes.
-    pub fn allocate_raw(&self, alignment: u64, num_bytes: u64) -> Res<DevicePtr, B> {
+    pub fn allocate_raw(&self, alignment: u64, num_bytes: u64) -> Res<DevicePtr, A> {
         self.allocate_raw_with(alignment, num_bytes, &AllocationAttributes::DEFAULT)
     }
 
     /// `AllocateRaw(alignment, num_bytes, allocation_attr)`: `num_bytes`
     /// at a multiple of `alignment` (a power of two, else
-    /// [`Error::BadAlignment`]; see [`DeviceAllocator::malloc_aligned`]).
+    /// [`Error::BadAlignment`]; see `DeviceAllocator::malloc_aligned`).
     /// Zero bytes is the null pointer, as in BFC. Out of memory is an
     /// error value (TensorFlow returns null).
     pub fn allocate_raw_with(
@@ -225,29 +218,26 @@ where
         alignment: u64,
         num_bytes: u64,
         attr: &AllocationAttributes,
-    ) -> Res<DevicePtr, B> {
+    ) -> Res<DevicePtr, A> {
         let flags = if attr.retry_on_failure {
             MallocFlags::empty()
         } else {
             MallocFlags::NO_RETRY
         };
-        // The counters change under the allocator's lock (always taken
-        // first), so a `clear_stats` sees each allocation wholly or not.
-        self.allocator.try_with(|a| {
-            let x = a.malloc_aligned(num_bytes, alignment, self.stream, flags)?;
-            if x.size > 0 {
-                let mut c = self.counters.lock();
-                c.num_allocs += 1;
-                c.largest = c.largest.max(x.size);
-            }
-            Ok(x.ptr)
-        })
+        let x = self
+            .allocator
+            .malloc_aligned(num_bytes, alignment, self.stream, flags)?;
+        if x.size > 0 {
+            self.num_allocs.fetch_add(1, Relaxed);
+            self.largest.fetch_max(x.size, Relaxed);
+        }
+        Ok(x.ptr)
     }
 
     /// `DeallocateRaw(ptr)`: free what `allocate_raw` returned (null is a
     /// no-op; anything else unknown is an error value, where TensorFlow
     /// CHECK-fails).
-    pub fn deallocate_raw(&self, ptr: DevicePtr) -> Res<(), B> {
+    pub fn deallocate_raw(&self, ptr: DevicePtr) -> Res<(), A> {
         self.allocator.free_ptr(ptr)
     }
 
@@ -267,24 +257,24 @@ where
     }
 
     /// `RequestedSize(ptr)`: the bytes asked for.
-    pub fn requested_size(&self, ptr: DevicePtr) -> Res<u64, B> {
+    pub fn requested_size(&self, ptr: DevicePtr) -> Res<u64, A> {
         self.allocator
-            .try_with(|a| a.allocation_info_ptr(ptr))
+            .allocation_info(ptr)
             .map(|i| i.requested_size)
     }
 
     /// `AllocatedSize(ptr)`: the bytes of the block (at least the request).
-    pub fn allocated_size(&self, ptr: DevicePtr) -> Res<u64, B> {
+    pub fn allocated_size(&self, ptr: DevicePtr) -> Res<u64, A> {
         self.allocator
-            .try_with(|a| a.allocation_info_ptr(ptr))
+            .allocation_info(ptr)
             .map(|i| i.allocated_size)
     }
 
     /// `AllocationId(ptr)`: the allocation's id, unique in this allocator
     /// (from 1, as BFC's).
-    pub fn allocation_id(&self, ptr: DevicePtr) -> Res<i64, B> {
+    pub fn allocation_id(&self, ptr: DevicePtr) -> Res<i64, A> {
         self.allocator
-            .try_with(|a| a.allocation_info_ptr(ptr))
+            .allocation_info(ptr)
             .map(|i| i.allocation_id as i64)
     }
 
@@ -292,42 +282,36 @@ where
     /// contains `ptr` (its start or any byte inside it), else 0 (also on a
     /// failed device).
     pub fn allocated_size_slow(&self, ptr: DevicePtr) -> u64 {
-        self.allocator
-            .with(|a| match a.allocation_info_ptr(ptr) {
-                Ok(i) => i.allocated_size,
-                Err(Error::InteriorPointer { base, .. }) => {
-                    a.allocation_info_ptr(base).map_or(0, |i| i.allocated_size)
-                }
-                Err(_) => 0,
-            })
-            .unwrap_or(0)
+        match self.allocator.allocation_info(ptr) {
+            Ok(i) => i.allocated_size,
+            Err(Error::InteriorPointer { base, .. }) => self
+                .allocator
+                .allocation_info(base)
+                .map_or(0, |i| i.allocated_size),
+            Err(_) => 0,
+        }
     }
 
     /// `GetStats()`. Asks the device for its total memory when no memory
     /// limit is set (`bytes_limit`).
-    pub fn get_stats(&self) -> Res<AllocatorStats, B> {
-        let (stats, cache, limit, c) = self.allocator.with(|a| {
-            let limit = match a.memory_limit() {
-                Some(l) => Ok(l),
-                None => a
-                    .backend_mut()
-                    .mem_info()
-                    .map(|m| m.total)
-                    .map_err(Error::Backend),
-            };
-            (*a.stats(), a.cache_info(), limit, *self.counters.lock())
-        })?;
-        let all = |s: &crate::stats::StatArray| *s.all();
+    pub fn get_stats(&self) -> Res<AllocatorStats, A> {
+        let stats = self.allocator.stats()?;
+        let cache = self.allocator.cache_info()?;
+        let limit = match self.allocator.memory_limit()? {
+            Some(l) => l,
+            None => self.allocator.mem_info()?.total,
+        };
+        let all = |s: &StatArray| *s.all();
         let allocated = all(&stats.allocated_bytes);
         let reserved = all(&stats.reserved_bytes);
         Ok(AllocatorStats {
-            num_allocs: c.num_allocs as i64,
+            num_allocs: self.num_allocs.load(Relaxed) as i64,
             bytes_in_use: allocated.current,
             peak_bytes_in_use: allocated.peak,
-            largest_alloc_size: c.largest as i64,
+            largest_alloc_size: self.largest.load(Relaxed) as i64,
             // A limit past i64 (set_memory_limit(u64::MAX): no limit in
             // effect) saturates rather than wrapping to -1.
-            bytes_limit: Some(i64::try_from(limit?).unwrap_or(i64::MAX)),
+            bytes_limit: Some(i64::try_from(limit).unwrap_or(i64::MAX)),
             bytes_reserved: 0,
             peak_bytes_reserved: 0,
             bytes_reservable_limit: None,
@@ -342,12 +326,12 @@ where
     /// `bytes_in_use`; nothing else changes (`peak_pool_bytes` neither).
     /// Returns true (supported; false on a failed device).
     pub fn clear_stats(&self) -> bool {
-        self.allocator
-            .with(|a| {
-                a.reset_peak_allocated_bytes();
-                *self.counters.lock() = Counters::default();
-            })
-            .is_ok()
+        let ok = self.allocator.reset_peak_allocated_bytes().is_ok();
+        if ok {
+            self.num_allocs.store(0, Relaxed);
+            self.largest.store(0, Relaxed);
+        }
+        ok
     }
 
     /// `SetSafeFrontier(count)`: nothing to do (there is no `freed_by_func`
@@ -360,13 +344,15 @@ where
     }
 }
 
-/// A facade over a device allocator and the stream of its requests.
+/// A facade over a device allocator (made thread-safe) and the stream of
+/// its requests.
 impl<B, S, const E: usize, H, const P: usize> From<(DeviceAllocator<B, S, E, H, P>, B::Stream)>
-    for TfAllocator<B, S, E, H, P>
+    for TfAllocator<CachingAllocator<B, S, E, H, P>>
 where
     B: DeviceBackend,
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
     H: HistoryStorage,
+    CachingAllocator<B, S, E, H, P>: SharedAllocator<Stream = B::Stream>,
 {
     fn from((a, stream): (DeviceAllocator<B, S, E, H, P>, B::Stream)) -> Self {
         TfAllocator::new(CachingAllocator::new(a), stream)

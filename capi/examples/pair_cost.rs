@@ -1,0 +1,105 @@
+//! The cost of a cache-hit pair through the C library against the core's,
+//! in one run on one machine: `cachealloc_alloc` + `cachealloc_free` on the
+//! simulated device (one device, alternating 4 KiB and 8 MiB, as the core's
+//! `pair_loop` example does), from the main thread and from a thread
+//! started later, beside the same loop on a bare `DeviceAllocator` and on
+//! the thread-safe `CachingAllocator`. Nanoseconds per pair, the best of 5
+//! rounds of N pairs each.
+//!
+//! ```sh
+//! cargo run --release -p cachealloc-capi --example pair_cost [N]
+//! ```
+
+use cachealloc::{cachealloc_alloc, cachealloc_free};
+use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator, SharedAllocator};
+use cachealloc_mock::MockDevice;
+use std::hint::black_box;
+use std::time::Instant;
+
+/// The size of pair `i`: 4 KiB and 8 MiB in turn.
+fn size(i: u64) -> u64 {
+    if i.is_multiple_of(2) {
+        4096
+    } else {
+        8 << 20
+    }
+}
+
+/// Nanoseconds per pair of `run(n)`, the best of 5 rounds.
+fn best(n: u64, mut run: impl FnMut(u64)) -> f64 {
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            run(n);
+            t.elapsed().as_nanos() as f64 / n as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Pairs through the C functions.
+fn c_pairs(n: u64) {
+    for i in 0..n {
+        let p = cachealloc_alloc(black_box(size(i)) as usize, 0, std::ptr::null_mut());
+        assert!(!p.is_null(), "cachealloc_alloc failed");
+        cachealloc_free(p, 0, 0, std::ptr::null_mut());
+    }
+}
+
+fn main() {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2_000_000);
+    // SAFETY: nothing else runs yet; the library reads its settings at
+    // its first call, below.
+    unsafe { std::env::set_var("CACHEALLOC_BACKEND", "mock") };
+
+    let mut bare: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64> = DeviceAllocator::new(
+        MockDevice::unlimited(),
+        vec![BlockSlot::VACANT; 4096].into_boxed_slice(),
+        Config::DEFAULT,
+    );
+    let _keep = bare.malloc(4096, 0).expect("warm-up");
+    // `pair_loop`'s loop: free by handle.
+    let core = best(n, |n| {
+        for i in 0..n {
+            let x = bare.malloc(black_box(size(i)), 0).expect("malloc");
+            bare.free(x.id.expect("handle")).expect("free");
+        }
+    });
+    // Free by pointer, as the C library does (a lookup in the live index).
+    let by_ptr = best(n, |n| {
+        for i in 0..n {
+            let x = bare.malloc(black_box(size(i)), 0).expect("malloc");
+            bare.free_ptr(x.ptr).expect("free");
+        }
+    });
+    let locked = CachingAllocator::new(bare);
+    let caching = best(n, |n| {
+        for i in 0..n {
+            let x = locked.malloc(black_box(size(i)), 0).expect("malloc");
+            locked.free_ptr(x.ptr).expect("free");
+        }
+    });
+    // The C library: its device 0 made by the first call, a block kept
+    // live as above.
+    let keep = cachealloc_alloc(4096, 0, std::ptr::null_mut());
+    let c_main = best(n, c_pairs);
+    let c_thread = std::thread::spawn(move || best(n, c_pairs))
+        .join()
+        .expect("the thread");
+    cachealloc_free(keep, 0, 0, std::ptr::null_mut());
+
+    println!("ns per cache-hit pair (best of 5 x {n}, 4 KiB and 8 MiB in turn):");
+    println!("  core DeviceAllocator (pair_loop)         {core:6.1}");
+    println!("  core DeviceAllocator, free by pointer    {by_ptr:6.1}");
+    println!("  core CachingAllocator (SharedAllocator)  {caching:6.1}");
+    println!(
+        "  C library, main thread                   {c_main:6.1}  (+{:.1} over the core)",
+        c_main - core
+    );
+    println!(
+        "  C library, a thread started later        {c_thread:6.1}  (+{:.1} over the core)",
+        c_thread - core
+    );
+}

@@ -1,0 +1,182 @@
+//! The transitions every block goes through, each in one function that
+//! changes the block, its index and the statistics it affects, with the
+//! local invariants asserted in debug builds (the unit tests, the fuzz
+//! targets and the loom models build in debug, so they check them at every
+//! step; release builds compile the checks away):
+//!
+//! - cached / uncached: [`cache_insert`](DeviceAllocator::cache_insert),
+//!   [`cache_remove`](DeviceAllocator::cache_remove);
+//! - bytes joining or leaving the reserve (a new segment or mapped pages,
+//!   a released segment or unmapped pages):
+//!   [`reserve`](DeviceAllocator::reserve),
+//!   [`unreserve`](DeviceAllocator::unreserve);
+//! - a freed block leaving the active set once its frees are done:
+//!   [`leave_active`](DeviceAllocator::leave_active).
+//!
+//! Allocation (`mark_allocated`, in `split.rs`) and the free request
+//! (`free_slot`, in `free.rs`) assert their own entry states. The O(n)
+//! [`check_invariants`](DeviceAllocator::check_invariants) re-derives
+//! everything from the block lists; these checks are its O(1) local part.
+
+use super::DeviceAllocator;
+use crate::arena::{BlockSlot, Flags, NIL};
+use crate::backend::DeviceBackend;
+use crate::history::HistoryStorage;
+use crate::pool::Pool;
+use crate::private_pool::block_pool_mut;
+
+impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
+where
+    B: DeviceBackend,
+    S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
+    H: HistoryStorage,
+{
+    /// Put block `i` in its pool's free index (it is cached from now, at the
+    /// pool's current GC clock). It must be free: not cached already, not
+    /// allocated, not unmapped, no free pending on events or a capture,
+    /// linked with its neighbours.
+    #[inline]
+    pub(super) fn cache_insert(&mut self, i: u32) {
+        debug_assert!(
+            self.may_be_cached(i),
+            "cache_insert: block {i} is not a free block ({:?}, {} events)",
+            self.slot(i).flags,
+            self.slot(i).events
+        );
+        let s = &self.arena.slots()[i as usize];
+        let (owner, kind) = (s.owner, Pool::of(s.flags));
+        let pool = block_pool_mut(&mut self.pools, &mut self.private, owner, kind);
+        let s = &mut self.arena.slots_mut()[i as usize];
+        s.aux = pool.gc_clock();
+        s.flags.insert(Flags::CACHED);
+        pool.insert(self.arena.slots_mut(), i);
+    }
+
+    /// Take block `i` out of its pool's free index (it must be in it).
+    #[inline]
+    pub(super) fn cache_remove(&mut self, i: u32) {
+        debug_assert!(
+            self.slot(i).has(Flags::CACHED),
+            "cache_remove: block {i} is not cached ({:?})",
+            self.slot(i).flags
+        );
+        let s = &self.arena.slots()[i as usize];
+        let (owner, kind) = (s.owner, Pool::of(s.flags));
+        let pool = block_pool_mut(&mut self.pools, &mut self.private, owner, kind);
+        self.arena.slots_mut()[i as usize]
+            .flags
+            .remove(Flags::CACHED);
+        let found = pool.remove(self.arena.slots_mut(), i);
+        debug_assert!(found, "cache_remove: block {i} was not in its free index");
+    }
+
+    /// `bytes` of `pool` (of private pool `owner`) join the reserve: a new
+    /// segment (`segment`: it counts in `segment` and may be oversize), or
+    /// pages mapped into an expandable segment (they raise the high-water
+    /// mark of the reserve `policy:compact` keeps).
+    #[inline]
+    pub(super) fn reserve(&mut self, owner: u8, pool: Pool, bytes: u64, segment: bool) {
+        if let Some(p) = self.private.get_mut(owner) {
+            p.segments += u32::from(segment);
+            p.reserved += bytes;
+            p.peak = p.peak.max(p.reserved);
+        }
+        self.total_allocated_memory += bytes;
+        if segment {
+            self.stats.segment.increase(pool, 1);
+            if bytes >= self.config.max_split_size {
+                self.stats.oversize_segments.increase(1);
+            }
+        } else {
+            self.reserved_high = self.reserved_high.max(self.total_allocated_memory);
+        }
+        self.stats.reserved_bytes.increase(pool, bytes);
+        self.stats.num_device_alloc += 1;
+        self.debug_reserve_matches();
+    }
+
+    /// `bytes` of `pool` (of private pool `owner`) leave the reserve: a
+    /// released segment (`segment`), or pages unmapped from an expandable
+    /// one.
+    #[inline]
+    pub(super) fn unreserve(&mut self, owner: u8, pool: Pool, bytes: u64, segment: bool) {
+        if let Some(p) = self.private.get_mut(owner) {
+            p.segments -= u32::from(segment);
+            p.reserved -= bytes;
+        }
+        debug_assert!(
+            self.total_allocated_memory >= bytes,
+            "unreserve: {bytes} bytes leave a reserve of {}",
+            self.total_allocated_memory
+        );
+        self.total_allocated_memory -= bytes;
+        if segment {
+            self.stats.segment.decrease(pool, 1);
+            if bytes >= self.config.max_split_size {
+                self.stats.oversize_segments.decrease(1);
+            }
+        }
+        self.stats.reserved_bytes.decrease(pool, bytes);
+        self.stats.num_device_free += 1;
+        self.debug_reserve_matches();
+    }
+
+    /// A freed block of `size` bytes (its last request `requested`) stops
+    /// being active: its frees are done and it is cached (PyTorch counts a
+    /// block pending on events as active).
+    #[inline]
+    pub(super) fn leave_active(&mut self, pool: Pool, size: u64, requested: u64) {
+        let st = &mut self.stats;
+        st.active.decrease(pool, 1);
+        st.active_bytes.decrease(pool, size);
+        st.requested_bytes.decrease(pool, requested);
+        debug_assert!(
+            st.active.all().current >= 0
+                && st.active_bytes.all().current >= 0
+                && st.requested_bytes.all().current >= 0,
+            "leave_active: the active counts went negative"
+        );
+        debug_assert!(
+            st.allocated_bytes.all().current <= st.active_bytes.all().current,
+            "leave_active: more bytes allocated ({}) than active ({})",
+            st.allocated_bytes.all().current,
+            st.active_bytes.all().current
+        );
+    }
+
+    /// Whether block `i` may go into the free index (debug checks).
+    fn may_be_cached(&self, i: u32) -> bool {
+        let s = self.slot(i);
+        !s.flags
+            .intersects(Flags::CACHED | Flags::ALLOCATED | Flags::UNMAPPED | Flags::DEFERRED)
+            && s.events == 0
+            && self.linked(i)
+    }
+
+    /// Whether block `i`'s neighbours point back at it and touch it
+    /// (debug checks).
+    pub(super) fn linked(&self, i: u32) -> bool {
+        let slots = self.arena.slots();
+        let s = &slots[i as usize];
+        let prev_ok = s.prev == NIL || {
+            let p = &slots[s.prev as usize];
+            p.next == i && p.addr + p.size == s.addr
+        };
+        let next_ok = s.next == NIL || {
+            let n = &slots[s.next as usize];
+            n.prev == i && s.addr + s.size == n.addr
+        };
+        prev_ok && next_ok
+    }
+
+    /// The reserve the statistics count is the reserve the allocator holds
+    /// (debug checks).
+    #[inline]
+    fn debug_reserve_matches(&self) {
+        debug_assert_eq!(
+            self.stats.reserved_bytes.all().current,
+            self.total_allocated_memory as i64,
+            "reserved_bytes differs from the bytes the device holds"
+        );
+    }
+}

@@ -1,0 +1,218 @@
+//! Every method of `SharedAllocator`, called through `&dyn SharedAllocator`
+//! on the simulated device, with what each one answers; and a check that
+//! the test keeps up with the interface (each of its methods is called
+//! here).
+
+use cachealloc_core::{
+    Allocation, BlockSlot, CachingAllocator, CheckpointBlock, Config, DeviceAllocator, DevicePtr,
+    Error, MallocFlags, MempoolId, OutOfMemoryObserver, PeerAccess, PoolOptions, SegmentTable,
+    SharedAllocator, StreamFilter, TraceActions, TraceEntry, TraceTracker,
+};
+use cachealloc_mock::{MockDevice, MockError, MockMachine};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The allocator under test.
+type Shared = CachingAllocator<MockDevice, Vec<BlockSlot>, 64, Vec<TraceEntry>>;
+
+type Dyn<'a> = &'a dyn SharedAllocator<Stream = u64, BackendError = MockError>;
+
+const MIB: u64 = 1 << 20;
+
+/// Counts what it hears.
+struct Count(AtomicU64);
+
+impl TraceTracker for Count {
+    fn trace(&self, _: &TraceEntry) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl OutOfMemoryObserver for Count {
+    fn out_of_memory(&self, _: u32, _: u64, _: u64, _: u64) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+static TRACES: Count = Count(AtomicU64::new(0));
+static OOMS: Count = Count(AtomicU64::new(0));
+
+fn device(
+    m: &MockMachine,
+    ordinal: u32,
+    capacity: u64,
+) -> impl SharedAllocator<Stream = u64, BackendError = MockError> {
+    Shared::new(DeviceAllocator::with_events_and_history(
+        MockDevice::with_capacity(capacity)
+            .with_base(u64::from(ordinal + 1) << 40)
+            .with_ordinal(ordinal)
+            .with_machine(m),
+        vec![BlockSlot::VACANT; 4],
+        vec![TraceEntry::EMPTY; 64],
+        Config::DEFAULT,
+    ))
+    .with_storage_growth(|n| vec![BlockSlot::VACANT; 2 * n as usize])
+}
+
+#[test]
+fn every_method_through_dyn_shared_allocator() {
+    let m = MockMachine::new();
+    let (d0, d1) = (device(&m, 0, 64 * MIB), device(&m, 1, 64 * MIB));
+    let a: Dyn = &d0;
+    let b: Dyn = &d1;
+
+    // The device and its settings.
+    assert_eq!((a.ordinal().unwrap(), b.ordinal().unwrap()), (0, 1));
+    assert!(!a.has_expandable_segments().unwrap());
+    assert_eq!(a.mem_info().unwrap().total, 64 * MIB);
+    assert_eq!(a.memory_limit().unwrap(), None);
+    a.set_memory_limit(Some(32 * MIB)).unwrap();
+    assert_eq!(a.memory_limit().unwrap(), Some(32 * MIB));
+    a.set_memory_limit(None).unwrap();
+    a.set_memory_fraction(1.0).unwrap();
+    assert!(!a.is_failed());
+
+    // History and observers.
+    a.record_history(true, 64, false, TraceActions::NONE)
+        .unwrap();
+    assert!(a.attach_trace_tracker(&TRACES).unwrap());
+    assert!(a.attach_out_of_memory_observer(&OOMS).unwrap());
+    a.record_annotation(7).unwrap();
+
+    // Allocation: more blocks than the 4 slots it started with (the
+    // storage grows), each kind of malloc.
+    let x = a.malloc(1000, 0).unwrap();
+    let y = a.malloc_with(3 * MIB, 0, MallocFlags::NO_RETRY).unwrap();
+    let z = a
+        .malloc_aligned(4096, 4096, 0, MallocFlags::empty())
+        .unwrap();
+    assert_eq!(z.ptr.0 % 4096, 0);
+    let more: Vec<Allocation> = (0..8).map(|_| a.malloc(512, 0).unwrap()).collect();
+    assert_eq!(a.allocation_info(x.ptr).unwrap().requested_size, 1000);
+    assert_eq!(a.base_allocation(x.ptr).unwrap().1, 2 * MIB);
+    assert!(a.owns(y.ptr).unwrap() && !b.owns(y.ptr).unwrap());
+    a.record_stream(x.id.unwrap(), 5).unwrap();
+    a.record_stream_ptr(y.ptr, 5).unwrap();
+    assert_eq!(a.stats().unwrap().allocation.all().current, 11);
+    // An out-of-memory error reaches the observer after the lock.
+    assert!(a.malloc(1 << 40, 0).unwrap_err().is_out_of_memory());
+    assert_eq!(OOMS.0.load(Ordering::Relaxed), 1);
+
+    // Snapshots and segments.
+    let mut seen = 0;
+    a.snapshot(&mut |s| seen = s.segments.count()).unwrap();
+    assert_eq!(seen, 2);
+    let mut device_seen = 9;
+    a.segments(&mut |d, s| {
+        device_seen = d;
+        seen = s.count();
+    })
+    .unwrap();
+    assert_eq!((device_seen, seen), (0, 2));
+
+    // IPC and copies, between the two devices of one machine.
+    let h = a.share_ipc_handle(y.ptr).unwrap();
+    assert_eq!(b.open_ipc_handle(&h).unwrap(), y.ptr);
+    b.close_ipc_handle(&h).unwrap();
+    a.release_ipc_share(y.ptr).unwrap();
+    assert_eq!(a.enable_peer_access(1).unwrap(), PeerAccess::Enabled);
+    let w = b.malloc(MIB, 0).unwrap();
+    a.memcpy_async(w.ptr, y.ptr, 4096, 0, None).unwrap();
+    a.memcpy_async(w.ptr, y.ptr, 4096, 0, Some((1, 0))).unwrap();
+    b.free_ptr(w.ptr).unwrap();
+
+    // Frees, statistics, the cache.
+    a.free(x.id.unwrap()).unwrap();
+    a.free_ptr(y.ptr).unwrap();
+    a.free_ptr(z.ptr).unwrap();
+    for q in &more {
+        a.free_ptr(q.ptr).unwrap();
+    }
+    assert!(matches!(
+        a.free_ptr(DevicePtr(1)),
+        Err(Error::UnknownPointer { .. })
+    ));
+    assert!(a.cache_info().unwrap().cached_bytes > 0);
+    a.reset_peak_allocated_bytes().unwrap();
+    a.reset_peak_stats().unwrap();
+    a.reset_accumulated_stats().unwrap();
+    assert_eq!(a.stats().unwrap().num_ooms, 0);
+    a.empty_cache().unwrap();
+    assert_eq!(a.stats().unwrap().reserved_bytes.all().current, 0);
+    assert!(TRACES.0.load(Ordering::Relaxed) > 0);
+
+    // A private pool: create, route, checkpoint, restore, release.
+    let id = MempoolId(1, 1);
+    a.create_pool(id, PoolOptions::NONE).unwrap();
+    a.set_use_on_oom(id, true).unwrap();
+    assert_eq!(a.pool_use_count(id).unwrap(), 1);
+    a.begin_allocate_to_pool(id, StreamFilter::All).unwrap();
+    let p = a.malloc(MIB, 0).unwrap();
+    a.end_allocate_to_pool(id).unwrap();
+    assert!(a.check_pool_live_allocations(id, &[p.ptr]).unwrap());
+    let mut blocks = vec![CheckpointBlock::EMPTY; a.checkpoint_len(id).unwrap()];
+    let n = a.checkpoint_pool(id, &mut blocks).unwrap();
+    assert_eq!(n, blocks.len());
+    let mut freed = vec![DevicePtr::NULL; n];
+    let mut made = vec![Allocation::NULL; n];
+    let done = a.restore_pool(id, &blocks, &mut freed, &mut made).unwrap();
+    assert_eq!((done.freed, done.allocated), (1, 1));
+    assert_eq!(freed[0], p.ptr);
+    a.free_ptr(made[0].ptr).unwrap();
+    a.set_no_split(id).unwrap();
+    // Routing to the pool took a use, as PyTorch's beginAllocateToPool does.
+    assert_eq!(a.pool_info(id).unwrap().map(|i| i.use_count), Some(2));
+    a.empty_cache_pool(id).unwrap();
+    a.release_pool(id).unwrap();
+    // A capture: its pool gets the capturing stream's requests.
+    let g = MempoolId(2, 2);
+    a.capture_begin(g, StreamFilter::stream(9)).unwrap();
+    let c = a.malloc(4096, 9).unwrap();
+    a.capture_end(g).unwrap();
+    a.free_ptr(c.ptr).unwrap();
+    a.release_pool(g).unwrap();
+
+    // The segment registry of a process.
+    let table: &'static SegmentTable<16> = Box::leak(Box::default());
+    let kept = a.malloc(MIB, 0).unwrap();
+    a.attach_segment_registry(table, 0).unwrap();
+    assert_eq!(
+        cachealloc_core::SegmentRegistry::owner(table, kept.ptr.0),
+        Some(0)
+    );
+    a.detach_segment_registry().unwrap();
+    a.free_ptr(kept.ptr).unwrap();
+
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
+}
+
+/// The test above calls each method the interface has: adding one to
+/// `SharedAllocator` without calling it here fails.
+#[test]
+fn the_test_calls_every_method_of_the_interface() {
+    let shared = include_str!("../../../core/src/shared.rs");
+    let trait_body = shared
+        .split("pub trait SharedAllocator")
+        .nth(1)
+        .and_then(|t| t.split("\nimpl<").next())
+        .expect("the trait");
+    let this = include_str!("shared_allocator.rs");
+    let test = this
+        .split("fn every_method_through_dyn_shared_allocator")
+        .nth(1)
+        .and_then(|t| t.split("fn the_test_calls_every_method").next())
+        .expect("the test");
+    let mut methods = 0;
+    for line in trait_body.lines() {
+        let Some(rest) = line.trim().strip_prefix("fn ") else {
+            continue;
+        };
+        let name = rest.split(['(', '<']).next().expect("a name");
+        methods += 1;
+        assert!(
+            test.contains(&format!(".{name}(")),
+            "SharedAllocator::{name} is not called by every_method_through_dyn_shared_allocator"
+        );
+    }
+    assert!(methods >= 50, "{methods} methods found");
+}
