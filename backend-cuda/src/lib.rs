@@ -41,7 +41,7 @@
 //! let mut a =
 //!     DeviceAllocator::new(backend, vec![BlockSlot::VACANT; 1 << 16], Config::DEFAULT);
 //! let x = a.malloc(1 << 20, CudaStream::DEFAULT).expect("malloc");
-//! a.free(x.id.unwrap()).expect("free");
+//! a.free(x.handle.unwrap()).expect("free");
 //! # Ok::<(), cachealloc_cuda::CudaError>(())
 //! ```
 

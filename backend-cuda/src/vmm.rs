@@ -8,6 +8,7 @@
 use crate::conv::{driver_error, is_out_of_memory};
 use crate::{CudaBackend, CudaError};
 use cachealloc_core::{DevicePtr, VmError};
+use cachealloc_vmm::{map_with_rollback, PageDriver};
 use cudarc::driver::sys;
 
 type Vm<T> = Result<T, VmError<CudaError>>;
@@ -128,58 +129,9 @@ impl CudaBackend {
         self.need_vmm()?;
         let _bound = self.bind().map_err(VmError::Other)?;
         let prop = self.allocation_prop();
-        let mut made: Vec<(u64, sys::CUmemGenericAllocationHandle)> = Vec::new();
-        let mut mapped = 0usize;
-        let mut steps = || -> Vm<()> {
-            for k in 0..pages {
-                let mut h: sys::CUmemGenericAllocationHandle = 0;
-                let r = {
-                    // SAFETY: valid out-pointer and property struct; `page` is a
-                    // multiple of the granularity (the allocator checked).
-                    unsafe { sys::cuMemCreate(&mut h, page as usize, &prop, 0) }
-                };
-                vm(r, "cuMemCreate")?;
-                made.push((ptr.0 + k * page, h));
-            }
-            for &(addr, h) in &made {
-                let r = {
-                    // SAFETY: `addr` lies in a reservation of this allocator, with
-                    // no page mapped there; `h` is a fresh allocation of one page.
-                    unsafe { sys::cuMemMap(addr, page as usize, 0, h, 0) }
-                };
-                vm(r, "cuMemMap")?;
-                mapped += 1;
-            }
-            let desc = sys::CUmemAccessDesc {
-                location: prop.location,
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            let r = {
-                // SAFETY: the whole range was just mapped; one valid descriptor.
-                unsafe { sys::cuMemSetAccess(ptr.0, (pages * page) as usize, &desc, 1) }
-            };
-            vm(r, "cuMemSetAccess")
-        };
-        let result = steps();
-        match result {
-            Ok(()) => {
-                self.pages.extend(made);
-                Ok(())
-            }
-            Err(e) => {
-                for (k, &(addr, h)) in made.iter().enumerate() {
-                    // SAFETY: undoing this call's own maps and creations;
-                    // best effort (the original error is what is reported).
-                    unsafe {
-                        if k < mapped {
-                            let _ = sys::cuMemUnmap(addr, page as usize);
-                        }
-                        let _ = sys::cuMemRelease(h);
-                    }
-                }
-                Err(e)
-            }
-        }
+        let made = map_with_rollback(&mut Driver { prop: &prop }, ptr.0, pages, page)?;
+        self.pages.extend(made);
+        Ok(())
     }
 
     /// Unmap and release `pages` pages from `ptr`. Pages already gone (a
@@ -216,5 +168,57 @@ impl CudaBackend {
         // SAFETY: unmapped allocations of this backend, each released once.
         self.unreleased
             .retain(|&h| unsafe { sys::cuMemRelease(h) }.result().is_err());
+    }
+}
+
+/// The driver's page calls, for [`map_with_rollback`].
+struct Driver<'a> {
+    /// The physical allocations' properties (device, pinned).
+    prop: &'a sys::CUmemAllocationProp,
+}
+
+impl PageDriver for Driver<'_> {
+    type Handle = sys::CUmemGenericAllocationHandle;
+    type Error = VmError<CudaError>;
+
+    fn create(&mut self, size: u64) -> Vm<Self::Handle> {
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and property struct; `size` is a
+        // multiple of the granularity (the allocator checked).
+        let r = unsafe { sys::cuMemCreate(&mut h, size as usize, self.prop, 0) };
+        vm(r, "cuMemCreate")?;
+        Ok(h)
+    }
+
+    fn map(&mut self, addr: u64, size: u64, handle: Self::Handle) -> Vm<()> {
+        // SAFETY: `addr` lies in a reservation of this allocator, with no
+        // page mapped there; `handle` is a fresh allocation of one page.
+        vm(
+            unsafe { sys::cuMemMap(addr, size as usize, 0, handle, 0) },
+            "cuMemMap",
+        )
+    }
+
+    fn set_access(&mut self, addr: u64, size: u64) -> Vm<()> {
+        let desc = sys::CUmemAccessDesc {
+            location: self.prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the whole range was just mapped; one valid descriptor.
+        vm(
+            unsafe { sys::cuMemSetAccess(addr, size as usize, &desc, 1) },
+            "cuMemSetAccess",
+        )
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        // SAFETY: undoing this call's own map; best effort (the original
+        // error is what is reported).
+        let _ = unsafe { sys::cuMemUnmap(addr, size as usize) };
+    }
+
+    fn release(&mut self, handle: Self::Handle) {
+        // SAFETY: undoing this call's own creation, released once.
+        let _ = unsafe { sys::cuMemRelease(handle) };
     }
 }

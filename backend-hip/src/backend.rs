@@ -56,7 +56,7 @@ unsafe impl Send for HipEvent {}
 /// let mut a =
 ///     DeviceAllocator::new(HipBackend::new(0)?, vec![BlockSlot::VACANT; 1 << 16], Config::DEFAULT);
 /// let x = a.malloc(1 << 20, HipStream::DEFAULT).expect("malloc");
-/// a.free(x.id.unwrap()).expect("free");
+/// a.free(x.handle.unwrap()).expect("free");
 /// # Ok::<(), cachealloc_hip::HipError>(())
 /// ```
 #[derive(Debug)]

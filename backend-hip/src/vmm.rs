@@ -9,6 +9,7 @@
 use crate::backend::HipBackend;
 use crate::conv::{error, is_out_of_memory, is_success, HipError};
 use cachealloc_core::{DeviceBackend, DevicePtr, VmError};
+use cachealloc_vmm::{map_with_rollback, PageDriver};
 use core::ffi::c_void;
 use hip_sys::hiprt as hip;
 
@@ -101,60 +102,13 @@ impl HipBackend {
     pub(crate) fn vm_map(&mut self, ptr: DevicePtr, pages: u64, page: u64) -> Vm<()> {
         let _bound = self.bind().map_err(VmError::Other)?;
         let prop = self.allocation_prop();
-        let mut made: Vec<(u64, usize)> = Vec::new();
-        let mut mapped = 0usize;
-        let mut steps = || -> Vm<()> {
-            for k in 0..pages {
-                let mut h: hip::hipMemGenericAllocationHandle_t = core::ptr::null_mut();
-                let r = {
-                    // SAFETY: a valid out-pointer and property struct; `page` is a
-                    // multiple of the granularity (the allocator checked).
-                    unsafe { hip::hipMemCreate(&mut h, page as usize, &prop, 0) }
-                };
-                vm(r, "hipMemCreate")?;
-                made.push((ptr.0 + k * page, h as usize));
-            }
-            for &(addr, h) in &made {
-                let r = {
-                    // SAFETY: `addr` lies in a reservation of this allocator with
-                    // nothing mapped there; `h` is a fresh one-page allocation.
-                    unsafe { hip::hipMemMap(addr as *mut c_void, page as usize, 0, handle(h), 0) }
-                };
-                vm(r, "hipMemMap")?;
-                mapped += 1;
-            }
-            let desc = hip::hipMemAccessDesc {
-                location: self.location(),
-                flags: hip::hipMemAccessFlags::hipMemAccessFlagsProtReadWrite,
-            };
-            let r = {
-                // SAFETY: the whole range was just mapped; one valid descriptor.
-                unsafe {
-                    hip::hipMemSetAccess(ptr.0 as *mut c_void, (pages * page) as usize, &desc, 1)
-                }
-            };
-            vm(r, "hipMemSetAccess")
+        let mut driver = Driver {
+            prop: &prop,
+            location: self.location(),
         };
-        let result = steps();
-        match result {
-            Ok(()) => {
-                self.pages.extend(made);
-                Ok(())
-            }
-            Err(e) => {
-                for (k, &(addr, h)) in made.iter().enumerate() {
-                    // SAFETY: undoing this call's own maps and creations, best
-                    // effort (the original error is what is reported).
-                    unsafe {
-                        if k < mapped {
-                            let _ = hip::hipMemUnmap(addr as *mut c_void, page as usize);
-                        }
-                        let _ = hip::hipMemRelease(handle(h));
-                    }
-                }
-                Err(e)
-            }
-        }
+        let made = map_with_rollback(&mut driver, ptr.0, pages, page)?;
+        self.pages.extend(made);
+        Ok(())
     }
 
     /// Unmap and release `pages` pages from `ptr`; pages already gone are
@@ -188,5 +142,56 @@ impl HipBackend {
         // SAFETY: unmapped allocations of this backend, each released once.
         self.unreleased
             .retain(|&h| !is_success(unsafe { hip::hipMemRelease(handle(h)) }));
+    }
+}
+
+/// HIP's page calls, for [`map_with_rollback`] (handles as plain numbers,
+/// as the backend stores them).
+struct Driver<'a> {
+    /// The physical allocations' properties (device, pinned).
+    prop: &'a hip::hipMemAllocationProp,
+    /// The device that gets access.
+    location: hip::hipMemLocation,
+}
+
+impl PageDriver for Driver<'_> {
+    type Handle = usize;
+    type Error = VmError<HipError>;
+
+    fn create(&mut self, size: u64) -> Vm<usize> {
+        let mut h: hip::hipMemGenericAllocationHandle_t = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer and property struct; `size` is a
+        // multiple of the granularity (the allocator checked).
+        let r = unsafe { hip::hipMemCreate(&mut h, size as usize, self.prop, 0) };
+        vm(r, "hipMemCreate")?;
+        Ok(h as usize)
+    }
+
+    fn map(&mut self, addr: u64, size: u64, h: usize) -> Vm<()> {
+        // SAFETY: `addr` lies in a reservation of this allocator with
+        // nothing mapped there; `h` is a fresh one-page allocation.
+        let r = unsafe { hip::hipMemMap(addr as *mut c_void, size as usize, 0, handle(h), 0) };
+        vm(r, "hipMemMap")
+    }
+
+    fn set_access(&mut self, addr: u64, size: u64) -> Vm<()> {
+        let desc = hip::hipMemAccessDesc {
+            location: self.location,
+            flags: hip::hipMemAccessFlags::hipMemAccessFlagsProtReadWrite,
+        };
+        // SAFETY: the whole range was just mapped; one valid descriptor.
+        let r = unsafe { hip::hipMemSetAccess(addr as *mut c_void, size as usize, &desc, 1) };
+        vm(r, "hipMemSetAccess")
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        // SAFETY: undoing this call's own map, best effort (the original
+        // error is what is reported).
+        let _ = unsafe { hip::hipMemUnmap(addr as *mut c_void, size as usize) };
+    }
+
+    fn release(&mut self, h: usize) {
+        // SAFETY: undoing this call's own creation, released once.
+        let _ = unsafe { hip::hipMemRelease(handle(h)) };
     }
 }

@@ -35,8 +35,8 @@
 //! let mut a = DeviceAllocator::new(
 //!     MockDevice::with_capacity(64 << 20), vec![BlockSlot::VACANT; 256], Config::DEFAULT);
 //! let x = a.malloc(4096, 1)?;
-//! a.record_stream(x.id.unwrap(), 0)?;
-//! a.free(x.id.unwrap())?;                    // waits for stream 0
+//! a.record_stream(x.handle.unwrap(), 0)?;
+//! a.free(x.handle.unwrap())?;                    // waits for stream 0
 //! assert_eq!(a.stats().active.all().current, 1);
 //! a.backend_mut().sync(Some(0));             // stream 0's work finishes
 //! let _y = a.malloc(512, 1)?;                // malloc notices the event

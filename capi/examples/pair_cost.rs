@@ -11,7 +11,9 @@
 //! ```
 
 use cachealloc::{cachealloc_alloc, cachealloc_free};
-use cachealloc_core::{BlockSlot, CachingAllocator, Config, DeviceAllocator, SharedAllocator};
+use cachealloc_core::{
+    BlockSlot, CachingAllocator, Config, DeviceAllocator, SharedAllocator, TraceEntry,
+};
 use cachealloc_mock::MockDevice;
 use std::hint::black_box;
 use std::time::Instant;
@@ -53,6 +55,12 @@ fn main() {
     // SAFETY: nothing else runs yet; the library reads its settings at
     // its first call, below.
     unsafe { std::env::set_var("CACHEALLOC_BACKEND", "mock") };
+    // `c`: only the C library's pairs, once (for an instruction count).
+    if std::env::args().nth(2).as_deref() == Some("c") {
+        let _keep = cachealloc_alloc(4096, 0, std::ptr::null_mut());
+        c_pairs(n);
+        return;
+    }
 
     let mut bare: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64> = DeviceAllocator::new(
         MockDevice::unlimited(),
@@ -64,7 +72,7 @@ fn main() {
     let core = best(n, |n| {
         for i in 0..n {
             let x = bare.malloc(black_box(size(i)), 0).expect("malloc");
-            bare.free(x.id.expect("handle")).expect("free");
+            bare.free(x.handle.expect("handle")).expect("free");
         }
     });
     // Free by pointer, as the C library does (a lookup in the live index).
@@ -81,6 +89,24 @@ fn main() {
             locked.free_ptr(x.ptr).expect("free");
         }
     });
+    // The C library's configuration (1,024 events, 64 private pools, a
+    // history buffer, slots that grow), free by pointer.
+    let mut like: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 1024, Box<[TraceEntry]>, 64> =
+        DeviceAllocator::with_events_and_history(
+            MockDevice::unlimited(),
+            vec![BlockSlot::VACANT; 65536].into_boxed_slice(),
+            vec![TraceEntry::EMPTY; 0].into_boxed_slice(),
+            Config::DEFAULT,
+        );
+    let _keep = like.malloc(4096, 0).expect("warm-up");
+    let like = CachingAllocator::new(like)
+        .with_storage_growth(|n| vec![BlockSlot::VACANT; 2 * n as usize].into_boxed_slice());
+    let as_c = best(n, |n| {
+        for i in 0..n {
+            let x = like.malloc(black_box(size(i)), 0).expect("malloc");
+            like.free_ptr(x.ptr).expect("free");
+        }
+    });
     // The C library: its device 0 made by the first call, a block kept
     // live as above.
     let keep = cachealloc_alloc(4096, 0, std::ptr::null_mut());
@@ -94,6 +120,7 @@ fn main() {
     println!("  core DeviceAllocator (pair_loop)         {core:6.1}");
     println!("  core DeviceAllocator, free by pointer    {by_ptr:6.1}");
     println!("  core CachingAllocator (SharedAllocator)  {caching:6.1}");
+    println!("  core CachingAllocator as the C library's {as_c:6.1}");
     println!(
         "  C library, main thread                   {c_main:6.1}  (+{:.1} over the core)",
         c_main - core

@@ -14,13 +14,25 @@ pub(crate) type Res<T> = Result<T, String>;
 thread_local! {
     /// The last failure on this thread (`None`: the last call succeeded).
     static LAST_ERROR: RefCell<Option<LastError>> = const { RefCell::new(None) };
-    /// Set by `cachealloc_debug_force_internal_error`: the next guarded call
-    /// on this thread panics inside its guard.
-    static PANIC_NEXT: Cell<bool> = const { Cell::new(false) };
+    /// What the guard must do besides running the call ([`HAS_ERROR`],
+    /// [`PANIC_NEXT`]): one byte, read once per call (a call after a
+    /// success reads nothing else).
+    static STATE: Cell<u8> = const { Cell::new(0) };
     /// Set by the body of a failing call whose failure is an out-of-memory;
     /// taken by its guard on the way out (only a failure sets it, so a
     /// call that succeeds pays nothing for it).
     static OOM_PENDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`STATE`]: `LAST_ERROR` holds an error (the next call clears it).
+const HAS_ERROR: u8 = 1;
+/// [`STATE`]: set by `cachealloc_debug_force_internal_error`, the next
+/// guarded call on this thread panics inside its guard.
+const PANIC_NEXT: u8 = 2;
+
+/// This thread's [`STATE`] with `set` bits set and `clear` bits cleared.
+fn update_state(set: u8, clear: u8) {
+    let _ = STATE.try_with(|s| s.set((s.get() | set) & !clear));
 }
 
 /// A failure: its message and its `cachealloc_last_error_code`.
@@ -59,18 +71,23 @@ pub(crate) fn set_last_error(msg: &str) {
         },
     };
     // A thread being torn down has no last error any more: nothing to keep.
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(error));
+    if LAST_ERROR
+        .try_with(|e| *e.borrow_mut() = Some(error))
+        .is_ok()
+    {
+        update_state(HAS_ERROR, 0);
+    }
 }
 
 /// Forget this thread's last error.
+#[cold]
 fn clear_last_error() {
     let _ = LAST_ERROR.try_with(|e| {
         if let Ok(mut e) = e.try_borrow_mut() {
-            if e.is_some() {
-                *e = None;
-            }
+            *e = None;
         }
     });
+    update_state(0, HAS_ERROR);
 }
 
 /// This thread's last error as text ("no message" when there is none).
@@ -104,9 +121,16 @@ fn last_error_ptr() -> *const c_char {
 /// error (a panic's as "internal error in NAME: ...").
 #[inline]
 pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res<T>) -> T {
-    clear_last_error();
+    let state = STATE.try_with(Cell::get).unwrap_or(0);
+    if state & HAS_ERROR != 0 {
+        clear_last_error();
+    }
+    let panic_next = state & PANIC_NEXT != 0;
+    if panic_next {
+        update_state(0, PANIC_NEXT);
+    }
     let run = AssertUnwindSafe(|| {
-        if PANIC_NEXT.try_with(Cell::take).unwrap_or(false) {
+        if panic_next {
             panic!("forced by cachealloc_debug_force_internal_error");
         }
         body()
@@ -162,7 +186,9 @@ pub extern "C" fn cachealloc_last_error_code() -> c_int {
 /// `cachealloc_last_error()`). Returns 0.
 #[no_mangle]
 pub extern "C" fn cachealloc_debug_force_internal_error() -> c_int {
-    PANIC_NEXT.try_with(|p| p.set(true)).map_or(-1, |()| 0)
+    STATE
+        .try_with(|s| s.set(s.get() | PANIC_NEXT))
+        .map_or(-1, |()| 0)
 }
 
 /// For tests of the failure path inside a device's lock: the next

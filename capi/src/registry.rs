@@ -48,12 +48,27 @@ fn index(device: c_int) -> Res<usize> {
         .ok_or_else(|| format!("device {device}: expected 0 to {}", MAX_DEVICES - 1))
 }
 
+/// The created device `device` (no error to build: the hot path of every
+/// call).
+#[inline]
+fn created_device(device: c_int) -> Option<&'static Device> {
+    DEVICES.get(usize::try_from(device).ok()?)?.get()
+}
+
 /// Device `device`, created now if this is its first use.
+#[inline]
 pub(crate) fn device(device: c_int) -> Res<&'static Device> {
-    let i = index(device)?;
-    if let Some(d) = DEVICES[i].get() {
-        return Ok(d);
+    match created_device(device) {
+        Some(d) => Ok(d),
+        None => create(device),
     }
+}
+
+/// Device `device`, created unless another thread just did.
+#[cold]
+#[inline(never)]
+fn create(device: c_int) -> Res<&'static Device> {
+    let i = index(device)?;
     let new = creating();
     if let Some(d) = DEVICES[i].get() {
         return Ok(d);
@@ -79,11 +94,22 @@ pub(crate) fn attach_trace_forward(d: &Device) -> Res<()> {
 }
 
 /// Device `device` if it has been created.
+#[inline]
 pub(crate) fn existing(device: c_int) -> Res<&'static Device> {
-    let i = index(device)?;
-    DEVICES[i]
-        .get()
-        .ok_or_else(|| format!("device {device} has allocated nothing"))
+    match created_device(device) {
+        Some(d) => Ok(d),
+        None => Err(not_created(device)),
+    }
+}
+
+/// Why `existing(device)` has no device.
+#[cold]
+#[inline(never)]
+fn not_created(device: c_int) -> String {
+    match index(device) {
+        Ok(_) => format!("device {device} has allocated nothing"),
+        Err(e) => e,
+    }
 }
 
 /// The devices created so far, with their indices.

@@ -251,18 +251,22 @@ fn the_library_exports_what_the_header_declares() {
 fn sequence_stats(side_stream: u64) -> BTreeMap<String, i64> {
     let slots = vec![BlockSlot::VACANT; 1 << 16].into_boxed_slice();
     let mut a = DeviceAllocator::new(MockDevice::with_capacity(GIB), slots, Config::DEFAULT);
-    assert!(a.malloc(0, 0).expect("0 bytes").id.is_none());
-    let small = a.malloc(1000, 0).expect("small").id.expect("id");
+    assert!(a.malloc(0, 0).expect("0 bytes").handle.is_none());
+    let small = a.malloc(1000, 0).expect("small").handle.expect("id");
     let large = a.malloc(30 * MIB, 0).expect("large");
-    let side = a.malloc(1000, side_stream).expect("side").id.expect("id");
+    let side = a
+        .malloc(1000, side_stream)
+        .expect("side")
+        .handle
+        .expect("id");
     a.record_stream(small, side_stream).expect("record_stream");
     a.free(small).expect("free small");
-    a.free(large.id.expect("id")).expect("free large");
+    a.free(large.handle.expect("id")).expect("free large");
     let again = a.malloc(30 * MIB, 0).expect("again");
     assert_eq!(again.ptr, large.ptr);
     assert!(a.malloc(2 * GIB, 0).is_err());
     a.free(side).expect("free side");
-    a.free(again.id.expect("id")).expect("free again");
+    a.free(again.handle.expect("id")).expect("free again");
     a.empty_cache().expect("empty_cache");
     let mut stats = BTreeMap::new();
     a.stats().for_each(|k, v| {

@@ -29,13 +29,13 @@ fn pair(c: &mut Criterion) {
             for s in 0..streams {
                 keep.push(a.malloc(size, s).unwrap());
                 let x = a.malloc(size, s).unwrap();
-                a.free(x.id.unwrap()).unwrap();
+                a.free(x.handle.unwrap()).unwrap();
             }
             let mut s = 0u64;
             g.bench_function(BenchmarkId::new(name, format!("{streams}_streams")), |b| {
                 b.iter(|| {
                     let x = a.malloc(black_box(size), s).unwrap();
-                    a.free(x.id.unwrap()).unwrap();
+                    a.free(x.handle.unwrap()).unwrap();
                     s = (s + 1) % streams;
                 })
             });
@@ -77,14 +77,14 @@ fn scaling(c: &mut Criterion) {
             keep.push(a.malloc(512, 0).unwrap());
         }
         for h in holes {
-            a.free(h.id.unwrap()).unwrap();
+            a.free(h.handle.unwrap()).unwrap();
         }
         let cached = a.cache_info();
         assert!(cached.cached_bytes > 0);
         g.bench_function(BenchmarkId::new("pair_4KiB_with_free_blocks", n), |b| {
             b.iter(|| {
                 let x = a.malloc(black_box(4096), 0).unwrap();
-                a.free(x.id.unwrap()).unwrap();
+                a.free(x.handle.unwrap()).unwrap();
             })
         });
         drop(keep);

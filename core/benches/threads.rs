@@ -28,7 +28,7 @@ fn shared() -> Shared {
     for s in 0..4u64 {
         let held: Vec<_> = SIZES.iter().map(|&z| a.malloc(z, s).unwrap()).collect();
         for x in held {
-            a.free(x.id.unwrap()).unwrap();
+            a.free(x.handle.unwrap()).unwrap();
         }
     }
     a
@@ -40,7 +40,7 @@ fn run(a: &Shared, stream: u64, pairs: u64) {
         let x = a
             .malloc(black_box(SIZES[(k % 4) as usize]), stream)
             .unwrap();
-        a.free(x.id.unwrap()).unwrap();
+        a.free(x.handle.unwrap()).unwrap();
     }
 }
 

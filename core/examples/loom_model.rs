@@ -45,11 +45,11 @@ fn main() {
             let a = a.clone();
             loom::thread::spawn(move || {
                 let x = a.malloc(4096, 0).expect("malloc");
-                a.free(x.id.expect("handle")).expect("free");
+                a.free(x.handle.expect("handle")).expect("free");
             })
         };
         let y = a.malloc(1 << 20, 0).expect("malloc");
-        a.free(y.id.expect("handle")).expect("free");
+        a.free(y.handle.expect("handle")).expect("free");
         t.join().expect("join");
         // What must hold in every interleaving.
         a.check_invariants().expect("consistent");

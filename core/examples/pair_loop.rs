@@ -27,7 +27,7 @@ fn main() {
         for i in 0..n {
             let size = if i % 2 == 0 { 4096 } else { 8 << 20 };
             let x = a.malloc(black_box(size), 0).expect("malloc");
-            a.free(x.id.expect("handle")).expect("free");
+            a.free(x.handle.expect("handle")).expect("free");
         }
         black_box(a.stats().expect("stats").allocation.all().allocated);
         return;
@@ -35,7 +35,7 @@ fn main() {
     for i in 0..n {
         let size = if i % 2 == 0 { 4096 } else { 8 << 20 };
         let x = a.malloc(black_box(size), 0).expect("malloc");
-        a.free(x.id.expect("handle")).expect("free");
+        a.free(x.handle.expect("handle")).expect("free");
     }
     black_box(a.stats().allocation.all().allocated);
 }

@@ -1,6 +1,9 @@
 //! What a caller gets from the allocator for one allocation: the per-call
 //! [`MallocFlags`], the [`Allocation`] itself, and [`AllocationInfo`] (the
 //! answers to TensorFlow's `RequestedSize` / `AllocatedSize` / `AllocationId`).
+//! Both name their fields alike: `handle` (the [`BlockId`] to free it with),
+//! `size` (the block's), `requested_size` (the caller's) and
+//! `allocation_id` (a number unique to the allocation).
 
 use crate::arena::BlockId;
 use crate::backend::DevicePtr;
@@ -25,7 +28,7 @@ bitflags::bitflags! {
 ///
 /// ```
 /// use cachealloc_core::Allocation;
-/// assert!(Allocation::NULL.ptr.is_null() && Allocation::NULL.id.is_none());
+/// assert!(Allocation::NULL.ptr.is_null() && Allocation::NULL.handle.is_none());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -33,11 +36,11 @@ pub struct Allocation {
     /// The device address (null for a zero-byte request).
     pub ptr: DevicePtr,
     /// The handle to free it with (`None` for a zero-byte request).
-    pub id: Option<BlockId>,
+    pub handle: Option<BlockId>,
     /// The block size (rounded; may exceed the request by up to 1 MiB of unsplit slack).
     pub size: u64,
     /// The bytes asked for.
-    pub requested: u64,
+    pub requested_size: u64,
     /// A number unique to this allocation (TensorFlow's `AllocationId`).
     pub allocation_id: u64,
 }
@@ -46,9 +49,9 @@ impl Allocation {
     /// What a zero-byte request returns: a null pointer, nothing to free.
     pub const NULL: Allocation = Allocation {
         ptr: DevicePtr::NULL,
-        id: None,
+        handle: None,
         size: 0,
-        requested: 0,
+        requested_size: 0,
         allocation_id: 0,
     };
 }
@@ -61,7 +64,7 @@ impl Allocation {
 /// # let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 8], Config::DEFAULT);
 /// let x = a.malloc(1000, 0)?;
 /// let info = a.allocation_info_ptr(x.ptr)?;
-/// assert_eq!((info.requested_size, info.allocated_size), (1000, 1024));
+/// assert_eq!((info.requested_size, info.size), (1000, 1024));
 /// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,16 +72,16 @@ impl Allocation {
 pub struct AllocationInfo<St> {
     /// Its start.
     pub ptr: DevicePtr,
+    /// The handle to free it with.
+    pub handle: BlockId,
+    /// The block size (TensorFlow's `AllocatedSize`).
+    pub size: u64,
     /// The bytes asked for (TensorFlow's `RequestedSize`).
     pub requested_size: u64,
-    /// The block size (TensorFlow's `AllocatedSize`).
-    pub allocated_size: u64,
     /// Its unique number (TensorFlow's `AllocationId`).
     pub allocation_id: u64,
     /// Its allocation stream.
     pub stream: St,
-    /// Its handle.
-    pub id: BlockId,
     /// The pool it came from ([`MempoolId::DEFAULT`](crate::MempoolId::DEFAULT)
     /// unless a private pool).
     pub pool: crate::MempoolId,

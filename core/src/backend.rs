@@ -164,10 +164,18 @@ pub struct MemInfo {
 /// /// A device with 1 GiB that finishes all work at once.
 /// struct Toy { next: u64, held: u64 }
 ///
+/// /// Its errors (it has none).
+/// #[derive(Debug)]
+/// struct ToyError;
+/// impl core::fmt::Display for ToyError {
+///     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result { f.write_str("toy") }
+/// }
+/// impl core::error::Error for ToyError {}
+///
 /// impl DeviceBackend for Toy {
 ///     type Stream = u64;
 ///     type Event = ();
-///     type Error = &'static str;
+///     type Error = ToyError;
 ///     fn malloc(&mut self, size: u64) -> Result<DevicePtr, MallocError<Self::Error>> {
 ///         if self.held + size > 1 << 30 { return Err(MallocError::OutOfMemory); }
 ///         let p = self.next;
@@ -195,8 +203,9 @@ pub trait DeviceBackend {
     type Stream: Copy + Eq + fmt::Debug + Into<u64> + From<u64> + 'static;
     /// An event that can be recorded on a stream and queried.
     type Event;
-    /// The backend's error.
-    type Error: fmt::Debug + fmt::Display;
+    /// The backend's error: a `core::error::Error`, which
+    /// [`Error::Backend`](crate::Error::Backend) gives as its `source()`.
+    type Error: core::error::Error + 'static;
 
     /// Allocate `size` bytes of device memory (one segment). The allocator
     /// hands out blocks at multiples of 512 bytes from the segment's base,

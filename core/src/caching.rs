@@ -47,7 +47,7 @@ struct Guarded<A> {
 /// let a = CachingAllocator::new(DeviceAllocator::new(
 ///     MockDevice::new(None), [BlockSlot::VACANT; 64], Config::DEFAULT));
 /// let x = a.malloc(4096, 0)?;
-/// a.free(x.id.unwrap())?;
+/// a.free(x.handle.unwrap())?;
 /// assert_eq!(a.stats()?.allocation.all().current, 0);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
 /// ```
@@ -217,11 +217,14 @@ where
     #[inline]
     pub(crate) fn try_growing<R>(
         &self,
-        op: impl FnMut(&mut DeviceAllocator<B, S, E, H, P>) -> Res<R, B>,
+        mut op: impl FnMut(&mut DeviceAllocator<B, S, E, H, P>) -> Res<R, B>,
     ) -> Res<R, B> {
         match self.grow {
             None => self.try_run(op),
-            Some(bigger) => self.try_run(|a| a.with_growing_storage(op, bigger)),
+            Some(bigger) => self.try_run(|a| match op(a) {
+                Err(Error::MetadataExhausted { .. }) => a.with_growing_storage(op, bigger),
+                r => r,
+            }),
         }
     }
 }
@@ -308,7 +311,7 @@ impl<A: SharedAllocator, const D: usize> MultiDeviceAllocator<A, D> {
 
     /// Free by handle (the allocation names its device).
     pub fn free(&self, a: &DeviceAllocation) -> MRes<(), A> {
-        match a.allocation.id {
+        match a.allocation.handle {
             Some(id) => self.get(a.device)?.free(id),
             None => Ok(()),
         }

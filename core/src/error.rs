@@ -354,4 +354,13 @@ impl<E> Error<E> {
     }
 }
 
-impl<E: fmt::Debug + fmt::Display> core::error::Error for Error<E> {}
+/// The backend's error is the `source()` of [`Error::Backend`] (and of
+/// nothing else: every other variant is the allocator's own).
+impl<E: core::error::Error + 'static> core::error::Error for Error<E> {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Error::Backend(e) => Some(e),
+            _ => None,
+        }
+    }
+}

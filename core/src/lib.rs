@@ -48,7 +48,7 @@
 //!     DeviceAllocator::new(MockDevice::new(None), storage, Config::DEFAULT);
 //! let a = alloc.malloc(1000, 0)?;
 //! assert_eq!(a.size, 1024);
-//! alloc.free(a.id.expect("non-empty allocation"))?;
+//! alloc.free(a.handle.expect("non-empty allocation"))?;
 //! assert_eq!(alloc.stats().reserved_bytes.all().current, 2 << 20);
 //! alloc.check_invariants().expect("consistent");
 //! # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())

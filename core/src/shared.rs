@@ -48,8 +48,8 @@ pub type SharedResult<T, E> = Result<T, Error<E>>;
 pub trait SharedAllocator: Sync {
     /// The backend's stream.
     type Stream: Copy + From<u64> + Into<u64>;
-    /// The backend's error.
-    type BackendError: core::fmt::Debug + core::fmt::Display;
+    /// The backend's error (the `source()` of [`Error::Backend`]).
+    type BackendError: core::error::Error + 'static;
 
     // -- allocation ------------------------------------------------------
 

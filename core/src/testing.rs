@@ -19,6 +19,8 @@ impl fmt::Display for TinyError {
     }
 }
 
+impl core::error::Error for TinyError {}
+
 /// A bump-pointer device with optional capacity.
 ///
 /// ```

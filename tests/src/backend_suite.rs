@@ -51,7 +51,7 @@ fn round_trip<H: Harness>(h: &H) -> Result<(), String> {
 fn zero_size<H: Harness>(h: &H) -> Result<(), String> {
     let mut a = allocator(h, None)?;
     let x = a.malloc(0, h.stream(0)).map_err(|e| e.to_string())?;
-    if !x.ptr.is_null() || x.id.is_some() || !a.backend().mallocs.is_empty() {
+    if !x.ptr.is_null() || x.handle.is_some() || !a.backend().mallocs.is_empty() {
         return Err(format!("zero bytes reached the device: {x:?}"));
     }
     a.free_ptr(x.ptr).map_err(|e| e.to_string())
@@ -93,9 +93,9 @@ fn event_reuse<H: Harness>(h: &H) -> Result<(), String> {
     let mut a = allocator(h, None)?;
     for _ in 0..3 {
         let x = a.malloc(4096, h.stream(1)).map_err(|e| e.to_string())?;
-        a.record_stream(x.id.ok_or("no handle")?, h.stream(2))
+        a.record_stream(x.handle.ok_or("no handle")?, h.stream(2))
             .map_err(|e| e.to_string())?;
-        a.free(x.id.ok_or("no handle")?)
+        a.free(x.handle.ok_or("no handle")?)
             .map_err(|e| e.to_string())?;
         h.finish(&mut a.backend_mut().inner, None);
         a.empty_cache().map_err(|e| e.to_string())?;

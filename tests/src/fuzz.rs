@@ -405,7 +405,7 @@ impl Shadow {
     /// sync logs now).
     fn free(&mut self, p: u64, logs: (usize, usize)) {
         if let Some(l) = self.live.remove(&p) {
-            self.freed.push(l.alloc.id.expect("handle"));
+            self.freed.push(l.alloc.handle.expect("handle"));
             self.released.insert(
                 p,
                 Released {
@@ -742,7 +742,7 @@ fn step(
                 Err(Error::Unsupported { what, .. }) if align > 512 => {
                     assert!(what.contains("never splits"), "{what}");
                 }
-                Ok(x) if bytes == 0 => assert!(x.ptr.is_null() && x.id.is_none()),
+                Ok(x) if bytes == 0 => assert!(x.ptr.is_null() && x.handle.is_none()),
                 Ok(x) => {
                     assert_eq!(x.ptr.0 % align, 0, "{x:?} not aligned to {align}");
                     cov.aligned += (align > 512) as u64;
@@ -751,10 +751,10 @@ fn step(
                         sh.synchronized_all();
                     }
                     let info = a
-                        .allocation_info(x.id.expect("handle"))
+                        .allocation_info(x.handle.expect("handle"))
                         .expect("info of a fresh allocation");
                     assert_eq!(
-                        (info.requested_size, info.allocated_size, info.stream),
+                        (info.requested_size, info.size, info.stream),
                         (bytes, x.size, stream)
                     );
                     check_pool(a, sh, x.ptr, info.pool, stream);
@@ -784,7 +784,7 @@ fn step(
         FuzzOp::Free { which } | FuzzOp::FreePtr { which, .. } => {
             let Some(p) = sh.nth(which) else { return };
             let l = &sh.live[&p];
-            let (id, size) = (l.alloc.id.expect("handle"), l.alloc.size);
+            let (id, size) = (l.alloc.handle.expect("handle"), l.alloc.size);
             let (shares, held) = (l.shares, l.held);
             let offset = match op {
                 FuzzOp::FreePtr { offset, .. } => offset as u64 % size,
@@ -848,7 +848,7 @@ fn step(
         }
         FuzzOp::RecordStream { which, stream } => {
             let Some(p) = sh.nth(which) else { return };
-            let id = sh.live[&p].alloc.id.expect("handle");
+            let id = sh.live[&p].alloc.handle.expect("handle");
             let stream = stream as u64 % 3;
             let held = sh.live[&p].held;
             match a.record_stream(id, stream) {

@@ -491,7 +491,7 @@ impl<'h, H: Harness> Run<'h, H> {
             if let Some(name) = k.strip_prefix("at:") {
                 let got = self.names.get(name).and_then(|x| {
                     let (seg, off) = a.backend().locate(x.ptr)?;
-                    let size = a.allocation_info_ptr(x.ptr).ok()?.allocated_size;
+                    let size = a.allocation_info_ptr(x.ptr).ok()?.size;
                     Some(serde_json::json!([seg, off, size]))
                 });
                 if got.as_ref() != Some(want) {

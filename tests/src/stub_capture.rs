@@ -170,19 +170,19 @@ pub fn graph_like_torch<G: GpuApi>(stub: &Stub, conf: &str) {
         .map(|&n| a.malloc(n, side).expect("warm-up malloc"))
         .collect();
     let early = a.malloc(5 * mib, main).expect("malloc");
-    a.record_stream(early.id.expect("id"), other)
+    a.record_stream(early.handle.expect("id"), other)
         .expect("record_stream");
     for x in &w {
-        a.free(x.id.expect("id")).expect("free");
+        a.free(x.handle.expect("id")).expect("free");
     }
     // torch.cuda.graph.__enter__: synchronize, empty_cache.
     G::synchronize(&keeper, None).expect("synchronize");
     a.empty_cache().expect("empty_cache");
     // A block used on another stream, freed inside the capture: deferred.
     let pre = a.malloc(mib, main).expect("malloc");
-    a.record_stream(pre.id.expect("id"), other)
+    a.record_stream(pre.handle.expect("id"), other)
         .expect("record_stream");
-    a.free(early.id.expect("id"))
+    a.free(early.handle.expect("id"))
         .expect("free with an event pending");
 
     let graph = MempoolId(1, 0);
@@ -196,13 +196,13 @@ pub fn graph_like_torch<G: GpuApi>(stub: &Stub, conf: &str) {
     let x1 = a.malloc(4 * kib, side).expect("small, new segment");
     let x2 = a.malloc(3 * mib, side).expect("large, new segment");
     let x3 = a.malloc(12 * mib, side).expect("over 10 MiB, new segment");
-    a.record_stream(x2.id.expect("id"), other)
+    a.record_stream(x2.handle.expect("id"), other)
         .expect("record_stream");
-    a.free(x1.id.expect("id")).expect("free");
-    a.free(x2.id.expect("id"))
+    a.free(x1.handle.expect("id")).expect("free");
+    a.free(x2.handle.expect("id"))
         .expect("free of a block another stream used");
     let x4 = a.malloc(2 * kib, side).expect("reuse inside the capture");
-    a.free(pre.id.expect("id"))
+    a.free(pre.handle.expect("id"))
         .expect("free of a pre-capture block");
     let elsewhere = a
         .malloc(700 * kib, main)
@@ -218,12 +218,12 @@ pub fn graph_like_torch<G: GpuApi>(stub: &Stub, conf: &str) {
     // requests, which settle what the capture deferred.
     for _ in 0..3 {
         let y = a.malloc(4 * kib, main).expect("after the capture");
-        a.free(y.id.expect("id")).expect("free");
+        a.free(y.handle.expect("id")).expect("free");
     }
     assert_eq!(a.with(|a| a.deferred_frees()).expect("deferred"), 0);
     // CUDAGraph::reset: the graph's tensors die, then releasePool.
     for x in [x3, x4, elsewhere] {
-        a.free(x.id.expect("id")).expect("free");
+        a.free(x.handle.expect("id")).expect("free");
     }
     a.release_pool(graph).expect("release_pool");
     G::synchronize(&keeper, None).expect("synchronize");

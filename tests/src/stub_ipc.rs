@@ -112,11 +112,11 @@ pub fn ipc_between_processes<G: GpuApi>(stub: &Stub, consumer_test: &str) {
 
     // The consumer is done (a real embedder learns it from its own
     // counter); the free before the release is held.
-    a.free(x.id.expect("handle")).expect("free");
+    a.free(x.handle.expect("handle")).expect("free");
     a.empty_cache().expect("empty_cache");
     assert_eq!(stub.counters().live_allocations, 1, "held while shared");
     a.release_ipc_share(x.ptr).expect("release");
-    a.free(first.id.expect("handle")).expect("free");
+    a.free(first.handle.expect("handle")).expect("free");
     a.empty_cache().expect("empty_cache");
     assert_eq!(stub.counters().live_allocations, 0);
     let out = run("stale");
@@ -194,7 +194,7 @@ pub fn ipc_consumer<G: GpuApi>(stub: &Stub) {
         "consumer: opened {p} = process {}'s {:#x}",
         note.pid, note.ptr
     );
-    b.free(y.id.expect("handle")).expect("free");
+    b.free(y.handle.expect("handle")).expect("free");
     b.release_all().expect("release_all");
     drop(b);
     assert_clean(stub, "consumer");
@@ -234,8 +234,8 @@ pub fn peer_access_and_copies<G: GpuApi>(stub: &Stub) {
         .memcpy_async(y.ptr, DevicePtr(0x1234), 16, s)
         .unwrap_err();
     assert!(e.to_string().contains("(1)"), "{e}");
-    d0.free(x.id.expect("handle")).expect("free");
-    d1.free(y.id.expect("handle")).expect("free");
+    d0.free(x.handle.expect("handle")).expect("free");
+    d1.free(y.handle.expect("handle")).expect("free");
     d0.release_all().expect("release_all");
     d1.release_all().expect("release_all");
     drop((d0, d1));

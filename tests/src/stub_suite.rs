@@ -93,12 +93,12 @@ pub fn moved_to_another_thread<G: GpuApi>(stub: &Stub) {
     let mut a = allocator::<G>();
     let x = a.malloc(4096, G::default_stream()).expect("malloc");
     let t = std::thread::spawn(move || {
-        a.free(x.id.expect("handle"))
+        a.free(x.handle.expect("handle"))
             .expect("free on another thread");
         let y = a
             .malloc(3 << 20, G::default_stream())
             .expect("malloc on another thread");
-        a.free(y.id.expect("handle")).expect("free");
+        a.free(y.handle.expect("handle")).expect("free");
         assert_eq!(a.release_all().expect("release_all"), 0);
         a
     });
@@ -140,7 +140,7 @@ struct Workload<G: GpuApi> {
 impl<G: GpuApi> Workload<G> {
     /// Free the allocation in slot `n`, if there is one.
     fn free(&mut self, a: &mut Alloc<G>, n: usize) -> Result<(), String> {
-        match self.live[n].and_then(|x| x.id) {
+        match self.live[n].and_then(|x| x.handle) {
             Some(i) => a.free(i).map_err(text::<G>).map(|()| self.live[n] = None),
             None => Ok(()),
         }
@@ -172,10 +172,11 @@ fn text<G: GpuApi>(e: cachealloc_core::Error<<G::B as DeviceBackend>::Error>) ->
 /// stream sync and noticed by a malloc), a memory fraction, teardown.
 fn step<G: GpuApi>(a: &mut Alloc<G>, w: &mut Workload<G>, k: usize) -> Result<(), String> {
     let s1 = w.s1.ok_or("no stream")?;
-    let record = |a: &mut Alloc<G>, w: &Workload<G>, n: usize| match w.live[n].and_then(|x| x.id) {
-        Some(i) => a.record_stream(i, s1).map_err(text::<G>),
-        None => Ok(()),
-    };
+    let record =
+        |a: &mut Alloc<G>, w: &Workload<G>, n: usize| match w.live[n].and_then(|x| x.handle) {
+            Some(i) => a.record_stream(i, s1).map_err(text::<G>),
+            None => Ok(()),
+        };
     match k {
         0 => w.malloc(a, 0, 4096)?,
         1 => w.live[1] = Some(a.malloc(3 << 20, s1).map_err(text::<G>)?),
@@ -419,7 +420,7 @@ pub fn out_of_memory<G: GpuApi>(stub: &Stub, malloc_call: &str, oom_code: i32) {
         .expect("retried after the injected OOM");
     assert_eq!(a.stats().num_alloc_retries, retries + 1);
     assert_eq!(stub.counters().injected, 1);
-    a.free(x.id.expect("handle")).expect("free");
+    a.free(x.handle.expect("handle")).expect("free");
     assert_eq!(a.release_all().expect("release_all"), 0);
     drop(a);
     assert_clean(stub, "out of memory");

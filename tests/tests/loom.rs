@@ -95,7 +95,7 @@ fn try_malloc(a: &Alloc, reg: &Registry, size: u64, stream: u64) -> Option<Alloc
 
 fn free(a: &Alloc, reg: &Registry, x: Allocation) {
     reg.remove(&x);
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
 }
 
 fn finish(a: Alloc, live: impl IntoIterator<Item = DevicePtr>) {
@@ -181,7 +181,7 @@ fn pending_free_and_process_events() {
         let a = Arc::new(device(8 * MIB, 16));
         let reg = Arc::new(Registry::default());
         let x = try_malloc(&a, &reg, 4096, 1).unwrap();
-        a.record_stream(x.id.unwrap(), 0).unwrap();
+        a.record_stream(x.handle.unwrap(), 0).unwrap();
         let t1 = {
             let (a, reg) = (a.clone(), reg.clone());
             thread::spawn(move || {
@@ -276,7 +276,7 @@ fn record_stream_races_free() {
     model("record_stream_races_free", || {
         let a = Arc::new(device(4 * MIB, 8));
         let x = a.malloc(4096, 1).unwrap();
-        let id = x.id.unwrap();
+        let id = x.handle.unwrap();
         let t1 = {
             let a = a.clone();
             thread::spawn(move || a.free(id).unwrap())
@@ -423,7 +423,7 @@ fn allocation_races_end_allocate_to_pool() {
             thread::spawn(move || {
                 let x = try_malloc(&a, &reg, 4096, 1).expect("room for 4 KiB");
                 let pool = a
-                    .with(|d| d.allocation_info(x.id.unwrap()).unwrap().pool)
+                    .with(|d| d.allocation_info(x.handle.unwrap()).unwrap().pool)
                     .unwrap();
                 let owner = a
                     .with(|d| {

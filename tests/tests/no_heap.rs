@@ -63,7 +63,7 @@ fn steady_state_operations_do_not_touch_the_heap() {
     let round = |a: &mut DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64>| {
         let mut held = [None; 6];
         for (k, &s) in sizes.iter().enumerate() {
-            held[k] = a.malloc(s, (k % 2) as u64).unwrap().id;
+            held[k] = a.malloc(s, (k % 2) as u64).unwrap().handle;
         }
         a.record_stream(held[1].unwrap(), 2).unwrap();
         let _ = a.stats().allocated_bytes.all().current;
@@ -105,8 +105,8 @@ fn history_and_trackers_do_not_touch_the_heap() {
     a.record_history(true, usize::MAX, false, TraceActions::NONE);
     assert!(a.attach_trace_tracker(&tracker).is_ok());
     let round = |a: &mut DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64, Box<[TraceEntry]>>| {
-        let x = a.malloc(4096, 0).unwrap().id.unwrap();
-        let y = a.malloc(3 << 20, 1).unwrap().id.unwrap();
+        let x = a.malloc(4096, 0).unwrap().handle.unwrap();
+        let y = a.malloc(3 << 20, 1).unwrap().handle.unwrap();
         a.record_stream(x, 2).unwrap();
         a.free(x).unwrap();
         a.free(y).unwrap();

@@ -265,9 +265,7 @@ impl<A: SharedAllocator> TfAllocator<A> {
 
     /// `AllocatedSize(ptr)`: the bytes of the block (at least the request).
     pub fn allocated_size(&self, ptr: DevicePtr) -> Res<u64, A> {
-        self.allocator
-            .allocation_info(ptr)
-            .map(|i| i.allocated_size)
+        self.allocator.allocation_info(ptr).map(|i| i.size)
     }
 
     /// `AllocationId(ptr)`: the allocation's id, unique in this allocator
@@ -283,11 +281,10 @@ impl<A: SharedAllocator> TfAllocator<A> {
     /// failed device).
     pub fn allocated_size_slow(&self, ptr: DevicePtr) -> u64 {
         match self.allocator.allocation_info(ptr) {
-            Ok(i) => i.allocated_size,
-            Err(Error::InteriorPointer { base, .. }) => self
-                .allocator
-                .allocation_info(base)
-                .map_or(0, |i| i.allocated_size),
+            Ok(i) => i.size,
+            Err(Error::InteriorPointer { base, .. }) => {
+                self.allocator.allocation_info(base).map_or(0, |i| i.size)
+            }
             Err(_) => 0,
         }
     }

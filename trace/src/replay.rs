@@ -337,7 +337,7 @@ impl<D: ReplayDevice> Replay<D> {
                 d.peak_live = d.peak_live.max(d.live_bytes);
                 Live::Served {
                     dev,
-                    id: x.id,
+                    id: x.handle,
                     size,
                 }
             }

@@ -2,6 +2,7 @@
 //! then one event per line; gzip when the path ends in `.gz`.
 
 use crate::event::{Event, Streams};
+use serde::Serialize;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 
@@ -31,16 +32,11 @@ impl TraceWriter {
     /// Write one event; `warmup` marks events that rebuild a starting
     /// state, `t` is the informational time in microseconds.
     pub fn event(&mut self, e: &Event, warmup: bool, t: Option<u64>) -> io::Result<()> {
-        let mut line = event_json(e);
-        line.pop(); // the closing brace
-        if warmup {
-            line.push_str(r#","warmup":true"#);
-        }
-        if let Some(t) = t {
-            line.push_str(&format!(r#","t":{t}"#));
-        }
-        line.push_str("}\n");
-        self.out.write_all(line.as_bytes())
+        let mut line = Line::of(e);
+        line.warmup = warmup;
+        line.t = t;
+        serde_json::to_writer(&mut self.out, &line)?;
+        self.out.write_all(b"\n")
     }
 
     /// Flush and close (and end the gzip stream).
@@ -51,98 +47,137 @@ impl TraceWriter {
 
 /// One event as a JSON object (the stream and the device when not 0).
 pub fn event_json(e: &Event) -> String {
-    match *e {
-        Event::Alloc {
-            id,
-            size,
-            stream,
-            device,
-        } => {
-            let mut s = format!(r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream}"#);
-            if device != 0 {
-                s.push_str(&format!(r#","device":{device}"#));
-            }
-            s.push('}');
-            s
-        }
-        Event::Free { id } => format!(r#"{{"op":"free","id":{id}}}"#),
-        Event::RecordStream { id, stream } => {
-            format!(r#"{{"op":"record_stream","id":{id},"stream":{stream}}}"#)
-        }
-        Event::Sync { stream: Some(s) } => format!(r#"{{"op":"sync","stream":{s}}}"#),
-        Event::Sync { stream: None } => r#"{"op":"sync"}"#.to_string(),
-        Event::EmptyCache => r#"{"op":"empty_cache"}"#.to_string(),
-        Event::PoolCreate {
-            pool,
-            device,
-            use_on_oom,
-            no_split,
-        } => format!(
-            r#"{{"op":"pool_create","pool":[{},{}]{}{}{}}}"#,
-            pool.0,
-            pool.1,
-            device_key(device),
-            if use_on_oom {
-                r#","use_on_oom":true"#
-            } else {
-                ""
+    // Serializing a struct of numbers, strings and bools cannot fail.
+    serde_json::to_string(&Line::of(e)).unwrap_or_default()
+}
+
+/// A trace line: the keys of `docs/trace-format.md`, each written when the
+/// event has it (`device` when not 0, `use_on_oom` / `no_split` /
+/// `warmup` when true).
+#[derive(Serialize, Default)]
+struct Line<'a> {
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool: Option<(u64, u64)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    streams: Option<StreamList<'a>>,
+    #[serde(skip_serializing_if = "is_zero")]
+    device: u64,
+    #[serde(skip_serializing_if = "is_false")]
+    use_on_oom: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    no_split: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    warmup: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    t: Option<u64>,
+}
+
+/// A pool's streams: `"all"` or a list.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum StreamList<'a> {
+    All(&'static str),
+    List(&'a [u64]),
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+impl<'a> Line<'a> {
+    fn of(e: &'a Event) -> Line<'a> {
+        let op = |op| Line {
+            op,
+            ..Line::default()
+        };
+        match e {
+            &Event::Alloc {
+                id,
+                size,
+                stream,
+                device,
+            } => Line {
+                id: Some(id),
+                size: Some(size),
+                stream: Some(stream),
+                device,
+                ..op("alloc")
             },
-            if no_split { r#","no_split":true"# } else { "" }
-        ),
-        Event::PoolBegin {
-            pool,
-            device,
-            streams,
-            capture,
-        } => {
-            let streams = match streams {
-                Streams::All => r#""all""#.to_string(),
-                s => format!("{:?}", s.as_slice()).replace(' ', ""),
-            };
-            format!(
-                r#"{{"op":"{}","pool":[{},{}],"streams":{streams}{}}}"#,
-                if capture {
+            &Event::Free { id } => Line {
+                id: Some(id),
+                ..op("free")
+            },
+            &Event::RecordStream { id, stream } => Line {
+                id: Some(id),
+                stream: Some(stream),
+                ..op("record_stream")
+            },
+            &Event::Sync { stream } => Line {
+                stream,
+                ..op("sync")
+            },
+            Event::EmptyCache => op("empty_cache"),
+            &Event::PoolCreate {
+                pool,
+                device,
+                use_on_oom,
+                no_split,
+            } => Line {
+                pool: Some(pool),
+                device,
+                use_on_oom,
+                no_split,
+                ..op("pool_create")
+            },
+            Event::PoolBegin {
+                pool,
+                device,
+                streams,
+                capture,
+            } => Line {
+                pool: Some(*pool),
+                streams: Some(match streams {
+                    Streams::All => StreamList::All("all"),
+                    s => StreamList::List(s.as_slice()),
+                }),
+                device: *device,
+                ..op(if *capture {
                     "capture_begin"
                 } else {
                     "pool_begin"
-                },
-                pool.0,
-                pool.1,
-                device_key(device)
-            )
+                })
+            },
+            &Event::PoolEnd {
+                pool,
+                device,
+                capture,
+            } => Line {
+                pool: Some(pool),
+                device,
+                ..op(if capture { "capture_end" } else { "pool_end" })
+            },
+            &Event::PoolRelease { pool, device } => Line {
+                pool: Some(pool),
+                device,
+                ..op("pool_release")
+            },
+            &Event::PoolEmptyCache { pool, device } => Line {
+                pool: Some(pool),
+                device,
+                ..op("pool_empty_cache")
+            },
         }
-        Event::PoolEnd {
-            pool,
-            device,
-            capture,
-        } => format!(
-            r#"{{"op":"{}","pool":[{},{}]{}}}"#,
-            if capture { "capture_end" } else { "pool_end" },
-            pool.0,
-            pool.1,
-            device_key(device)
-        ),
-        Event::PoolRelease { pool, device } => format!(
-            r#"{{"op":"pool_release","pool":[{},{}]{}}}"#,
-            pool.0,
-            pool.1,
-            device_key(device)
-        ),
-        Event::PoolEmptyCache { pool, device } => format!(
-            r#"{{"op":"pool_empty_cache","pool":[{},{}]{}}}"#,
-            pool.0,
-            pool.1,
-            device_key(device)
-        ),
-    }
-}
-
-/// `,"device":N` unless the device is 0.
-fn device_key(device: u64) -> String {
-    if device == 0 {
-        String::new()
-    } else {
-        format!(r#","device":{device}"#)
     }
 }
 
@@ -208,5 +243,16 @@ mod tests {
         ] {
             assert_eq!(parse_event(event_json(&e).as_bytes()), Ok(e));
         }
+        // The keys as the format writes them.
+        let alloc = Event::Alloc {
+            id: 1,
+            size: 5,
+            stream: 0,
+            device: 0,
+        };
+        assert_eq!(
+            event_json(&alloc),
+            r#"{"op":"alloc","id":1,"size":5,"stream":0}"#
+        );
     }
 }

@@ -118,7 +118,7 @@ impl Ours {
         for op in &seq.ops {
             match *op {
                 Op::Alloc { slot, size } => match self.a.malloc(size, 0) {
-                    Ok(x) => self.handles[slot as usize] = x.id,
+                    Ok(x) => self.handles[slot as usize] = x.handle,
                     Err(_) => fails += 1,
                 },
                 Op::Free { slot } => {

@@ -127,12 +127,7 @@ where
         self.cache_insert(i);
         // PyTorch leaves expandable segments out of inactive_split.
         if !expandable {
-            if counted {
-                self.stats.inactive_split.increase(pool, 1);
-            } else {
-                self.stats.inactive_split.increase(pool, 2);
-                self.stats.inactive_split_bytes.increase(pool, bsize);
-            }
+            self.count_cut(pool, counted, bsize);
         }
         r
     }

@@ -73,11 +73,7 @@ where
         s.generation = s.generation.wrapping_add(1).max(1);
         s.events = events;
         let (pool, size) = (Pool::of(s.flags), s.size);
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, size);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_allocations.decrease(1);
-        }
+        self.count_freed(pool, size);
         self.record_block(TraceAction::FreeRequested, i);
         if deferred {
             self.defer(i);
@@ -128,11 +124,9 @@ where
             net_blocks += 1;
             net_bytes += self.slot(b).size as i64;
         }
-        let st = &mut self.stats;
         // PyTorch leaves expandable segments out of inactive_split.
         if !self.arena.slots()[b as usize].has(Flags::EXPANDABLE) {
-            st.inactive_split.apply(pool, net_blocks);
-            st.inactive_split_bytes.apply(pool, net_bytes);
+            self.count_merge(pool, net_blocks, net_bytes);
         }
         self.leave_active(pool, orig_size, requested);
     }
@@ -202,9 +196,8 @@ where
         self.arena.release(i);
         // One cached block absorbed the freed one: the split count is
         // unchanged and the cached bytes grow by the freed block.
-        let st = &mut self.stats;
         if !expandable {
-            st.inactive_split_bytes.increase(pool, orig_size);
+            self.count_merge(pool, 0, orig_size as i64);
         }
         self.leave_active(pool, orig_size, requested);
         true

@@ -43,10 +43,10 @@ where
         AllocationInfo {
             ptr: DevicePtr(s.addr),
             requested_size: s.requested,
-            allocated_size: s.size,
+            size: s.size,
             allocation_id: s.aux,
             stream: B::Stream::from(s.stream),
-            id: BlockId::new(i, s.generation),
+            handle: BlockId::new(i, s.generation),
             pool: self.pool_id_of(s.owner),
         }
     }

@@ -138,7 +138,7 @@ where
 /// let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 32], Config::DEFAULT);
 /// let x = a.malloc(3 << 20, 0)?;                       // large pool, 20 MiB segment
 /// assert_eq!(a.stats().reserved_bytes.all().current, 20 << 20);
-/// a.free(x.id.unwrap())?;
+/// a.free(x.handle.unwrap())?;
 /// a.empty_cache()?;
 /// assert_eq!(a.stats().reserved_bytes.all().current, 0);
 /// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())

@@ -46,7 +46,7 @@ where
     /// let x = a.malloc(1000, 0)?;
     /// a.end_allocate_to_pool(pool)?;
     /// a.release_pool(pool)?;
-    /// assert_eq!(a.allocation_info(x.id.unwrap())?.pool, pool);
+    /// assert_eq!(a.allocation_info(x.handle.unwrap())?.pool, pool);
     /// assert_eq!(a.pool_use_count(pool), 1);
     /// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
     /// ```

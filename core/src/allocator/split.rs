@@ -65,17 +65,14 @@ where
         if let Some(r) = remainder {
             self.split_off_remainder(i, r, size, pool);
             self.cache_insert(r);
-            // PyTorch leaves expandable segments out of inactive_split.
-            if expandable {
-            } else if already_split {
-                self.stats.inactive_split_bytes.decrease(pool, size);
-            } else {
-                self.stats.inactive_split_bytes.increase(pool, bsize - size);
-                self.stats.inactive_split.increase(pool, 1);
-            }
-        } else if already_split && !expandable {
-            self.stats.inactive_split_bytes.decrease(pool, bsize);
-            self.stats.inactive_split.decrease(pool, 1);
+        }
+        if !expandable {
+            self.count_carve(
+                pool,
+                already_split,
+                bsize,
+                remainder.is_some().then_some(size),
+            );
         }
         self.mark_allocated(i, orig, pool)
     }
@@ -128,7 +125,7 @@ where
         rs.size = bsize - size;
         rs.aux = clock; // re-cached now, as PyTorch re-inserts the remainder
         if expandable.is_empty() {
-            self.stats.inactive_split_bytes.decrease(pool, size);
+            self.count_split_in_place(pool, size);
         }
     }
 
@@ -169,6 +166,13 @@ where
     /// Hand block `i` out: allocated, live-indexed, counted.
     #[inline]
     fn mark_allocated(&mut self, i: u32, orig: u64, pool: Pool) -> Allocation {
+        debug_assert!(
+            !self.slot(i).flags.intersects(Flags::ALLOCATED | Flags::CACHED | Flags::UNMAPPED)
+                && self.slot(i).events == 0
+                && Pool::of(self.slot(i).flags) == pool,
+            "mark_allocated: block {i} is not a free, mapped, uncached block of the {pool:?} pool ({:?})",
+            self.slot(i).flags
+        );
         let allocation_id = self.next_allocation_id;
         self.next_allocation_id += 1;
         let s = self.slot_mut(i);
@@ -178,20 +182,12 @@ where
         let (addr, bs, generation) = (s.addr, s.size, s.generation);
         self.live.insert(self.arena.slots_mut(), i);
         self.record_block(TraceAction::Alloc, i);
-        let st = &mut self.stats;
-        st.allocation.increase(pool, 1);
-        st.allocated_bytes.increase(pool, bs);
-        st.active.increase(pool, 1);
-        st.active_bytes.increase(pool, bs);
-        st.requested_bytes.increase(pool, orig);
-        if bs >= self.config.max_split_size {
-            st.oversize_allocations.increase(1);
-        }
+        self.count_allocated(pool, bs, orig);
         Allocation {
             ptr: DevicePtr(addr),
-            id: Some(BlockId::new(i, generation)),
+            handle: Some(BlockId::new(i, generation)),
             size: bs,
-            requested: orig,
+            requested_size: orig,
             allocation_id,
         }
     }

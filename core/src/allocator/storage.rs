@@ -42,7 +42,7 @@ where
     /// assert_eq!((old.len(), a.slot_capacity()), (4, 64));
     /// held.push(a.malloc(512, 0)?); // the call that failed, again
     /// for x in held {
-    ///     a.free(x.id.unwrap())?;
+    ///     a.free(x.handle.unwrap())?;
     /// }
     /// a.check_invariants().expect("consistent");
     /// # Ok::<(), Error<cachealloc_mock::MockError>>(())

@@ -11,10 +11,16 @@
 //!   [`reserve`](DeviceAllocator::reserve),
 //!   [`unreserve`](DeviceAllocator::unreserve);
 //! - a freed block leaving the active set once its frees are done:
-//!   [`leave_active`](DeviceAllocator::leave_active).
+//!   [`leave_active`](DeviceAllocator::leave_active);
+//! - the counts of a block handed out and freed (`count_allocated`,
+//!   `count_freed`), and of cached split blocks as blocks are split, cut
+//!   and merged (`count_carve`, `count_split_in_place`, `count_cut`,
+//!   `count_merge`).
 //!
-//! Allocation (`mark_allocated`, in `split.rs`) and the free request
-//! (`free_slot`, in `free.rs`) assert their own entry states. The O(n)
+//! Every block statistic changes here and nowhere else; the links and
+//! indexes change in the transitions that call these (`split.rs`,
+//! `free.rs`, `aligned.rs`, `expandable.rs`), which assert their entry
+//! states (`mark_allocated`, `free_slot`, `release_block`). The O(n)
 //! [`check_invariants`](DeviceAllocator::check_invariants) re-derives
 //! everything from the block lists; these checks are its O(1) local part.
 
@@ -141,6 +147,106 @@ where
             "leave_active: more bytes allocated ({}) than active ({})",
             st.allocated_bytes.all().current,
             st.active_bytes.all().current
+        );
+    }
+
+    /// A block of `size` bytes of `pool` is handed out for a request of
+    /// `requested` bytes.
+    #[inline]
+    pub(super) fn count_allocated(&mut self, pool: Pool, size: u64, requested: u64) {
+        let st = &mut self.stats;
+        st.allocation.increase(pool, 1);
+        st.allocated_bytes.increase(pool, size);
+        st.active.increase(pool, 1);
+        st.active_bytes.increase(pool, size);
+        st.requested_bytes.increase(pool, requested);
+        if size >= self.config.max_split_size {
+            st.oversize_allocations.increase(1);
+        }
+    }
+
+    /// A block of `size` bytes of `pool` is freed by its user (it stays
+    /// active until its frees are done: [`leave_active`](Self::leave_active)).
+    #[inline]
+    pub(super) fn count_freed(&mut self, pool: Pool, size: u64) {
+        let st = &mut self.stats;
+        st.allocation.decrease(pool, 1);
+        st.allocated_bytes.decrease(pool, size);
+        if size >= self.config.max_split_size {
+            st.oversize_allocations.decrease(1);
+        }
+        debug_assert!(
+            st.allocation.all().current >= 0 && st.allocated_bytes.all().current >= 0,
+            "count_freed: the allocated counts went negative"
+        );
+    }
+
+    /// A cached block of `bsize` bytes (a split one: `already_split`) is
+    /// handed out whole, or (`kept`: the bytes handed out) with its rest
+    /// cached as a new split block. Not for expandable segments, which
+    /// PyTorch leaves out of `inactive_split`.
+    #[inline]
+    pub(super) fn count_carve(
+        &mut self,
+        pool: Pool,
+        already_split: bool,
+        bsize: u64,
+        kept: Option<u64>,
+    ) {
+        let st = &mut self.stats;
+        match kept {
+            Some(size) if already_split => st.inactive_split_bytes.decrease(pool, size),
+            Some(size) => {
+                st.inactive_split_bytes.increase(pool, bsize - size);
+                st.inactive_split.increase(pool, 1);
+            }
+            None if already_split => {
+                st.inactive_split_bytes.decrease(pool, bsize);
+                st.inactive_split.decrease(pool, 1);
+            }
+            None => {}
+        }
+        self.debug_split_counts();
+    }
+
+    /// The fast split: `size` bytes leave a cached split block, which stays
+    /// cached.
+    #[inline]
+    pub(super) fn count_split_in_place(&mut self, pool: Pool, size: u64) {
+        self.stats.inactive_split_bytes.decrease(pool, size);
+        self.debug_split_counts();
+    }
+
+    /// An aligned allocation cut the low end off a block of `bsize` bytes:
+    /// both pieces count as cached split blocks until `carve` takes the
+    /// high one (`counted`: the block was a cached split block already).
+    #[inline]
+    pub(super) fn count_cut(&mut self, pool: Pool, counted: bool, bsize: u64) {
+        if counted {
+            self.stats.inactive_split.increase(pool, 1);
+        } else {
+            self.stats.inactive_split.increase(pool, 2);
+            self.stats.inactive_split_bytes.increase(pool, bsize);
+        }
+    }
+
+    /// A freed block merged with its cached neighbours: the net change of
+    /// cached split blocks and bytes.
+    #[inline]
+    pub(super) fn count_merge(&mut self, pool: Pool, blocks: i64, bytes: i64) {
+        self.stats.inactive_split.apply(pool, blocks);
+        self.stats.inactive_split_bytes.apply(pool, bytes);
+        self.debug_split_counts();
+    }
+
+    /// The cached split counts are not negative (debug checks; a cut
+    /// counts ahead and is settled by the carve that follows it).
+    #[inline]
+    fn debug_split_counts(&self) {
+        debug_assert!(
+            self.stats.inactive_split.all().current >= 0
+                && self.stats.inactive_split_bytes.all().current >= 0,
+            "the inactive_split counts went negative"
         );
     }
 

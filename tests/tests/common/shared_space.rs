@@ -66,6 +66,8 @@ impl fmt::Display for BadFree {
     }
 }
 
+impl std::error::Error for BadFree {}
+
 impl DeviceBackend for SharedSpace {
     type Stream = u64;
     type Event = ();

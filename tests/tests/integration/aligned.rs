@@ -41,7 +41,7 @@ impl Live {
     fn add(&mut self, a: &A, x: Allocation, size: u64, align: u64) {
         assert_eq!(x.ptr.0 % align.max(1), 0, "{x:?} not aligned to {align}");
         assert!(x.size >= size, "{x:?} holds less than {size}");
-        let info = a.allocation_info(x.id.unwrap()).unwrap();
+        let info = a.allocation_info(x.handle.unwrap()).unwrap();
         assert_eq!((info.ptr, info.requested_size), (x.ptr, size));
         // The allocation lies inside its segment.
         let (base, seg) = a.base_allocation(x.ptr).unwrap_or_else(|_| {
@@ -78,8 +78,8 @@ fn up_to_512_bytes_alignment_is_the_old_path_bit_for_bit() {
             if rng.is_multiple_of(3) && !live.is_empty() {
                 let (x, y): (Allocation, Allocation) =
                     live.swap_remove((rng >> 8) as usize % live.len());
-                a.free(x.id.unwrap()).unwrap();
-                b.free(y.id.unwrap()).unwrap();
+                a.free(x.handle.unwrap()).unwrap();
+                b.free(y.handle.unwrap()).unwrap();
                 continue;
             }
             let size =
@@ -91,8 +91,8 @@ fn up_to_512_bytes_alignment_is_the_old_path_bit_for_bit() {
                 .malloc_aligned(size, align, stream, MallocFlags::empty())
                 .unwrap();
             assert_eq!(
-                (x.ptr, x.size, x.requested),
-                (y.ptr, y.size, y.requested),
+                (x.ptr, x.size, x.requested_size),
+                (y.ptr, y.size, y.requested_size),
                 "{conf}"
             );
             live.push((x, y));
@@ -137,7 +137,7 @@ fn larger_alignments_under_every_split_rule() {
                 .unwrap_or_else(|v| panic!("{conf}, op {k}: {v}"));
         }
         for (_, (x, _)) in std::mem::take(&mut live.0) {
-            a.free(x.id.unwrap()).unwrap();
+            a.free(x.handle.unwrap()).unwrap();
         }
         a.empty_cache().unwrap();
         a.check_invariants().unwrap();
@@ -167,7 +167,7 @@ fn the_cut_off_low_end_is_a_free_block_that_merges_back() {
     let y = a.malloc(1024, 0).unwrap();
     assert_eq!(y.ptr.0, first.ptr.0 + 512);
     for z in [y, x, first] {
-        a.free(z.id.unwrap()).unwrap();
+        a.free(z.handle.unwrap()).unwrap();
     }
     assert_eq!(a.segments().next().unwrap().block_count, 1, "all merged");
     a.check_invariants().unwrap();
@@ -176,7 +176,7 @@ fn the_cut_off_low_end_is_a_free_block_that_merges_back() {
         .malloc_aligned(100, 1 << 21, 0, MallocFlags::empty())
         .unwrap();
     assert_eq!(z.ptr.0 % (1 << 21), 0);
-    let info = a.allocation_info(z.id.unwrap()).unwrap();
+    let info = a.allocation_info(z.handle.unwrap()).unwrap();
     assert_eq!((info.ptr, info.requested_size), (z.ptr, 100));
     let (base, size) = a.base_allocation(z.ptr).unwrap();
     assert!(base.0 <= z.ptr.0 && z.ptr.0 + z.size <= base.0 + size);
@@ -228,7 +228,7 @@ fn private_pools_and_no_retry() {
         .unwrap();
     assert_eq!(x.ptr.0 % 8192, 0);
     a.end_allocate_to_pool(POOL).unwrap();
-    assert_eq!(a.allocation_info(x.id.unwrap()).unwrap().pool, POOL);
+    assert_eq!(a.allocation_info(x.handle.unwrap()).unwrap().pool, POOL);
     a.create_pool(RIGID, PoolOptions::NONE.no_split()).unwrap();
     a.begin_allocate_to_pool(RIGID, StreamFilter::stream(2))
         .unwrap();
@@ -246,7 +246,7 @@ fn private_pools_and_no_retry() {
         Config::DEFAULT,
     );
     let y = b.malloc(3 * MIB, 0).unwrap();
-    b.free(y.id.unwrap()).unwrap(); // a cached 20 MiB segment
+    b.free(y.handle.unwrap()).unwrap(); // a cached 20 MiB segment
     let e = b
         .malloc_aligned(3 * MIB, 4 * MIB, 1, MallocFlags::NO_RETRY)
         .unwrap_err();
@@ -273,11 +273,11 @@ fn an_aligned_request_does_not_cut_a_block_of_a_pool_that_never_splits() {
         .unwrap();
     let x = a.malloc(3 * MIB, 1).unwrap(); // the device's whole 20 MiB
     a.end_allocate_to_pool(RIGID).unwrap();
-    a.free(x.id.unwrap()).unwrap(); // cached in the pool, whole
-                                    // A default-pool request may fall back to it (use_on_oom) ...
+    a.free(x.handle.unwrap()).unwrap(); // cached in the pool, whole
+                                        // A default-pool request may fall back to it (use_on_oom) ...
     let y = a.malloc(5 * MIB, 1).unwrap();
-    assert_eq!(a.allocation_info(y.id.unwrap()).unwrap().pool, RIGID);
-    a.free(y.id.unwrap()).unwrap();
+    assert_eq!(a.allocation_info(y.handle.unwrap()).unwrap().pool, RIGID);
+    a.free(y.handle.unwrap()).unwrap();
     // ... but an aligned one would cut it: it skips the pool.
     let e = a
         .malloc_aligned(5 * MIB, 4 * MIB, 1, MallocFlags::NO_RETRY)
@@ -304,7 +304,7 @@ fn an_oversize_block_keeps_its_rest() {
         "no remainder split off the oversize block"
     );
     assert_eq!(a.stats().oversize_allocations.current, 1);
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     assert_eq!(
         a.segments().next().unwrap().block_count,
         1,

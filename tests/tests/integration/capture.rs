@@ -48,8 +48,8 @@ fn end(a: &mut Alloc, stream: u64) {
 fn the_device_model_catches_an_event_query_during_a_capture() {
     let mut a = alloc(None, "");
     let x = a.malloc(MIB, 0).unwrap();
-    a.record_stream(x.id.unwrap(), 2).unwrap();
-    a.free(x.id.unwrap()).unwrap(); // an event pending on stream 2
+    a.record_stream(x.handle.unwrap(), 2).unwrap();
+    a.free(x.handle.unwrap()).unwrap(); // an event pending on stream 2
     a.begin_allocate_to_pool(GRAPH, StreamFilter::stream(1))
         .unwrap();
     a.backend_mut()
@@ -90,16 +90,16 @@ fn no_call_of_the_allocator_invalidates_a_capture() {
     let big = a.malloc(80 * MIB, 0).unwrap();
     let mid = a.malloc(30 * MIB, 0).unwrap();
     let used = a.malloc(MIB, 0).unwrap();
-    a.record_stream(used.id.unwrap(), 2).unwrap();
-    a.free(used.id.unwrap()).unwrap();
-    a.free(big.id.unwrap()).unwrap();
-    a.free(mid.id.unwrap()).unwrap();
+    a.record_stream(used.handle.unwrap(), 2).unwrap();
+    a.free(used.handle.unwrap()).unwrap();
+    a.free(big.handle.unwrap()).unwrap();
+    a.free(mid.handle.unwrap()).unwrap();
     let old = MempoolId(0, 9);
     a.create_pool(old, PoolOptions::NONE).unwrap();
     a.begin_allocate_to_pool(old, StreamFilter::All).unwrap();
     let p = a.malloc(3 * MIB, 0).unwrap();
     a.end_allocate_to_pool(old).unwrap();
-    a.free(p.id.unwrap()).unwrap();
+    a.free(p.handle.unwrap()).unwrap();
     a.release_pool(old).unwrap(); // the routing's use
     a.release_pool(old).unwrap(); // the MemPool's: freeable, empty_cache would return it
                                   // 132 MiB reserved: a limit of 200 MiB with garbage collection at half.
@@ -126,11 +126,11 @@ fn no_call_of_the_allocator_invalidates_a_capture() {
     // After the capture the rungs free again, and the request fits.
     let late = a.malloc(100 * MIB, 1).unwrap();
     assert!(a.backend().counters().free > frees);
-    a.free(late.id.unwrap()).unwrap();
+    a.free(late.handle.unwrap()).unwrap();
     // The event completes, the caches go back.
     a.backend_mut().sync(None);
-    a.free(other.id.unwrap()).unwrap();
-    a.free(x.id.unwrap()).unwrap();
+    a.free(other.handle.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     a.release_pool(GRAPH).unwrap();
     a.empty_cache().unwrap();
     assert!(a.pool_info(old).is_none(), "{:?}", a.pool_info(old));
@@ -153,7 +153,7 @@ fn expandable_segments_and_the_compact_policy_during_a_capture() {
         let mut a = alloc(None, conf);
         // A cached block of stream 2, in the default pool.
         let y = a.malloc(6 * MIB, 2).unwrap();
-        a.free(y.id.unwrap()).unwrap();
+        a.free(y.handle.unwrap()).unwrap();
         let handovers = a.stream_handovers();
         begin(&mut a, 1);
         let x = a.malloc(5 * MIB, 1).unwrap();
@@ -161,8 +161,8 @@ fn expandable_segments_and_the_compact_policy_during_a_capture() {
         assert_eq!(a.stream_handovers(), handovers, "{conf}: no hand-over");
         end(&mut a, 1);
         assert_eq!(a.backend().capture_violations(), 0, "{conf}");
-        a.free(x.id.unwrap()).unwrap();
-        a.free(z.id.unwrap()).unwrap();
+        a.free(x.handle.unwrap()).unwrap();
+        a.free(z.handle.unwrap()).unwrap();
         a.release_pool(GRAPH).unwrap();
         a.empty_cache().unwrap();
         assert_eq!(a.release_all().unwrap(), 0, "{conf}");
@@ -200,7 +200,7 @@ fn the_backend_is_told_once_per_span_of_captures() {
     assert!(a.malloc(40 * MIB, 0).is_err());
     assert!(a.backend_mut().end_capture(5).is_err());
     for z in [x, y] {
-        a.free(z.id.unwrap()).unwrap();
+        a.free(z.handle.unwrap()).unwrap();
     }
 }
 
@@ -231,7 +231,7 @@ fn a_refused_segment_goes_back_after_the_capture() {
         1,
         "given back once the capture ended"
     );
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     a.release_pool(GRAPH).unwrap();
     assert_eq!(a.release_all().unwrap(), 0);
     assert_eq!(a.backend().held_bytes(), 0);

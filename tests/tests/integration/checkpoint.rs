@@ -47,8 +47,8 @@ fn record(a: &mut A) -> Vec<Allocation> {
         .iter()
         .map(|&n| a.malloc(n, 1).unwrap())
         .collect();
-    a.free(xs[1].id.unwrap()).unwrap(); // a hole in the small segment
-    a.free(xs[2].id.unwrap()).unwrap(); // a hole in the large one
+    a.free(xs[1].handle.unwrap()).unwrap(); // a hole in the small segment
+    a.free(xs[2].handle.unwrap()).unwrap(); // a hole in the large one
     a.capture_end(POOL).unwrap();
     xs
 }
@@ -65,7 +65,7 @@ fn restore_brings_back_the_recorded_layout() {
     // The program goes on: frees what it recorded, allocates elsewhere in
     // the pool (a new segment too).
     for x in [xs[0], xs[3]] {
-        a.free(x.id.unwrap()).unwrap();
+        a.free(x.handle.unwrap()).unwrap();
     }
     a.begin_allocate_to_pool(POOL, StreamFilter::stream(1))
         .unwrap();
@@ -91,7 +91,7 @@ fn restore_brings_back_the_recorded_layout() {
     );
     let made: Vec<_> = made[..n.allocated]
         .iter()
-        .map(|m| (m.ptr, m.size, m.requested))
+        .map(|m| (m.ptr, m.size, m.requested_size))
         .collect();
     let want: Vec<_> = cp
         .iter()
@@ -173,7 +173,7 @@ fn a_restore_that_cannot_be_done_changes_nothing() {
     assert!(refused(&mut a, &cp, &mut freed, &mut made).contains("routed"));
     a.end_allocate_to_pool(POOL).unwrap();
     // A block of the pool used on another stream.
-    a.record_stream(xs[0].id.unwrap(), 2).unwrap();
+    a.record_stream(xs[0].handle.unwrap(), 2).unwrap();
     assert!(refused(&mut a, &cp, &mut freed, &mut made).contains("stream uses"));
     assert_eq!(
         (

@@ -51,7 +51,7 @@ fn unchanged<T: std::fmt::Debug>(
 fn double_free_and_stale_handles() {
     let mut a = allocator(None, Config::DEFAULT, 64);
     let x = a.malloc(1000, 0).unwrap();
-    let id = x.id.unwrap();
+    let id = x.handle.unwrap();
     a.free(id).unwrap();
     let e = unchanged(&mut a, |a| a.free(id)).unwrap_err();
     assert!(matches!(e, Error::StaleHandle { .. }), "{e}");
@@ -73,7 +73,7 @@ fn double_free_and_stale_handles() {
         unchanged(&mut a, |a| a.allocation_info(id)),
         Err(Error::StaleHandle { .. })
     ));
-    a.free(y.id.unwrap()).unwrap();
+    a.free(y.handle.unwrap()).unwrap();
     teardown(&mut a, []).unwrap();
 }
 
@@ -84,7 +84,7 @@ fn foreign_handles_are_invalid() {
     for _ in 0..10 {
         b.malloc(1000, 0).unwrap();
     }
-    let foreign = b.malloc(1000, 0).unwrap().id.unwrap();
+    let foreign = b.malloc(1000, 0).unwrap().handle.unwrap();
     let e = unchanged(&mut a, |a| a.free(foreign)).unwrap_err();
     assert!(matches!(e, Error::InvalidHandle { .. }), "{e}");
 }
@@ -192,7 +192,7 @@ fn full_event_queue_leaves_the_allocation_live() {
         Config::DEFAULT,
     );
     let x = a.malloc(4096, 0).unwrap();
-    let id = x.id.unwrap();
+    let id = x.handle.unwrap();
     for s in 1..=2 {
         a.record_stream(id, s).unwrap();
     }
@@ -201,18 +201,18 @@ fn full_event_queue_leaves_the_allocation_live() {
         Err(Error::StreamUsesFull { capacity: 2 })
     ));
     let y = a.malloc(4096, 0).unwrap();
-    a.record_stream(y.id.unwrap(), 1).unwrap_err(); // table full
+    a.record_stream(y.handle.unwrap(), 1).unwrap_err(); // table full
     a.free(id).unwrap(); // two events: the queue is now full
     let z = a.malloc(4096, 0).unwrap();
-    a.record_stream(z.id.unwrap(), 5).unwrap();
+    a.record_stream(z.handle.unwrap(), 5).unwrap();
     let stats = *a.stats();
-    let e = a.free(z.id.unwrap()).unwrap_err();
+    let e = a.free(z.handle.unwrap()).unwrap_err();
     assert!(matches!(e, Error::EventQueueFull { capacity: 2 }), "{e}");
     assert_eq!(stats, *a.stats());
     a.check_invariants().unwrap();
     a.backend_mut().sync(None);
     a.malloc(512, 0).unwrap(); // process_events drains the queue
-    a.free(z.id.unwrap()).unwrap();
+    a.free(z.handle.unwrap()).unwrap();
     a.check_invariants().unwrap();
 }
 
@@ -233,7 +233,7 @@ fn invalid_memory_fraction() {
 fn no_retry_flag_skips_the_release_ladder() {
     let mut a = allocator(Some(100 << 20), Config::DEFAULT, 64);
     let x = a.malloc(60 << 20, 0).unwrap();
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     let e = a
         .malloc_with(70 << 20, 0, MallocFlags::NO_RETRY)
         .unwrap_err();
@@ -353,7 +353,7 @@ fn a_failed_device_free_keeps_the_segment() {
         Config::DEFAULT,
     );
     let x = a.malloc(512, 0).unwrap();
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     a.backend_mut().fail_next_free = true;
     assert!(matches!(a.empty_cache(), Err(Error::Backend(_))));
     assert_eq!(a.stats().reserved_bytes.all().current, 2 << 20);
@@ -369,16 +369,16 @@ fn snapshot_cache_info_and_allocation_info() {
     let x = a.malloc(1000, 1).unwrap();
     let y = a.malloc(3 << 20, 0).unwrap();
     let z = a.malloc(2000, 1).unwrap();
-    a.record_stream(z.id.unwrap(), 0).unwrap();
-    a.free(z.id.unwrap()).unwrap();
-    let info = a.allocation_info(x.id.unwrap()).unwrap();
+    a.record_stream(z.handle.unwrap(), 0).unwrap();
+    a.free(z.handle.unwrap()).unwrap();
+    let info = a.allocation_info(x.handle.unwrap()).unwrap();
     assert_eq!(
-        (info.requested_size, info.allocated_size, info.stream),
+        (info.requested_size, info.size, info.stream),
         (1000, 1024, 1)
     );
     assert_ne!(
         info.allocation_id,
-        a.allocation_info(y.id.unwrap()).unwrap().allocation_id
+        a.allocation_info(y.handle.unwrap()).unwrap().allocation_id
     );
     let segs: Vec<_> = a.segments().collect();
     assert_eq!(segs.len(), 2);
@@ -419,16 +419,43 @@ fn free_drains_completed_events_before_refusing() {
         Config::DEFAULT,
     );
     let x = a.malloc(4096, 0).unwrap();
-    a.record_stream(x.id.unwrap(), 1).unwrap();
-    a.record_stream(x.id.unwrap(), 2).unwrap();
+    a.record_stream(x.handle.unwrap(), 1).unwrap();
+    a.record_stream(x.handle.unwrap(), 2).unwrap();
     let z = a.malloc(4096, 0).unwrap();
-    a.free(x.id.unwrap()).unwrap(); // the queue is full: two events
-    a.record_stream(z.id.unwrap(), 1).unwrap();
+    a.free(x.handle.unwrap()).unwrap(); // the queue is full: two events
+    a.record_stream(z.handle.unwrap(), 1).unwrap();
     a.backend_mut().sync(None); // both events complete; nobody has looked yet
-    a.free(z.id.unwrap()).expect("completed events make room");
+    a.free(z.handle.unwrap())
+        .expect("completed events make room");
     assert_eq!(a.pending_events(), 1);
     a.check_invariants().unwrap();
     a.backend_mut().sync(None);
     a.empty_cache().unwrap();
     assert_eq!(a.backend().held_bytes(), 0);
+}
+
+/// A backend failure keeps the backend's error as its `source()` (the
+/// chain `anyhow` and friends print); the allocator's own errors have none.
+#[test]
+fn the_backend_error_is_the_source() {
+    use std::error::Error as _;
+    let mut a = DeviceAllocator::new(
+        MockDevice::unlimited(),
+        vec![BlockSlot::VACANT; 16],
+        Config::DEFAULT,
+    );
+    a.backend_mut()
+        .fail_nth(cachealloc_mock::CallKind::Malloc, 0);
+    let e = a.malloc(4096, 0).unwrap_err();
+    assert!(matches!(e, Error::Backend(_)), "{e}");
+    let source = e.source().expect("the backend's error");
+    assert!(
+        e.to_string().contains(&source.to_string()),
+        "{e} / {source}"
+    );
+    assert!(source
+        .downcast_ref::<cachealloc_mock::MockError>()
+        .is_some());
+    let unknown = a.free_ptr(DevicePtr(1)).unwrap_err();
+    assert!(unknown.source().is_none());
 }

@@ -50,7 +50,7 @@ fn calling_back(_device: u32, _alloc_size: u64, _total: u64, _free: u64) {
     OOMS_SEEN.store(s.num_ooms as u64, Ordering::SeqCst);
     a.with(|a| a.record_annotation(7)).expect("an annotation");
     let x = a.malloc(4096, 0).expect("an allocation from the observer");
-    a.free(x.id.expect("id")).expect("free");
+    a.free(x.handle.expect("id")).expect("free");
     OBSERVED.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -80,7 +80,7 @@ fn an_oom_observer_may_call_back_into_the_failing_device() {
     let e = a.with(|a| a.malloc(40 * MIB, 0)).expect("the device works");
     assert!(e.is_err());
     assert_eq!(OBSERVED.load(Ordering::SeqCst), 2);
-    a.free(held.id.expect("id")).expect("free");
+    a.free(held.handle.expect("id")).expect("free");
     a.check_invariants().expect("consistent");
 }
 
@@ -137,7 +137,7 @@ fn a_panic_inside_the_lock_fails_the_device() {
         assert!(matches!(r, Err(Error::DeviceFailed { device: 0 })), "{r:?}");
     };
     failed(a.malloc(MIB, 0).map(|_| ()));
-    failed(a.free(x.id.expect("id")));
+    failed(a.free(x.handle.expect("id")));
     failed(a.free_ptr(x.ptr));
     failed(a.record_stream_ptr(x.ptr, 1));
     failed(a.empty_cache());
@@ -153,7 +153,7 @@ fn a_panic_inside_the_lock_fails_the_device() {
     // Another device is not affected.
     let b = mock(64 * MIB);
     let y = b.malloc(MIB, 0).expect("another device");
-    b.free(y.id.expect("id")).expect("free");
+    b.free(y.handle.expect("id")).expect("free");
 }
 
 /// A panic in a `with` closure before it touched anything fails the device
@@ -339,8 +339,8 @@ fn the_checker_catches_a_registry_out_of_step() {
     // Another device's entries are not this one's business.
     table.insert(4, 1 << 51, MIB).unwrap();
     a.check_invariants().unwrap();
-    a.free(x.id.unwrap()).unwrap();
-    a.free(y.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
+    a.free(y.handle.unwrap()).unwrap();
     a.empty_cache().unwrap();
     assert_eq!(table.count(3), 0);
     a.detach_segment_registry();

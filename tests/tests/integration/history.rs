@@ -194,8 +194,8 @@ fn free_completed_waits_for_the_streams_that_used_the_block() {
     use TraceAction::*;
     let mut a = with_history(None, 64);
     let x = a.malloc(1000, 0).unwrap();
-    a.record_stream(x.id.unwrap(), 1).unwrap();
-    a.free(x.id.unwrap()).unwrap();
+    a.record_stream(x.handle.unwrap(), 1).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     assert_eq!(
         actions(&a),
         [
@@ -223,8 +223,8 @@ fn empty_cache_completes_then_frees_segments() {
     use TraceAction::*;
     let mut a = with_history(None, 64);
     let x = a.malloc(4 << 20, 0).unwrap();
-    a.record_stream(x.id.unwrap(), 2).unwrap();
-    a.free(x.id.unwrap()).unwrap();
+    a.record_stream(x.handle.unwrap(), 2).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     a.empty_cache().unwrap();
     let got = actions(&a);
     assert_eq!(
@@ -250,7 +250,7 @@ fn garbage_collection_frees_segments_before_the_malloc() {
     a.set_memory_limit(100 << 20);
     let x = a.malloc(30 << 20, 0).unwrap();
     let _y = a.malloc(30 << 20, 0).unwrap();
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     let before = a.history().len();
     let _z = a.malloc(40 << 20, 0).unwrap();
     let tail: Vec<_> = actions(&a).into_iter().skip(before).collect();
@@ -279,7 +279,7 @@ fn oom_entry_and_observer() {
     let mut a = with_history(Some(30 << 20), 64);
     assert!(a.attach_out_of_memory_observer(&observe).is_ok());
     let x = a.malloc(3 << 20, 0).unwrap(); // a 20 MiB segment
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     let err = a.malloc((31 << 20) - 100, 0).unwrap_err(); // a 32 MiB segment: never fits
     assert!(matches!(err, Error::OutOfMemory(_)), "{err}");
     let got: Vec<_> = a
@@ -326,7 +326,7 @@ fn trackers_skip_and_annotations() {
     a.set_trace_context(7);
     let x = a.malloc(512, 0).unwrap();
     a.record_annotation(99);
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     let kept: Vec<_> = a
         .history()
         .entries()
@@ -364,7 +364,7 @@ fn a_small_ring_drops_the_oldest() {
     let mut a = with_history(None, 4);
     for _ in 0..3 {
         let x = a.malloc(512, 0).unwrap();
-        a.free(x.id.unwrap()).unwrap();
+        a.free(x.handle.unwrap()).unwrap();
     }
     // segment_alloc + 3 x (alloc, free_requested, free_completed) = 10.
     assert_eq!((a.history().len(), a.history().dropped()), (4, 6));
@@ -384,7 +384,7 @@ fn no_history_storage_records_nothing() {
     );
     a.record_history(true, usize::MAX, false, TraceActions::NONE);
     let x = a.malloc(512, 0).unwrap();
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     assert!(a.history().is_empty());
     assert_eq!(a.history().dropped(), 4);
 }

@@ -57,17 +57,17 @@ fn a_block_shared_by_a_is_opened_by_b_then_released() {
     assert!(matches!(b.close_ipc_handle(&h), Err(Error::IpcNotOpen)));
     // A frees both while their shares are outstanding: they stay allocated
     // (PyTorch's limbo), so empty_cache keeps the segment.
-    a.free(x.id.unwrap()).unwrap();
-    a.free(_first.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
+    a.free(_first.handle.unwrap()).unwrap();
     assert_eq!(a.ipc_shares(), (2, 2));
     // Held memory is no longer the owner's: a second free, a use on a
     // stream or another share is refused, as for freed memory.
     assert!(matches!(
-        a.free(x.id.unwrap()),
+        a.free(x.handle.unwrap()),
         Err(Error::NotAllocated { .. })
     ));
     assert!(matches!(
-        a.record_stream(x.id.unwrap(), 1),
+        a.record_stream(x.handle.unwrap(), 1),
         Err(Error::NotAllocated { .. })
     ));
     assert!(matches!(
@@ -113,7 +113,7 @@ fn only_the_start_of_a_live_allocation_can_be_shared() {
         a.share_ipc_handle(DevicePtr(7)),
         Err(Error::UnknownPointer { .. })
     ));
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     assert!(matches!(
         a.share_ipc_handle(x.ptr),
         Err(Error::NotAllocated { .. })
@@ -222,7 +222,7 @@ fn a_share_released_before_the_free_leaves_a_plain_free() {
     a.release_ipc_share(x.ptr).unwrap();
     a.release_ipc_share(x.ptr).unwrap(); // two shares, two releases
     assert_eq!(a.ipc_shares(), (0, 0));
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     assert_eq!(a.stats().allocation.all().current, 0);
     a.empty_cache().unwrap();
     assert_eq!(a.backend().live_segments(), 0);
@@ -353,7 +353,7 @@ fn a_pool_with_a_shared_block_is_not_restored_from_a_checkpoint() {
     let mut cp = vec![CheckpointBlock::EMPTY; a.checkpoint_len(POOL).unwrap()];
     let cp = a.checkpoint_pool(POOL, &mut cp).unwrap().to_vec();
     a.share_ipc_handle(x.ptr).unwrap();
-    a.free(x.id.unwrap()).unwrap(); // held
+    a.free(x.handle.unwrap()).unwrap(); // held
     let (mut freed, mut allocated) = (vec![DevicePtr::NULL; 4], vec![x; 4]);
     let e = a
         .restore_pool(POOL, &cp, &mut freed, &mut allocated)

@@ -90,7 +90,7 @@ fn every_method_through_dyn_shared_allocator() {
     assert_eq!(a.allocation_info(x.ptr).unwrap().requested_size, 1000);
     assert_eq!(a.base_allocation(x.ptr).unwrap().1, 2 * MIB);
     assert!(a.owns(y.ptr).unwrap() && !b.owns(y.ptr).unwrap());
-    a.record_stream(x.id.unwrap(), 5).unwrap();
+    a.record_stream(x.handle.unwrap(), 5).unwrap();
     a.record_stream_ptr(y.ptr, 5).unwrap();
     assert_eq!(a.stats().unwrap().allocation.all().current, 11);
     // An out-of-memory error reaches the observer after the lock.
@@ -121,7 +121,7 @@ fn every_method_through_dyn_shared_allocator() {
     b.free_ptr(w.ptr).unwrap();
 
     // Frees, statistics, the cache.
-    a.free(x.id.unwrap()).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
     a.free_ptr(y.ptr).unwrap();
     a.free_ptr(z.ptr).unwrap();
     for q in &more {

@@ -185,7 +185,7 @@ fn allocator_stats_against_a_hand_count() {
     let other = t.allocator().malloc(MIB, 7).unwrap();
     let s = t.get_stats().unwrap();
     assert_eq!((s.num_allocs, s.largest_alloc_size), (1, 512));
-    t.allocator().free(other.id.unwrap()).unwrap();
+    t.allocator().free(other.handle.unwrap()).unwrap();
     // PyTorch's own peak of reserved memory was not touched either.
     assert_eq!(
         t.allocator().stats().unwrap().reserved_bytes.all().peak,

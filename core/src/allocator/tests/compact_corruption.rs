@@ -15,8 +15,8 @@ const MIB: u64 = 1 << 20;
 fn with_compact() -> (Tiny, u32, u32, u32) {
     let mut t = tiny();
     t.set_config(Config::parse("policy:compact").unwrap());
-    let x = t.malloc(8 * MIB, 1).unwrap().id.unwrap();
-    let y = t.malloc(8 * MIB, 2).unwrap().id.unwrap();
+    let x = t.malloc(8 * MIB, 1).unwrap().handle.unwrap();
+    let y = t.malloc(8 * MIB, 2).unwrap().handle.unwrap();
     t.free(y).unwrap();
     let x = x.index();
     let y = t.slot(x).next;
@@ -77,8 +77,8 @@ fn two_adjacent_cached_blocks_of_one_stream() {
     // Cached neighbours of different streams are fine; of one, a missed merge.
     let mut t = tiny();
     t.set_config(Config::parse("policy:compact").unwrap());
-    let x = t.malloc(8 * MIB, 1).unwrap().id.unwrap();
-    let y = t.malloc(8 * MIB, 2).unwrap().id.unwrap();
+    let x = t.malloc(8 * MIB, 1).unwrap().handle.unwrap();
+    let y = t.malloc(8 * MIB, 2).unwrap().handle.unwrap();
     t.free(x).unwrap();
     t.free(y).unwrap();
     t.check_invariants()

@@ -26,12 +26,12 @@ struct Blocks {
 /// segment: [x | tail cached]; one freed slot (e merged into the tail).
 fn rich() -> (Tiny, Blocks) {
     let mut t = tiny();
-    let slot = |r: Result<crate::Allocation, _>| r.ok().and_then(|x| x.id).map(|id| id.index());
+    let slot = |r: Result<crate::Allocation, _>| r.ok().and_then(|x| x.handle).map(|id| id.index());
     let a = slot(t.malloc(512, 0)).unwrap();
-    let b = t.malloc(1024, 0).unwrap().id.unwrap();
+    let b = t.malloc(1024, 0).unwrap().handle.unwrap();
     let c = slot(t.malloc(2048, 0)).unwrap();
-    let d = t.malloc(4096, 0).unwrap().id.unwrap();
-    let e = t.malloc(512, 0).unwrap().id.unwrap();
+    let d = t.malloc(4096, 0).unwrap().handle.unwrap();
+    let e = t.malloc(512, 0).unwrap().handle.unwrap();
     let x = slot(t.malloc(3 << 20, 0)).unwrap();
     t.free(b).unwrap();
     t.record_stream(d, 1).unwrap();

@@ -12,8 +12,8 @@ use crate::pool::Pool;
 fn with_expandable() -> (Tiny, u32, u32, u32) {
     let mut t = tiny();
     t.set_config(Config::parse("expandable_segments:True").unwrap());
-    let x = t.malloc(20 << 20, 0).unwrap().id.unwrap();
-    let y = t.malloc(20 << 20, 0).unwrap().id.unwrap();
+    let x = t.malloc(20 << 20, 0).unwrap().handle.unwrap();
+    let y = t.malloc(20 << 20, 0).unwrap().handle.unwrap();
     t.free(y).unwrap();
     let x = x.index();
     let y = t.slot(x).next;

@@ -14,10 +14,10 @@ const MIB: u64 = 1 << 20;
 fn split_in_place_when_a_cached_non_head_block_leaves_enough() {
     let mut t = tiny();
     let a = t.malloc(512, 0).unwrap();
-    let tail = t.slot(a.id.unwrap().index()).next;
+    let tail = t.slot(a.handle.unwrap().index()).next;
     assert!(t.can_split_in_place(tail, 512));
     let b = t.malloc(512, 0).unwrap();
-    let bi = b.id.unwrap().index();
+    let bi = b.handle.unwrap().index();
     assert_ne!(bi, tail, "the allocation takes a new slot");
     let r = t.slot(tail);
     assert!(r.has(Flags::CACHED));
@@ -33,12 +33,12 @@ fn split_in_place_when_a_cached_non_head_block_leaves_enough() {
 fn no_split_in_place_for_a_segment_head() {
     let mut t = tiny();
     let a = t.malloc(512, 0).unwrap();
-    t.free(a.id.unwrap()).unwrap(); // the whole segment is cached: its head
-    let head = a.id.unwrap().index();
+    t.free(a.handle.unwrap()).unwrap(); // the whole segment is cached: its head
+    let head = a.handle.unwrap().index();
     assert!(!t.can_split_in_place(head, 512));
     let b = t.malloc(512, 0).unwrap();
     assert_eq!(
-        b.id.unwrap().index(),
+        b.handle.unwrap().index(),
         head,
         "general split: the head keeps the allocation"
     );
@@ -50,12 +50,12 @@ fn no_split_in_place_when_the_remainder_is_smaller_than_the_request() {
     let mut t = tiny();
     let a = t.malloc(MIB - 1536, 0).unwrap();
     // The cached tail is 1 MiB + 1536; a 1 MiB request leaves 1536 < 1 MiB.
-    let tail = t.slot(a.id.unwrap().index()).next;
+    let tail = t.slot(a.handle.unwrap().index()).next;
     assert_eq!(t.slot(tail).size, MIB + 1536);
     assert!(!t.can_split_in_place(tail, MIB));
     let b = t.malloc(MIB, 0).unwrap();
     assert_eq!(
-        b.id.unwrap().index(),
+        b.handle.unwrap().index(),
         tail,
         "general split keeps the found slot"
     );
@@ -67,7 +67,7 @@ fn no_split_in_place_when_the_remainder_is_smaller_than_the_request() {
 fn no_split_in_place_when_the_remainder_leaves_its_class() {
     let mut t = tiny();
     let a = t.malloc(512, 0).unwrap();
-    let tail = t.slot(a.id.unwrap().index()).next;
+    let tail = t.slot(a.handle.unwrap().index()).next;
     assert!(t.can_split_in_place(tail, 512 << 10), "one tree: any size");
     // With size classes (a large index), 2 MiB - 512 cached less 512 KiB
     // leaves 1.5 MiB - 512, a lower class: no split in place.
@@ -78,7 +78,7 @@ fn no_split_in_place_when_the_remainder_leaves_its_class() {
     assert!(!t.can_split_in_place(tail, 512 << 10));
     let b = t.malloc(512 << 10, 0).unwrap();
     assert_eq!(
-        b.id.unwrap().index(),
+        b.handle.unwrap().index(),
         tail,
         "general split keeps the found slot"
     );
@@ -89,9 +89,9 @@ fn no_split_in_place_when_the_remainder_leaves_its_class() {
 fn no_split_when_the_block_fits() {
     let mut t = tiny();
     let a = t.malloc(MIB, 0).unwrap();
-    let tail = t.slot(a.id.unwrap().index()).next;
+    let tail = t.slot(a.handle.unwrap().index()).next;
     let b = t.malloc(MIB, 0).unwrap(); // takes the tail whole
-    assert_eq!(b.id.unwrap().index(), tail);
+    assert_eq!(b.handle.unwrap().index(), tail);
     assert_eq!(t.slot(tail).next, crate::arena::NIL);
     t.check_invariants().unwrap();
 }
@@ -114,11 +114,11 @@ fn merge_setup_sized(rival: bool, a: u64, b: u64) -> (super::Tiny, u32, u32) {
     }
     let _a = t.malloc(a, 0).unwrap();
     let b = t.malloc(b, 0).unwrap();
-    let bi = b.id.unwrap().index();
+    let bi = b.handle.unwrap().index();
     let ti = t.slot(bi).next;
     assert_eq!(t.slot(ti).size, 20 * MIB - a - t.slot(bi).size);
     if let Some((_, u)) = keep {
-        t.free(u.id.unwrap()).unwrap(); // U: cached, 17 MiB
+        t.free(u.handle.unwrap()).unwrap(); // U: cached, 17 MiB
     }
     t.check_invariants().unwrap();
     (t, bi, ti)
@@ -127,7 +127,7 @@ fn merge_setup_sized(rival: bool, a: u64, b: u64) -> (super::Tiny, u32, u32) {
 #[test]
 fn merge_in_place_when_the_grown_key_keeps_its_order() {
     let (mut t, bi, ti) = merge_setup(false);
-    let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).id);
+    let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).handle);
     t.free(bid).unwrap();
     assert!(
         !t.slot(bi).has(Flags::IN_USE),
@@ -151,7 +151,7 @@ fn merge_falls_back_when_the_grown_size_leaves_its_class() {
     t.pools
         .get_mut(crate::pool::Pool::Large)
         .force_bins(slots, 0);
-    let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).id);
+    let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).handle);
     t.free(bid).unwrap();
     assert!(!t.slot(ti).has(Flags::IN_USE), "T's slot is released");
     let s = t.slot(bi);
@@ -162,7 +162,7 @@ fn merge_falls_back_when_the_grown_size_leaves_its_class() {
 #[test]
 fn merge_falls_back_when_the_order_check_refuses() {
     let (mut t, bi, ti) = merge_setup(true);
-    let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).id);
+    let (baddr, bid) = (t.slot(bi).addr, t.info_of(bi).handle);
     t.free(bid).unwrap();
     assert!(!t.slot(ti).has(Flags::IN_USE), "T's slot is released");
     let s = t.slot(bi);
@@ -175,8 +175,8 @@ fn merge_falls_back_when_the_order_check_refuses() {
 fn merge_falls_back_when_the_lower_neighbour_is_cached() {
     let (mut t, bi, _) = merge_setup(false);
     let ai = t.slot(bi).prev;
-    t.free(t.info_of(ai).id).unwrap(); // A: the segment head, cached alone
-    t.free(t.info_of(bi).id).unwrap(); // B merges with both neighbours
+    t.free(t.info_of(ai).handle).unwrap(); // A: the segment head, cached alone
+    t.free(t.info_of(bi).handle).unwrap(); // B merges with both neighbours
     assert_eq!(t.slot(ai).size, 20 * MIB, "the head absorbed everything");
     assert_eq!(t.arena.in_use(), 1);
     t.check_invariants().unwrap();

@@ -14,12 +14,12 @@ const M: MempoolId = MempoolId(0, 1);
 /// on stream 3 with nothing in it. Returns the slots of a and p.
 fn with_pools() -> (Tiny, u32, u32) {
     let mut t = tiny();
-    let p = t.malloc(4096, 0).unwrap().id.unwrap();
+    let p = t.malloc(4096, 0).unwrap().handle.unwrap();
     t.record_stream(p, 2).unwrap();
     t.capture_begin(G, StreamFilter::stream(1)).unwrap();
     t.begin_allocate_to_pool(M, StreamFilter::stream(3))
         .unwrap();
-    let a = t.malloc(4096, 1).unwrap().id.unwrap().index();
+    let a = t.malloc(4096, 1).unwrap().handle.unwrap().index();
     t.free(p).unwrap();
     assert_eq!(t.deferred_frees(), 1);
     t.check_invariants()

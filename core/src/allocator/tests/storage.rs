@@ -32,8 +32,8 @@ fn blocks_survive_a_larger_storage() {
     }
     // A pending free across the move.
     let pending = live.pop().unwrap();
-    t.record_stream(pending.id.unwrap(), 1).unwrap();
-    t.free(pending.id.unwrap()).unwrap();
+    t.record_stream(pending.handle.unwrap(), 1).unwrap();
+    t.free(pending.handle.unwrap()).unwrap();
     let before = *t.stats();
 
     assert!(
@@ -58,7 +58,7 @@ fn blocks_survive_a_larger_storage() {
         if k % 2 == 0 {
             t.free_ptr(a.ptr).unwrap();
         } else {
-            t.free(a.id.unwrap()).unwrap();
+            t.free(a.handle.unwrap()).unwrap();
         }
     }
     t.empty_cache().unwrap();
@@ -105,7 +105,7 @@ fn calls_retry_in_larger_storage() {
         Err::<(), _>(Error::MetadataExhausted { capacity: 128 })
     ));
     for a in held {
-        t.free(a.id.unwrap()).unwrap();
+        t.free(a.handle.unwrap()).unwrap();
     }
     t.check_invariants().unwrap();
 }
@@ -123,12 +123,12 @@ fn frees_parked_by_a_capture_survive_a_larger_storage() {
     );
     let xs: Vec<_> = (0..3).map(|k| t.malloc(4096 << k, 0).unwrap()).collect();
     for x in &xs {
-        t.record_stream(x.id.unwrap(), 1).unwrap();
+        t.record_stream(x.handle.unwrap(), 1).unwrap();
     }
     let graph = MempoolId(1, 0);
     t.capture_begin(graph, StreamFilter::stream(2)).unwrap();
     for x in &xs {
-        t.free(x.id.unwrap()).unwrap();
+        t.free(x.handle.unwrap()).unwrap();
     }
     assert_eq!(t.deferred_frees(), 3);
     t.grow_storage(vec![BlockSlot::VACANT; 64]).unwrap();
@@ -138,7 +138,7 @@ fn frees_parked_by_a_capture_survive_a_larger_storage() {
     // this device at once).
     let y = t.malloc(512, 0).unwrap();
     assert_eq!(t.deferred_frees(), 0);
-    t.free(y.id.unwrap()).unwrap();
+    t.free(y.handle.unwrap()).unwrap();
     t.check_invariants().unwrap();
     assert_eq!(t.stats().allocation.all().current, 0);
 }

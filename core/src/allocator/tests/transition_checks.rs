@@ -14,9 +14,9 @@ use crate::pool::Pool;
 fn freeing_a_block_a_transition_left_cached() {
     let mut t = tiny();
     let x = t.malloc(4096, 0).unwrap();
-    let i = x.id.unwrap().index();
+    let i = x.handle.unwrap().index();
     t.slot_mut(i).flags.insert(Flags::CACHED);
-    let _ = t.free(x.id.unwrap());
+    let _ = t.free(x.handle.unwrap());
 }
 
 /// A neighbour link broken by a split or merge: caching the block next to
@@ -29,10 +29,10 @@ fn caching_a_block_whose_neighbour_link_is_broken() {
     let y = t.malloc(4096, 0).unwrap();
     // y's `prev` should be x: point it elsewhere, then free x (the head of
     // its segment, with y allocated after it: no merge, x is cached).
-    let (xi, yi) = (x.id.unwrap().index(), y.id.unwrap().index());
+    let (xi, yi) = (x.handle.unwrap().index(), y.handle.unwrap().index());
     assert_eq!(t.slot(yi).prev, xi);
     t.slot_mut(yi).prev = yi;
-    let _ = t.free(x.id.unwrap());
+    let _ = t.free(x.handle.unwrap());
 }
 
 /// A counter a transition forgot: the reserve's count and the bytes the
@@ -55,5 +55,5 @@ fn active_bytes_a_transition_forgot() {
     let x = t.malloc(4096, 0).unwrap();
     let _y = t.malloc(4096, 0).unwrap();
     t.stats.active_bytes.decrease(Pool::Small, 4096);
-    let _ = t.free(x.id.unwrap());
+    let _ = t.free(x.handle.unwrap());
 }

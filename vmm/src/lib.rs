@@ -1,0 +1,96 @@
+//! # cachealloc-vmm
+//!
+//! Mapping pages into a reserved range, all or none, on a driver's virtual
+//! memory API (CUDA's `cuMem*`, HIP's `hipMem*`, which have the same
+//! shape): create one physical allocation per page, map each at its
+//! address, grant the device read-write access to the whole range; if any
+//! step fails, unmap what this call mapped and release what it created, and
+//! report the first failure. The CUDA and HIP backends implement
+//! [`PageDriver`] with their driver calls and share [`map_with_rollback`].
+//!
+//! ```
+//! use cachealloc_vmm::{map_with_rollback, PageDriver};
+//! /// A driver whose third page creation fails.
+//! #[derive(Default)]
+//! struct Toy { created: u32, live: i32, mapped: i32 }
+//! impl PageDriver for Toy {
+//!     type Handle = u32;
+//!     type Error = &'static str;
+//!     fn create(&mut self, _size: u64) -> Result<u32, &'static str> {
+//!         self.created += 1;
+//!         if self.created == 3 { return Err("no memory"); }
+//!         self.live += 1;
+//!         Ok(self.created)
+//!     }
+//!     fn map(&mut self, _addr: u64, _size: u64, _h: u32) -> Result<(), &'static str> {
+//!         self.mapped += 1;
+//!         Ok(())
+//!     }
+//!     fn set_access(&mut self, _addr: u64, _size: u64) -> Result<(), &'static str> { Ok(()) }
+//!     fn unmap(&mut self, _addr: u64, _size: u64) { self.mapped -= 1; }
+//!     fn release(&mut self, _h: u32) { self.live -= 1; }
+//! }
+//! let mut d = Toy::default();
+//! assert_eq!(map_with_rollback(&mut d, 1 << 21, 4, 1 << 21), Err("no memory"));
+//! assert_eq!((d.live, d.mapped), (0, 0)); // nothing left behind
+//! let mut d = Toy { created: 10, ..Toy::default() };
+//! let pages = map_with_rollback(&mut d, 1 << 21, 2, 1 << 21).unwrap();
+//! assert_eq!(pages, vec![(1 << 21, 11), (2 << 21, 12)]);
+//! ```
+
+/// The driver calls that map pages. The undo calls are best effort: the
+/// failure being undone is what gets reported.
+pub trait PageDriver {
+    /// A physical allocation (`CUmemGenericAllocationHandle`,
+    /// `hipMemGenericAllocationHandle_t`).
+    type Handle: Copy;
+    /// The driver's failure.
+    type Error;
+    /// Create a physical allocation of `size` bytes (`cuMemCreate`).
+    fn create(&mut self, size: u64) -> Result<Self::Handle, Self::Error>;
+    /// Map `handle` at `addr`, inside a reservation (`cuMemMap`).
+    fn map(&mut self, addr: u64, size: u64, handle: Self::Handle) -> Result<(), Self::Error>;
+    /// Grant the device read-write access to `size` mapped bytes from
+    /// `addr` (`cuMemSetAccess`).
+    fn set_access(&mut self, addr: u64, size: u64) -> Result<(), Self::Error>;
+    /// Undo a [`map`](Self::map) (`cuMemUnmap`).
+    fn unmap(&mut self, addr: u64, size: u64);
+    /// Undo a [`create`](Self::create) (`cuMemRelease`).
+    fn release(&mut self, handle: Self::Handle);
+}
+
+/// Map `pages` pages of `page` bytes from `base`: every page created, then
+/// every page mapped, then access granted to the range (the order of
+/// PyTorch's `ExpandableSegment::map`). The pages with their handles, in
+/// address order; on a failure, nothing stays created or mapped.
+pub fn map_with_rollback<D: PageDriver>(
+    driver: &mut D,
+    base: u64,
+    pages: u64,
+    page: u64,
+) -> Result<Vec<(u64, D::Handle)>, D::Error> {
+    let mut made: Vec<(u64, D::Handle)> = Vec::new();
+    let mut mapped = 0usize;
+    let mut steps = || -> Result<(), D::Error> {
+        for k in 0..pages {
+            made.push((base + k * page, driver.create(page)?));
+        }
+        for &(addr, h) in &made {
+            driver.map(addr, page, h)?;
+            mapped += 1;
+        }
+        driver.set_access(base, pages * page)
+    };
+    match steps() {
+        Ok(()) => Ok(made),
+        Err(e) => {
+            for (k, &(addr, h)) in made.iter().enumerate() {
+                if k < mapped {
+                    driver.unmap(addr, page);
+                }
+                driver.release(h);
+            }
+            Err(e)
+        }
+    }
+}
