@@ -3,8 +3,10 @@
 //! simulated device (one device, alternating 4 KiB and 8 MiB, as the core's
 //! `pair_loop` example does), from the main thread and from a thread
 //! started later, beside the same loop on a bare `DeviceAllocator` and on
-//! the thread-safe `CachingAllocator`. Nanoseconds per pair, the best of 5
-//! rounds of N pairs each.
+//! the thread-safe `CachingAllocator`. Nanoseconds per pair: each round
+//! times every loop once, N pairs each, one after the other (so a machine
+//! that slows down or speeds up during the run shifts them all alike); the
+//! best of 9 rounds per loop.
 //!
 //! ```sh
 //! cargo run --release -p cachealloc-capi --example pair_cost [N]
@@ -27,16 +29,15 @@ fn size(i: u64) -> u64 {
     }
 }
 
-/// Nanoseconds per pair of `run(n)`, the best of 5 rounds.
-fn best(n: u64, mut run: impl FnMut(u64)) -> f64 {
-    (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            run(n);
-            t.elapsed().as_nanos() as f64 / n as f64
-        })
-        .fold(f64::INFINITY, f64::min)
+/// Nanoseconds per pair of `run(n)`, once.
+fn time(n: u64, run: impl FnOnce(u64)) -> f64 {
+    let t = Instant::now();
+    run(n);
+    t.elapsed().as_nanos() as f64 / n as f64
 }
+
+/// Rounds; each loop's figure is its best round.
+const ROUNDS: usize = 9;
 
 /// Pairs through the C functions.
 fn c_pairs(n: u64) {
@@ -68,27 +69,14 @@ fn main() {
         Config::DEFAULT,
     );
     let _keep = bare.malloc(4096, 0).expect("warm-up");
-    // `pair_loop`'s loop: free by handle.
-    let core = best(n, |n| {
-        for i in 0..n {
-            let x = bare.malloc(black_box(size(i)), 0).expect("malloc");
-            bare.free(x.handle.expect("handle")).expect("free");
-        }
-    });
-    // Free by pointer, as the C library does (a lookup in the live index).
-    let by_ptr = best(n, |n| {
-        for i in 0..n {
-            let x = bare.malloc(black_box(size(i)), 0).expect("malloc");
-            bare.free_ptr(x.ptr).expect("free");
-        }
-    });
-    let locked = CachingAllocator::new(bare);
-    let caching = best(n, |n| {
-        for i in 0..n {
-            let x = locked.malloc(black_box(size(i)), 0).expect("malloc");
-            locked.free_ptr(x.ptr).expect("free");
-        }
-    });
+    // The same allocator behind the lock, reached through SharedAllocator.
+    let mut inner: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 64> = DeviceAllocator::new(
+        MockDevice::unlimited(),
+        vec![BlockSlot::VACANT; 4096].into_boxed_slice(),
+        Config::DEFAULT,
+    );
+    let _keep = inner.malloc(4096, 0).expect("warm-up");
+    let shared = CachingAllocator::new(inner);
     // The C library's configuration (1,024 events, 64 private pools, a
     // history buffer, slots that grow), free by pointer.
     let mut like: DeviceAllocator<MockDevice, Box<[BlockSlot]>, 1024, Box<[TraceEntry]>, 64> =
@@ -101,22 +89,51 @@ fn main() {
     let _keep = like.malloc(4096, 0).expect("warm-up");
     let like = CachingAllocator::new(like)
         .with_storage_growth(|n| vec![BlockSlot::VACANT; 2 * n as usize].into_boxed_slice());
-    let as_c = best(n, |n| {
-        for i in 0..n {
-            let x = like.malloc(black_box(size(i)), 0).expect("malloc");
-            like.free_ptr(x.ptr).expect("free");
-        }
-    });
     // The C library: its device 0 made by the first call, a block kept
     // live as above.
     let keep = cachealloc_alloc(4096, 0, std::ptr::null_mut());
-    let c_main = best(n, c_pairs);
-    let c_thread = std::thread::spawn(move || best(n, c_pairs))
-        .join()
-        .expect("the thread");
-    cachealloc_free(keep, 0, 0, std::ptr::null_mut());
 
-    println!("ns per cache-hit pair (best of 5 x {n}, 4 KiB and 8 MiB in turn):");
+    let mut best = [f64::INFINITY; 6];
+    for _ in 0..ROUNDS {
+        let mut took = [0.0; 6];
+        // `pair_loop`'s loop: free by handle.
+        took[0] = time(n, |n| {
+            for i in 0..n {
+                let x = bare.malloc(black_box(size(i)), 0).expect("malloc");
+                bare.free(x.handle.expect("handle")).expect("free");
+            }
+        });
+        // Free by pointer, as the C library does (a lookup in the live index).
+        took[1] = time(n, |n| {
+            for i in 0..n {
+                let x = bare.malloc(black_box(size(i)), 0).expect("malloc");
+                bare.free_ptr(x.ptr).expect("free");
+            }
+        });
+        took[2] = time(n, |n| {
+            for i in 0..n {
+                let x = shared.malloc(black_box(size(i)), 0).expect("malloc");
+                shared.free_ptr(x.ptr).expect("free");
+            }
+        });
+        took[3] = time(n, |n| {
+            for i in 0..n {
+                let x = like.malloc(black_box(size(i)), 0).expect("malloc");
+                like.free_ptr(x.ptr).expect("free");
+            }
+        });
+        took[4] = time(n, c_pairs);
+        took[5] = std::thread::spawn(move || time(n, c_pairs))
+            .join()
+            .expect("the thread");
+        for (b, t) in best.iter_mut().zip(took) {
+            *b = b.min(t);
+        }
+    }
+    cachealloc_free(keep, 0, 0, std::ptr::null_mut());
+    let [core, by_ptr, caching, as_c, c_main, c_thread] = best;
+
+    println!("ns per cache-hit pair (best of {ROUNDS} interleaved rounds of {n}, 4 KiB and 8 MiB in turn):");
     println!("  core DeviceAllocator (pair_loop)         {core:6.1}");
     println!("  core DeviceAllocator, free by pointer    {by_ptr:6.1}");
     println!("  core CachingAllocator (SharedAllocator)  {caching:6.1}");

@@ -60,6 +60,8 @@ pub(crate) fn mark_out_of_memory() {
 
 /// Keep `msg` as this thread's last error (interior NULs become spaces),
 /// an out-of-memory if the failing body marked it so.
+#[cold]
+#[inline(never)]
 pub(crate) fn set_last_error(msg: &str) {
     let oom = OOM_PENDING.try_with(Cell::take).unwrap_or(false);
     let error = LastError {
@@ -142,15 +144,23 @@ pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res
             failed
         }
         Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_string());
-            set_last_error(&format!("internal error in {name}: {what}"));
+            panicked(name, payload);
             failed
         }
     }
+}
+
+/// Keep a panic caught in `name` as the thread's last error (out of the
+/// exported functions' way: they inline the guard).
+#[cold]
+#[inline(never)]
+fn panicked(name: &str, payload: Box<dyn std::any::Any + Send>) {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string());
+    set_last_error(&format!("internal error in {name}: {what}"));
 }
 
 /// The message of the last failed call on this thread, or NULL when the

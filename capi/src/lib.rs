@@ -15,7 +15,8 @@
 //!        v
 //!  registry::device(d): the device's allocator, made at first use    registry.rs, settings.rs
 //!        v
-//!  dyn DeviceOps: CachingAllocator<MockDevice | CudaBackend | HipBackend>   backend.rs
+//!  on_device!(d, |a| a.op(..)): Device::{Mock, Cuda, Hip}, each a        backend.rs
+//!  CachingAllocator reached through SharedAllocator (one body per function)
 //! ```
 //!
 //! Settings come from the environment (see `settings.rs`):

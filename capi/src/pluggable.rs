@@ -97,6 +97,7 @@ pub extern "C" fn cachealloc_alloc_aligned(
 }
 
 /// The body of the frees.
+#[inline(always)]
 fn free(ptr: *mut c_void, device: c_int) -> Res<()> {
     if ptr.is_null() {
         return Ok(());
