@@ -40,12 +40,22 @@ pub(crate) struct Restored {
     pub(crate) allocated: Vec<(u64, u64)>,
 }
 
-/// Every block of private pool `id` of `a`.
+/// Every block of private pool `id` of `a`. The size and the copy are two
+/// calls: a pool that grew in between (another thread allocating into it)
+/// is sized again, a few times, before its error is reported.
 fn checkpoint<A: SharedAllocator>(a: &A, id: MempoolId) -> Res<Vec<CheckpointBlock>> {
-    let mut out = vec![CheckpointBlock::EMPTY; a.checkpoint_len(id).map_err(text)?];
-    let n = a.checkpoint_pool(id, &mut out).map_err(text)?;
-    out.truncate(n);
-    Ok(out)
+    let mut tries = 0;
+    loop {
+        let mut out = vec![CheckpointBlock::EMPTY; a.checkpoint_len(id).map_err(text)?];
+        match a.checkpoint_pool(id, &mut out) {
+            Ok(n) => {
+                out.truncate(n);
+                return Ok(out);
+            }
+            Err(e) if tries < 4 && e.to_string().contains("too short") => tries += 1,
+            Err(e) => return Err(text(e)),
+        }
+    }
 }
 
 /// Restore private pool `id` of `a` to `blocks`.

@@ -84,12 +84,16 @@ pub(crate) fn set_last_error(msg: &str) {
 /// Forget this thread's last error.
 #[cold]
 fn clear_last_error() {
-    let _ = LAST_ERROR.try_with(|e| {
-        if let Ok(mut e) = e.try_borrow_mut() {
+    let cleared = LAST_ERROR.try_with(|e| match e.try_borrow_mut() {
+        Ok(mut e) => {
             *e = None;
+            true
         }
+        Err(_) => false,
     });
-    update_state(0, HAS_ERROR);
+    if cleared != Ok(false) {
+        update_state(0, HAS_ERROR);
+    }
 }
 
 /// This thread's last error as text ("no message" when there is none).

@@ -1,6 +1,6 @@
 //! `cachealloc_snapshot`: PyTorch's memory snapshot (the dict
 //! `torch.cuda.memory._snapshot()` returns, which pytorch.org/memory_viz
-//! reads) of one device or of all, written by the trace crate's writer
+//! reads) of one device or of all, written by the snapshot crate's writer
 //! (`cachealloc_snapshot::write_snapshot`: a pickle, or JSON for a path ending
 //! in `.json`) and its dict builder (`cachealloc_snapshot::add_device`). What
 //! differs from a replay's snapshot (`Replay::snapshot_dict`) is only where

@@ -102,9 +102,12 @@ pub unsafe extern "C" fn cachealloc_mem_get_info(
     total: *mut usize,
 ) -> c_int {
     status("cachealloc_mem_get_info", || {
-        let m = on_device!(registry::device(device)?, |a| a
-            .mem_info()
-            .map_err(|e| format!("memory info: {e}")))?;
+        let m = on_device!(registry::device(device)?, |a| a.mem_info().map_err(
+            |e| match e {
+                cachealloc_core::Error::Backend(e) => format!("memory info: {e}"),
+                e => e.to_string(),
+            }
+        ))?;
         let (f, t) = (m.free, m.total);
         if !free.is_null() {
             // SAFETY: non-null, and writable by the caller's contract.

@@ -201,8 +201,8 @@ where
     }
 
     /// Grow the slot storage whenever a call runs out of slots: `bigger`
-    /// makes a larger storage from the slot count in use (say, twice as
-    /// many), the blocks move into it, and the call runs again
+    /// makes a larger storage from the storage's capacity (say, twice as
+    /// many slots), the blocks move into it, and the call runs again
     /// ([`DeviceAllocator::with_growing_storage`]). For a host that can
     /// allocate; without it, running out is a
     /// [`MetadataExhausted`](Error::MetadataExhausted) error.
@@ -221,9 +221,17 @@ where
     ) -> Res<R, B> {
         match self.grow {
             None => self.try_run(op),
-            Some(bigger) => self.try_run(|a| match op(a) {
-                Err(Error::MetadataExhausted { .. }) => a.with_growing_storage(op, bigger),
-                r => r,
+            // Run once; on running out of slots, grow and run again (a call
+            // that runs out has changed nothing).
+            Some(bigger) => self.try_run(|a| loop {
+                match op(a) {
+                    Err(Error::MetadataExhausted { capacity }) => {
+                        if a.grow_storage(bigger(capacity)).is_err() {
+                            return Err(Error::MetadataExhausted { capacity });
+                        }
+                    }
+                    r => return r,
+                }
             }),
         }
     }

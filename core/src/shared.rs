@@ -2,8 +2,10 @@
 //! allocator, taking `&self`, object safe. It is implemented once, for the
 //! thread-safe [`CachingAllocator`], and every front end goes through it:
 //! [`MultiDeviceAllocator`](crate::MultiDeviceAllocator), the TensorFlow
-//! facade (`cachealloc-tf`), the C library and the replay. A new operation
-//! is written on [`DeviceAllocator`] and here, and every front end has it.
+//! facade (`cachealloc-tf`) and the C library. A new operation is written
+//! on [`DeviceAllocator`] and here, and every front end has it. (The replay
+//! drives each device's `DeviceAllocator` itself: it owns them, one thread
+//! each, and a lock per event would cost it about a fifth of its speed.)
 //!
 //! Callers that need several operations under one lock use
 //! [`CachingAllocator::with`] (a closure, not a guard: a `no_std` guard's

@@ -3,7 +3,7 @@
 //! PyTorch's memory snapshot, the dict `torch.cuda.memory._snapshot()`
 //! returns and pytorch.org/memory_viz reads, built from cachealloc's
 //! allocators and written as a pickle or JSON. The trace tools (`cachealloc
-//! replay --snapshot`) and the C library (`cachealloc_dump_snapshot`) both
+//! replay --snapshot`) and the C library (`cachealloc_snapshot`) both
 //! write snapshots with it; it is all of the trace machinery the C library
 //! links (no trace reader, replay or import).
 //!

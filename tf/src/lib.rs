@@ -158,9 +158,14 @@ pub const ALLOCATOR_ALIGNMENT: u64 = 64;
 /// request on one stream. Thread-safe as the allocator is.
 ///
 /// What it counts itself (`num_allocs`, `largest_alloc_size`) is kept in
-/// atomics beside the allocator: a `clear_stats` racing an allocation on
-/// another thread counts that allocation before or after the reset, as
-/// with any concurrent reset (BFC takes its one lock for both).
+/// atomics beside the allocator (64-bit atomics: the 64-bit hosts TF
+/// runtimes run on). Each call takes the device's lock once per allocator
+/// operation, not once for the whole call as BFC's one mutex does:
+/// `get_stats` reads the statistics, the cache and the limit one after the
+/// other, and a `clear_stats` racing an allocation on another thread may
+/// count it before or after the reset (or, between the two counters, in
+/// `largest_alloc_size` but not `num_allocs`). Statistics read while other
+/// threads allocate are a moment's view either way.
 pub struct TfAllocator<A: SharedAllocator> {
     allocator: A,
     stream: A::Stream,

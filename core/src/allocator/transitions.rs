@@ -17,7 +17,10 @@
 //!   and merged (`count_carve`, `count_split_in_place`, `count_cut`,
 //!   `count_merge`).
 //!
-//! Every block statistic changes here and nowhere else; the links and
+//! Every `DeviceStats` counter of blocks and of the reserve changes here
+//! and nowhere else (a private pool's own segment count also changes where
+//! an expandable segment's address space is reserved and released); the
+//! links and
 //! indexes change in the transitions that call these (`split.rs`,
 //! `free.rs`, `aligned.rs`, `expandable.rs`), which assert their entry
 //! states (`mark_allocated`, `free_slot`, `release_block`). The O(n)
