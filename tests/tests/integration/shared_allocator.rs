@@ -216,3 +216,67 @@ fn the_test_calls_every_method_of_the_interface() {
     }
     assert!(methods >= 50, "{methods} methods found");
 }
+
+/// Storage growth runs a call that ran out of slots once more, after
+/// growing, not twice: `empty_cache` on an expandable segment needs a slot
+/// for the mapped piece left beside the pages it unmaps, and it counts one
+/// `num_sync_all_streams` per run.
+#[test]
+fn a_call_that_runs_out_of_slots_runs_once_more_after_growing() {
+    static GROWN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    fn bigger(n: u32) -> Vec<BlockSlot> {
+        GROWN.fetch_add(1, Ordering::Relaxed);
+        vec![BlockSlot::VACANT; 2 * n as usize]
+    }
+    type Small = CachingAllocator<MockDevice, Vec<BlockSlot>, 64>;
+    let a = Small::new(DeviceAllocator::with_events(
+        MockDevice::unlimited(),
+        vec![BlockSlot::VACANT; 16],
+        Config::parse("expandable_segments:True").expect("settings"),
+    ));
+    // Blocks of 30 MiB and 15 MiB in turn on 20 MiB pages: each freed
+    // 30 MiB block covers a whole page and part of another, and unmapping
+    // the whole page leaves a mapped piece beside it, which takes a slot
+    // (four of them: more than the slots a malloc keeps free).
+    let pairs: Vec<_> = (0..4)
+        .map(|_| {
+            let x = a.malloc(30 * MIB, 0).expect("malloc");
+            (x, a.malloc(15 * MIB, 0).expect("malloc"))
+        })
+        .collect();
+    // Every other slot taken by small allocations.
+    let mut small = Vec::new();
+    loop {
+        match a.malloc(512, 0) {
+            Ok(s) => small.push(s),
+            Err(Error::MetadataExhausted { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    for (x, _) in &pairs {
+        a.free_ptr(x.ptr).expect("free");
+    }
+    // Without growth, empty_cache runs out and changes nothing.
+    let syncs = |a: &Small| a.stats().expect("stats").num_sync_all_streams;
+    let s0 = syncs(&a);
+    assert!(matches!(
+        a.empty_cache(),
+        Err(Error::MetadataExhausted { .. })
+    ));
+    assert_eq!(syncs(&a), s0 + 1);
+    // With growth: one run that runs out, the storage grows once, and one
+    // more run that succeeds.
+    let a = Small::new(a.into_inner()).with_storage_growth(bigger);
+    let (g0, s0) = (GROWN.load(Ordering::Relaxed), syncs(&a));
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(GROWN.load(Ordering::Relaxed) - g0, 1);
+    assert_eq!(syncs(&a), s0 + 2);
+    for p in small
+        .iter()
+        .chain(pairs.iter().map(|(_, y)| y))
+        .map(|s| s.ptr)
+    {
+        a.free_ptr(p).expect("free");
+    }
+    a.check_invariants().expect("consistent");
+}
