@@ -9,7 +9,7 @@
 use crate::backend::{on_device, text};
 use crate::error::{guard, status, Res};
 use crate::registry;
-use cachealloc_core::{Allocation, CheckpointBlock, DevicePtr, MempoolId, SharedAllocator};
+use cachealloc_core::{Allocation, CheckpointBlock, DevicePtr, Error, MempoolId, SharedAllocator};
 use std::ffi::{c_int, c_void};
 
 /// One block of a checkpointed pool (PyTorch's `BlockState`): every block
@@ -52,7 +52,9 @@ fn checkpoint<A: SharedAllocator>(a: &A, id: MempoolId) -> Res<Vec<CheckpointBlo
                 out.truncate(n);
                 return Ok(out);
             }
-            Err(e) if tries < 4 && e.to_string().contains("too short") => tries += 1,
+            Err(Error::Checkpoint { what, .. }) if tries < 4 && what.contains("too short") => {
+                tries += 1
+            }
             Err(e) => return Err(text(e)),
         }
     }

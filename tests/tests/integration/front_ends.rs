@@ -356,19 +356,27 @@ fn the_checker_catches_a_registry_out_of_step() {
 fn waiters_behind_long_holds_get_through() {
     let a = Arc::new(mock(1 << 30));
     let stop = Arc::new(AtomicBool::new(false));
+    // Set inside the holder's first hold: the workers start behind it.
+    let holding = Arc::new(AtomicBool::new(false));
     let holder = {
-        let (a, stop) = (a.clone(), stop.clone());
+        let (a, stop, holding) = (a.clone(), stop.clone(), holding.clone());
         std::thread::spawn(move || {
             let mut holds = 0u32;
             while !stop.load(Ordering::Relaxed) {
-                a.with(|_| std::thread::sleep(std::time::Duration::from_millis(2)))
-                    .expect("hold");
+                a.with(|_| {
+                    holding.store(true, Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_millis(2))
+                })
+                .expect("hold");
                 holds += 1;
                 std::thread::yield_now();
             }
             holds
         })
     };
+    while !holding.load(Ordering::Relaxed) {
+        std::thread::yield_now();
+    }
     let workers: Vec<_> = (0..3u64)
         .map(|t| {
             let a = a.clone();
