@@ -578,3 +578,45 @@ fn compact_hand_over_races_free_and_empty_cache() {
         assert!(n > 0, "no interleaving reached: {what}");
     }
 }
+
+/// Storage growth between threads: two threads each malloc on a device
+/// whose 2 slots are full, so each call runs out of slots; its retry takes
+/// the lock again, and grows the storage only if no other call grew it
+/// since (a second growth from the old capacity would make no larger
+/// storage, and the call would fail with `MetadataExhausted` though the
+/// storage had room). Both mallocs succeed in every interleaving.
+static SAW_GROWN_BY_OTHER: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn storage_growth_races_storage_growth() {
+    model("storage_growth_races_storage_growth", || {
+        let a = device(4 * MIB, 2).with_storage_growth(|n| vec![BlockSlot::VACANT; 4 * n as usize]);
+        let a = Arc::new(a);
+        let reg = Arc::new(Registry::default());
+        // A 2 MiB segment split in two: both slots used.
+        let first = try_malloc(&a, &reg, 512, 0).expect("the first block");
+        let spawn = |a: &Arc<Alloc>, reg: &Arc<Registry>| {
+            let (a, reg) = (a.clone(), reg.clone());
+            thread::spawn(move || {
+                let x = a.malloc(512, 0).expect("the storage grows");
+                reg.add(&x);
+                x
+            })
+        };
+        let (t1, t2) = (spawn(&a, &reg), spawn(&a, &reg));
+        let (x, y) = (t1.join().unwrap(), t2.join().unwrap());
+        // 2 -> 8 -> 32 slots: each thread grew. 2 -> 8 alone (room for
+        // both): one thread grew, before or after the other ran out.
+        if a.with(|d| d.slot_capacity()).unwrap() == 8 {
+            SAW_GROWN_BY_OTHER.fetch_add(1, Ordering::Relaxed);
+        }
+        for v in [first, x, y] {
+            free(&a, &reg, v);
+        }
+        let a = Arc::try_unwrap(a).ok().unwrap();
+        finish(a, []);
+    });
+    let n = SAW_GROWN_BY_OTHER.load(Ordering::Relaxed);
+    println!("  grown by the other thread: {n} interleavings");
+    assert!(n > 0, "no interleaving had one thread grow for both");
+}
