@@ -75,6 +75,139 @@
 #define CACHEALLOC_WALK_QUIET 2
 
 /**
+ * One pool's memory, or several pools' together.
+ */
+typedef struct {
+    /**
+     * Bytes of mapped segments (PyTorch's reserved bytes).
+     */
+    uint64_t reserved_bytes;
+    /**
+     * Bytes of the blocks handed out.
+     */
+    uint64_t allocated_bytes;
+    /**
+     * Bytes their callers asked for (allocated minus requested: rounding waste).
+     */
+    uint64_t requested_bytes;
+    /**
+     * Bytes of cached (free, reusable) blocks.
+     */
+    uint64_t free_bytes;
+    /**
+     * The largest cached block.
+     */
+    uint64_t largest_free_block;
+    /**
+     * Cached blocks.
+     */
+    uint64_t free_blocks;
+    /**
+     * Bytes of freed blocks waiting on events of other streams (or parked by a capture).
+     */
+    uint64_t pending_free_bytes;
+    /**
+     * Expandable segments: reserved address space with no page mapped.
+     */
+    uint64_t unmapped_bytes;
+    /**
+     * 1 - largest free block / free bytes (0 with nothing free).
+     */
+    double external_fragmentation;
+} cachealloc_pool_memory;
+
+/**
+ * A device's memory by pool, and what is cached for requests on one
+ * stream and for the others.
+ */
+typedef struct {
+    /**
+     * Every pool together.
+     */
+    cachealloc_pool_memory device;
+    /**
+     * The default small pool.
+     */
+    cachealloc_pool_memory small_pool;
+    /**
+     * The default large pool.
+     */
+    cachealloc_pool_memory large_pool;
+    /**
+     * Every private pool (CUDA graphs, MemPool) together.
+     */
+    cachealloc_pool_memory private_pools;
+    /**
+     * The stream the next two figures are about.
+     */
+    uint64_t stream;
+    /**
+     * Bytes cached in the default pools in blocks of `stream`.
+     */
+    uint64_t stream_free_bytes;
+    /**
+     * Bytes cached in the default pools in blocks of other streams.
+     */
+    uint64_t other_streams_free_bytes;
+} cachealloc_fragmentation;
+
+/**
+ * Why an allocation ran out of memory, with the bytes behind the verdict
+ * ("the request's pools": the default pools, or the private pool its
+ * stream was routed to).
+ */
+typedef struct {
+    /**
+     * The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
+     * pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
+     * other_memory.
+     */
+    int class_;
+    /**
+     * The verdict's name (a static string).
+     */
+    const char *class_name;
+    /**
+     * The block size the request needed.
+     */
+    uint64_t needed;
+    /**
+     * Bytes handed out, in every pool.
+     */
+    uint64_t live_bytes;
+    /**
+     * The memory limit, else the device's total.
+     */
+    uint64_t limit;
+    /**
+     * Bytes cached in the request's pools on its stream.
+     */
+    uint64_t free_bytes;
+    /**
+     * The largest of those blocks.
+     */
+    uint64_t largest_free_block;
+    /**
+     * Bytes of the request's pools waiting on events (or parked by a capture).
+     */
+    uint64_t pending_free_bytes;
+    /**
+     * Bytes cached in the request's pools in other streams' blocks.
+     */
+    uint64_t other_streams_bytes;
+    /**
+     * Bytes cached in private pools other than the request's.
+     */
+    uint64_t private_pools_bytes;
+    /**
+     * Reserved address space of expandable segments with no page mapped.
+     */
+    uint64_t unmapped_bytes;
+} cachealloc_oom_cause;
+
+typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*);
+
+/**
  * A handle to share an allocation with another process: the driver's IPC
  * handle of its segment (`cudaIpcMemHandle_t`, 64 bytes) and the
  * allocation's offset in the segment. Plain bytes: send it as it is.
@@ -493,6 +626,49 @@ int cachealloc_debug_force_internal_error(void);
  * Returns 0.
  */
 int cachealloc_debug_fail_inside_lock(void);
+
+/**
+ * Device `device`'s memory by pool, with what is cached for requests on
+ * `stream` (a `cudaStream_t`; NULL is the default stream) and for other
+ * streams, into `*out`. Counted now, in one pass over the blocks. Returns
+ * 0, or -1 (the reason in `cachealloc_last_error()`).
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `cachealloc_fragmentation`.
+ */
+int cachealloc_get_fragmentation(int device, void *stream, cachealloc_fragmentation *out);
+
+/**
+ * One pool's memory: the small (`large` 0) or large pool of the default
+ * pools (`id0` = `id1` = 0) or of private pool (`id0`, `id1`), into
+ * `*out`. Returns 0, or -1 (an unknown pool, a NULL `out`).
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `cachealloc_pool_memory`.
+ */
+int cachealloc_get_pool_memory(int device,
+                               uint64_t id0,
+                               uint64_t id1,
+                               int large,
+                               cachealloc_pool_memory *out);
+
+/**
+ * Why this thread's last out-of-memory happened (kept until the next
+ * one), into `*out`. Returns 0, 1 when this thread has had none, or -1
+ * for a NULL `out`.
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `cachealloc_oom_cause`.
+ */
+int cachealloc_last_oom_cause(cachealloc_oom_cause *out);
+
+/**
+ * Call `observer(device, cause, user)` at every out-of-memory from now on,
+ * after the `cachealloc_attach_oom_observer` observers, once the device's
+ * lock is released (so it may call back into the library). `cause` lives
+ * for the call. Returns 0, or -1 for a NULL observer.
+ */
+int cachealloc_attach_oom_cause_observer(cachealloc_oom_cause_observer observer, void *user);
 
 /**
  * Start (`enabled` nonzero) or stop recording the memory history of

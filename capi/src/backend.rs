@@ -71,6 +71,9 @@ pub(crate) fn alloc_error<E: std::fmt::Debug + std::fmt::Display>(
     if e.is_out_of_memory() {
         mark_out_of_memory();
     }
+    if let cachealloc_core::Error::OutOfMemory(r) = &e {
+        crate::fragmentation::remember(&r.cause);
+    }
     e.to_string()
 }
 

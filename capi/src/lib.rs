@@ -44,6 +44,8 @@
 /// The last error, the guard around every exported function, the debug
 /// hooks.
 mod error;
+/// Fragmentation accounting, out-of-memory verdicts.
+mod fragmentation;
 /// `record_history`, annotations.
 mod history;
 /// IPC handles, peer access, device-to-device copies.

@@ -63,6 +63,10 @@ pub(crate) struct Forward;
 pub(crate) static FORWARD: Forward = Forward;
 
 impl OutOfMemoryObserver for Forward {
+    fn out_of_memory_explained(&self, report: &cachealloc_core::OomReport) {
+        crate::fragmentation::tell(report.device, &report.cause);
+    }
+
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
         OBSERVERS.each_of_a_copy(|f, user| {
             f(

@@ -58,6 +58,16 @@ pub fn replay_summary(r: &Report) {
         "  retries         {}   OOMs {}",
         s.num_alloc_retries, r.ooms
     );
+    if let Some(o) = &r.first_oom {
+        println!(
+            "  first OOM       line {}: {} on stream {} of device {}: {}",
+            o.line,
+            human::bytes(o.size),
+            o.stream,
+            o.device,
+            o.cause
+        );
+    }
     let used: u64 = r.slots.iter().map(|s| u64::from(s.1)).sum();
     let had: u64 = r.slots.iter().map(|s| u64::from(s.2)).sum();
     println!(

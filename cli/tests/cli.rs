@@ -117,6 +117,26 @@ fn ooms_under_a_capacity_are_counted_and_their_frees_skipped() {
     let v = &json_lines(&out)[0];
     assert!(v["ooms"].as_u64().unwrap() > 0);
     assert_eq!(v["ooms"], v["memory_stats"]["num_ooms"]);
+    // Each out-of-memory has a verdict; the first one's figures.
+    let by_class = v["ooms_by_class"].as_object().unwrap();
+    assert_eq!(by_class.len(), 8);
+    let total: u64 = by_class.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(total, v["ooms"].as_u64().unwrap());
+    let first = &v["first_oom"];
+    let class = first["class"].as_str().unwrap();
+    assert!(by_class[class].as_u64().unwrap() > 0, "{first}");
+    assert_eq!(first["limit"], 1u64 << 30);
+    assert!(first["line"].as_u64().unwrap() > 1);
+    let message = first["message"].as_str().unwrap();
+    assert!(message.starts_with("CUDA out of memory."), "{message}");
+    assert!(
+        message.contains(&format!("cachealloc: {class}: ")),
+        "{message}"
+    );
+    // The text report names it too.
+    let text = run(&["replay", "--capacity", "1GiB", t.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("first OOM"), "{text}");
 }
 
 struct Bad {

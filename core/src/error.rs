@@ -1,6 +1,7 @@
 //! One error enum for every public operation.
 
 use crate::backend::DevicePtr;
+use crate::oom_cause::OomCause;
 use crate::policy::FormatSize;
 use crate::private_pool::MempoolId;
 use core::fmt;
@@ -43,33 +44,55 @@ pub struct OomReport {
     /// Bytes of the cached (free) blocks of private pools: PyTorch adds
     /// them to what "is allocated by PyTorch" and names them.
     pub private_pools: u64,
+    /// Why it ran out (cachealloc's, after PyTorch's message).
+    pub cause: OomCause,
+}
+
+impl OomReport {
+    /// PyTorch's message alone, without cachealloc's classification.
+    pub fn pytorch_message(&self) -> PytorchMessage<'_> {
+        PytorchMessage(self)
+    }
 }
 
 impl fmt::Display for OomReport {
+    /// PyTorch's message, then why ([`OomCause`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.pytorch_message(), self.cause)
+    }
+}
+
+/// PyTorch's out-of-memory message for an [`OomReport`], exactly
+/// ([`OomReport::pytorch_message`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PytorchMessage<'a>(&'a OomReport);
+
+impl fmt::Display for PytorchMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self.0;
         write!(
             f,
             "{} out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
-            self.platform,
-            FormatSize(self.alloc_size),
-            self.device,
-            FormatSize(self.device_total),
-            FormatSize(self.device_free)
+            r.platform,
+            FormatSize(r.alloc_size),
+            r.device,
+            FormatSize(r.device_total),
+            FormatSize(r.device_free)
         )?;
-        if let Some(allowed) = self.allowed {
+        if let Some(allowed) = r.allowed {
             write!(f, "{} allowed; ", FormatSize(allowed))?;
         }
-        let allocated = self.allocated.saturating_add(self.private_pools);
+        let allocated = r.allocated.saturating_add(r.private_pools);
         write!(
             f,
             "Of the allocated memory {} is allocated by PyTorch, ",
             FormatSize(allocated)
         )?;
-        if self.private_pools > 0 {
+        if r.private_pools > 0 {
             write!(
                 f,
                 "with {} allocated in private pools (e.g., CUDA Graphs), ",
-                FormatSize(self.private_pools)
+                FormatSize(r.private_pools)
             )?;
         }
         write!(
@@ -78,8 +101,8 @@ impl fmt::Display for OomReport {
              If reserved but unallocated memory is large try setting PYTORCH_{}_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation.  See documentation for Memory Management  \
              (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
-            FormatSize(self.reserved.saturating_sub(allocated)),
-            self.platform
+            FormatSize(r.reserved.saturating_sub(allocated)),
+            r.platform
         )
     }
 }

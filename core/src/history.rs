@@ -311,6 +311,14 @@ impl<F: Fn(&TraceEntry) + Sync> TraceTracker for F {
 pub trait OutOfMemoryObserver: Sync {
     /// An allocation failed for good.
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64);
+
+    /// The same out-of-memory, whole: PyTorch's numbers and why it ran out
+    /// ([`OomReport::cause`](crate::OomReport::cause)). Called right after
+    /// [`out_of_memory`](Self::out_of_memory); does nothing unless
+    /// implemented.
+    fn out_of_memory_explained(&self, report: &crate::OomReport) {
+        let _ = report;
+    }
 }
 
 impl<F: Fn(u32, u64, u64, u64) + Sync> OutOfMemoryObserver for F {

@@ -73,11 +73,13 @@ pub mod caching;
 pub mod config;
 mod error;
 mod events;
+mod fragmentation;
 mod free_index;
 pub mod history;
 mod index;
 mod invariants;
 mod live;
+mod oom_cause;
 pub mod policy;
 mod pool;
 mod private_pool;
@@ -102,12 +104,14 @@ pub use backend::{
 };
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError, Policy};
-pub use error::{Error, OomReport};
+pub use error::{Error, OomReport, PytorchMessage};
+pub use fragmentation::{Fragmentation, PoolMemory};
 pub use history::{
     History, HistoryEntries, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceAction,
     TraceActions, TraceEntry, TraceTracker,
 };
 pub use invariants::InvariantViolation;
+pub use oom_cause::{OomCause, OomClass};
 pub use pool::Pool;
 pub use private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
 pub use segment_table::{RegistryRefusal, SegmentRegistry, SegmentTable};

@@ -32,8 +32,10 @@ use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr, MemInfo, PeerAccess};
 use crate::caching::CachingAllocator;
 use crate::error::Error;
+use crate::fragmentation::{Fragmentation, PoolMemory};
 use crate::history::{HistoryStorage, OutOfMemoryObserver, TraceActions, TraceTracker};
 use crate::invariants::InvariantViolation;
+use crate::pool::Pool;
 use crate::private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
 use crate::segment_table::SegmentRegistry;
 use crate::snapshot::{CacheInfo, Segments, Snapshot};
@@ -110,6 +112,17 @@ pub trait SharedAllocator: Sync {
     fn empty_cache(&self) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::cache_info`].
     fn cache_info(&self) -> SharedResult<CacheInfo, Self::BackendError>;
+    /// [`DeviceAllocator::fragmentation`].
+    fn fragmentation(
+        &self,
+        stream: Self::Stream,
+    ) -> SharedResult<Fragmentation, Self::BackendError>;
+    /// [`DeviceAllocator::pool_memory`].
+    fn pool_memory(
+        &self,
+        id: MempoolId,
+        pool: Pool,
+    ) -> SharedResult<PoolMemory, Self::BackendError>;
     /// [`DeviceAllocator::set_memory_fraction`].
     fn set_memory_fraction(&self, fraction: f64) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::set_memory_limit`] (`None`:
@@ -354,6 +367,14 @@ where
 
     fn cache_info(&self) -> SharedResult<CacheInfo, B::Error> {
         self.with(|a| a.cache_info())
+    }
+
+    fn fragmentation(&self, stream: B::Stream) -> SharedResult<Fragmentation, B::Error> {
+        self.with(|a| a.fragmentation(stream))
+    }
+
+    fn pool_memory(&self, id: MempoolId, pool: Pool) -> SharedResult<PoolMemory, B::Error> {
+        self.try_with(|a| a.pool_memory(id, pool))
     }
 
     fn set_memory_fraction(&self, fraction: f64) -> SharedResult<(), B::Error> {

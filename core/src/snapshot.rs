@@ -245,6 +245,9 @@ pub struct Snapshot<'a, St> {
     pub dropped: u64,
     /// The settings.
     pub settings: AllocatorSettings,
+    /// cachealloc's accounting of the device's memory by pool (beside
+    /// PyTorch's keys; the default stream's view).
+    pub fragmentation: crate::fragmentation::Fragmentation,
 }
 
 /// The allocator settings of a snapshot (PyTorch's `AllocatorConfigInfo`).

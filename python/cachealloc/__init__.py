@@ -22,7 +22,10 @@ keys and values, on either path
 ``set_per_process_memory_fraction``, ``caching_allocator_alloc`` /
 ``caching_allocator_delete``), plus ``record_history``,
 ``record_annotation``, ``snapshot``, ``cache_info`` and
-``attach_oom_observer``. ``import cachealloc`` never needs torch; only
+``attach_oom_observer``; and cachealloc's own accounting: why the last
+out-of-memory happened (``last_oom_cause``, ``attach_oom_cause_observer``;
+the exception's message ends with it) and where the reserved memory is
+(``memory_fragmentation``, ``pool_memory``). ``import cachealloc`` never needs torch; only
 ``install()`` does.
 
 The library (``libcachealloc.so``, shipped inside the wheel; see
@@ -56,17 +59,21 @@ the library's message (``cachealloc_last_error()``).
 from ._lib import CacheallocError, library_path, version
 from .stats import (
     CacheInfo,
+    attach_oom_cause_observer,
     attach_oom_observer,
     cache_info,
     caching_allocator_alloc,
     caching_allocator_delete,
     empty_cache,
+    last_oom_cause,
     max_memory_allocated,
     max_memory_reserved,
     memory_allocated,
     memory_reserved,
+    memory_fragmentation,
     memory_stats,
     memory_summary,
+    pool_memory,
     record_annotation,
     record_history,
     reset_accumulated_memory_stats,
@@ -89,6 +96,7 @@ except ImportError:  # Python < 3.8
 __all__ = [
     "CacheInfo",
     "CacheallocError",
+    "attach_oom_cause_observer",
     "attach_oom_observer",
     "cache_info",
     "caching_allocator_alloc",
@@ -97,13 +105,16 @@ __all__ = [
     "install",
     "install_mode",
     "installed",
+    "last_oom_cause",
     "library_path",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory_allocated",
+    "memory_fragmentation",
     "memory_reserved",
     "memory_stats",
     "memory_summary",
+    "pool_memory",
     "record_annotation",
     "record_history",
     "reset_accumulated_memory_stats",

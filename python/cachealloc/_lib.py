@@ -27,6 +27,33 @@ OOM_OBSERVER = ctypes.CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_voi
 
 
 
+class PoolMemory(ctypes.Structure):
+    """``cachealloc_pool_memory``: one pool's memory, or several pools'."""
+
+    _fields_ = [(name, c_uint64) for name in (
+        "reserved_bytes", "allocated_bytes", "requested_bytes", "free_bytes", "largest_free_block",
+        "free_blocks", "pending_free_bytes", "unmapped_bytes")] + [("external_fragmentation", c_double)]
+
+
+class Fragmentation(ctypes.Structure):
+    """``cachealloc_fragmentation``: a device's memory by pool."""
+
+    _fields_ = [(name, PoolMemory) for name in ("device", "small_pool", "large_pool", "private_pools")] + [
+        (name, c_uint64) for name in ("stream", "stream_free_bytes", "other_streams_free_bytes")]
+
+
+class OomCause(ctypes.Structure):
+    """``cachealloc_oom_cause``: why an allocation ran out of memory."""
+
+    _fields_ = [("class_", c_int), ("class_name", c_char_p)] + [(name, c_uint64) for name in (
+        "needed", "live_bytes", "limit", "free_bytes", "largest_free_block", "pending_free_bytes",
+        "other_streams_bytes", "private_pools_bytes", "unmapped_bytes")]
+
+
+#: ``typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*)``
+OOM_CAUSE_OBSERVER = ctypes.CFUNCTYPE(None, c_int, POINTER(OomCause), c_void_p)
+
+
 class IpcHandle(ctypes.Structure):
     """``cachealloc_ipc_handle``: the driver's IPC handle of a segment and an
     allocation's offset in it."""
@@ -41,6 +68,10 @@ PROTOTYPES = {
     "cachealloc_last_error_code": (c_int, []),
     "cachealloc_debug_force_internal_error": (c_int, []),
     "cachealloc_debug_fail_inside_lock": (c_int, []),
+    "cachealloc_get_fragmentation": (c_int, [c_int, c_void_p, POINTER(Fragmentation)]),
+    "cachealloc_get_pool_memory": (c_int, [c_int, c_uint64, c_uint64, c_int, POINTER(PoolMemory)]),
+    "cachealloc_last_oom_cause": (c_int, [POINTER(OomCause)]),
+    "cachealloc_attach_oom_cause_observer": (c_int, [OOM_CAUSE_OBSERVER, c_void_p]),
     "cachealloc_record_history": (c_int, [c_int, c_int, c_size_t]),
     "cachealloc_record_history_ex": (c_int, [c_int, c_int, c_size_t, c_int, ctypes.c_uint32]),
     "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),

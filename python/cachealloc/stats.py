@@ -138,6 +138,86 @@ def cache_info(device=None):
     return CacheInfo(total.value, largest.value)
 
 
+def _pool_dict(m):
+    return {name: getattr(m, name) for name, _ in _lib.PoolMemory._fields_}
+
+
+def memory_fragmentation(device=None, stream=None):
+    """Where ``device``'s reserved memory is, pool by pool (cachealloc's
+    accounting, beside PyTorch's ``memory_stats`` keys, which keep their
+    values): a dict with ``device``, ``small_pool``, ``large_pool`` and
+    ``private_pools`` (each: ``reserved_bytes``, ``allocated_bytes``,
+    ``requested_bytes``, ``free_bytes``, ``largest_free_block``,
+    ``free_blocks``, ``pending_free_bytes``, ``unmapped_bytes``,
+    ``external_fragmentation`` = 1 - largest free block / free bytes), and
+    ``stream_free_bytes`` / ``other_streams_free_bytes``: bytes cached in
+    the default pools for requests on ``stream`` (an integer handle; None:
+    the default stream) and in other streams' blocks, which those requests
+    never get. Counted at the call, in one pass over the blocks."""
+    d = device_index(device)
+    f = _lib.Fragmentation()
+    s = ctypes.c_void_p(int(stream or 0))
+    _lib.check(_lib.lib().cachealloc_get_fragmentation(d, s, ctypes.byref(f)),
+               "cachealloc_get_fragmentation(%d)" % d)
+    out = {name: _pool_dict(getattr(f, name)) for name in ("device", "small_pool", "large_pool", "private_pools")}
+    out.update(stream=f.stream, stream_free_bytes=f.stream_free_bytes,
+               other_streams_free_bytes=f.other_streams_free_bytes)
+    return out
+
+
+def pool_memory(pool_id=(0, 0), large=True, device=None):
+    """One pool's memory (the dict of ``memory_fragmentation``'s pools): the
+    large (or small) pool of the default pools, or of private pool
+    ``pool_id`` (a ``torch.cuda.graph_pool_handle()`` pair)."""
+    d = device_index(device)
+    m = _lib.PoolMemory()
+    a, b = pool_id
+    _lib.check(_lib.lib().cachealloc_get_pool_memory(d, int(a), int(b), int(bool(large)), ctypes.byref(m)),
+               "cachealloc_get_pool_memory(%d)" % d)
+    return _pool_dict(m)
+
+
+def _cause_dict(c):
+    out = {name: getattr(c, name) for name, _ in _lib.OomCause._fields_ if name not in ("class_", "class_name")}
+    out["class"] = c.class_name.decode()
+    return out
+
+
+def last_oom_cause():
+    """Why this thread's last out-of-memory happened (None if it had none):
+    ``class`` (``capacity``, ``memory_fraction``, ``fragmentation``,
+    ``pending_frees``, ``other_streams``, ``private_pools``, ``mixed``,
+    ``other_memory``) and the bytes behind it (``needed``, ``live_bytes``,
+    ``limit``, ``free_bytes``, ``largest_free_block``,
+    ``pending_free_bytes``, ``other_streams_bytes``,
+    ``private_pools_bytes``, ``unmapped_bytes``). The exception's message
+    ends with the same verdict in words."""
+    c = _lib.OomCause()
+    r = _lib.lib().cachealloc_last_oom_cause(ctypes.byref(c))
+    _lib.check(-1 if r < 0 else 0, "cachealloc_last_oom_cause")
+    return None if r == 1 else _cause_dict(c)
+
+
+def attach_oom_cause_observer(observer):
+    """Call ``observer(device, cause)`` at every final out-of-memory, with
+    ``cause`` the dict of ``last_oom_cause``, right after the observers of
+    ``attach_oom_observer`` (outside the device's lock: it may call
+    cachealloc). There is no detach."""
+    if not callable(observer):
+        raise TypeError("cachealloc: the observer must be callable")
+
+    def trampoline(device, cause, _user):
+        try:
+            observer(device, _cause_dict(cause.contents))
+        except BaseException as e:  # never unwind into the library
+            print("cachealloc: the out-of-memory cause observer raised %r" % (e,), file=sys.stderr)
+
+    fn = _lib.OOM_CAUSE_OBSERVER(trampoline)
+    _lib.check(_lib.lib().cachealloc_attach_oom_cause_observer(fn, None),
+               "cachealloc_attach_oom_cause_observer")
+    _OBSERVERS.append(fn)
+
+
 def record_history(enabled=True, max_entries=0, device=-1):
     """``torch.cuda.memory._record_memory_history``: start (``enabled`` true,
     or ``"all"`` / ``"state"``) or stop (False / None) recording the memory

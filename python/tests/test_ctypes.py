@@ -461,6 +461,35 @@ class OutOfMemory(unittest.TestCase):
         self.assertEqual(mine[0][2], GiB)
 
 
+    def test_the_cause_names_the_class_and_the_bytes(self):
+        alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
+        d = fresh_device()
+        causes = []
+        cachealloc.attach_oom_cause_observer(lambda device, cause: causes.append((device, cause)))
+        keep = alloc(100 * MiB, d, None)
+        self.assertIsNotNone(keep)
+        self.assertIsNone(alloc(2 * GiB, d, None))
+        msg = _lib.last_error()
+        self.assertIn("cachealloc: capacity: ", msg)
+        self.assertLess(msg.index("out of memory"), msg.index("cachealloc: capacity"))
+        cause = cachealloc.last_oom_cause()
+        self.assertEqual(cause["class"], "capacity")
+        self.assertEqual((cause["needed"], cause["live_bytes"], cause["limit"]), (2 * GiB, 100 * MiB, GiB))
+        mine = [c for dev, c in causes if dev == d]
+        self.assertEqual(mine, [cause])
+        f = cachealloc.memory_fragmentation(d)
+        self.assertEqual(f["large_pool"]["allocated_bytes"], 100 * MiB)
+        self.assertEqual(f["device"]["reserved_bytes"], cachealloc.memory_stats(d)["reserved_bytes.all.current"])
+        self.assertEqual(cachealloc.pool_memory(device=d), f["large_pool"])
+        with self.assertRaises(RuntimeError):
+            cachealloc.pool_memory((7, 7), device=d)
+        lib = _lib.lib()
+        lib.cachealloc_free(keep, 100 * MiB, d, None)
+        f = cachealloc.memory_fragmentation(d)
+        self.assertEqual(f["large_pool"]["free_bytes"], 100 * MiB)
+        self.assertEqual(f["stream_free_bytes"], 100 * MiB)
+        self.assertEqual(f["device"]["external_fragmentation"], 0.0)
+
     def test_an_observer_may_call_back_into_the_failing_device(self):
         # Observers run once the device's lock is released (PyTorch's order):
         # one that reads memory_stats, records an annotation and allocates on

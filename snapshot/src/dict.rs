@@ -182,6 +182,81 @@ pub struct SnapshotDict {
     pub allocator_settings: SettingsDict,
     /// Annotations.
     pub external_annotations: Vec<AnnotationDict>,
+    /// cachealloc's accounting of each device's memory by pool (a key
+    /// memory_viz and PyTorch's readers ignore).
+    pub cachealloc_fragmentation: Vec<FragmentationDict>,
+}
+
+/// One pool's memory (`PoolMemory`), in a snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoolMemoryDict {
+    /// Bytes of mapped segments.
+    #[serde(serialize_with = "py_int::one")]
+    pub reserved_bytes: u64,
+    /// Bytes of the blocks handed out.
+    #[serde(serialize_with = "py_int::one")]
+    pub allocated_bytes: u64,
+    /// Bytes their callers asked for.
+    #[serde(serialize_with = "py_int::one")]
+    pub requested_bytes: u64,
+    /// Bytes of cached blocks.
+    #[serde(serialize_with = "py_int::one")]
+    pub free_bytes: u64,
+    /// The largest cached block.
+    #[serde(serialize_with = "py_int::one")]
+    pub largest_free_block: u64,
+    /// Cached blocks.
+    #[serde(serialize_with = "py_int::one")]
+    pub free_blocks: u64,
+    /// Bytes of freed blocks waiting on events.
+    #[serde(serialize_with = "py_int::one")]
+    pub pending_free_bytes: u64,
+    /// Expandable segments' address space with no page mapped.
+    #[serde(serialize_with = "py_int::one")]
+    pub unmapped_bytes: u64,
+    /// 1 - largest free block / free bytes.
+    pub external_fragmentation: f64,
+    /// Allocated minus requested bytes.
+    #[serde(serialize_with = "py_int::one")]
+    pub rounding_waste: u64,
+}
+
+impl From<&cachealloc_core::PoolMemory> for PoolMemoryDict {
+    fn from(m: &cachealloc_core::PoolMemory) -> Self {
+        PoolMemoryDict {
+            reserved_bytes: m.reserved_bytes,
+            allocated_bytes: m.allocated_bytes,
+            requested_bytes: m.requested_bytes,
+            free_bytes: m.free_bytes,
+            largest_free_block: m.largest_free_block,
+            free_blocks: m.free_blocks,
+            pending_free_bytes: m.pending_free_bytes,
+            unmapped_bytes: m.unmapped_bytes,
+            external_fragmentation: m.external_fragmentation(),
+            rounding_waste: m.rounding_waste(),
+        }
+    }
+}
+
+/// One device's memory by pool (`Fragmentation`), in a snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FragmentationDict {
+    /// The device.
+    pub device: u32,
+    /// Every pool.
+    pub total: PoolMemoryDict,
+    /// The default small pool.
+    pub small_pool: PoolMemoryDict,
+    /// The default large pool.
+    pub large_pool: PoolMemoryDict,
+    /// Every private pool together.
+    pub private_pools: PoolMemoryDict,
+    /// Bytes cached in the default pools in blocks of the default stream.
+    #[serde(serialize_with = "py_int::one")]
+    pub default_stream_free_bytes: u64,
+    /// Bytes cached in the default pools in blocks of other streams.
+    #[serde(serialize_with = "py_int::one")]
+    pub other_streams_free_bytes: u64,
 }
 
 impl SnapshotDict {
@@ -193,6 +268,7 @@ impl SnapshotDict {
             device_traces: Vec::new(),
             allocator_settings: settings_dict(settings, conf),
             external_annotations: Vec::new(),
+            cachealloc_fragmentation: Vec::new(),
         }
     }
 }

@@ -28,7 +28,8 @@ mod write;
 
 pub use device::{add_device, settings_dict, SnapshotNames};
 pub use dict::{
-    AnnotationDict, BlockDict, Frame, SegmentDict, SettingsDict, SnapshotDict, TraceDict,
+    AnnotationDict, BlockDict, FragmentationDict, Frame, PoolMemoryDict, SegmentDict, SettingsDict,
+    SnapshotDict, TraceDict,
 };
 pub use units::parse_bytes;
 pub use write::write_snapshot;

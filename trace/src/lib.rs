@@ -65,7 +65,7 @@ pub use parse::{parse_event, parse_header};
 pub use peak::{peak_event, StopAt};
 pub use pool_rules::PoolRules;
 pub use reader::TraceReader;
-pub use replay::{Alloc, Device, Replay, REPLAY_POOLS};
+pub use replay::{Alloc, Device, FirstOom, Replay, REPLAY_POOLS};
 pub use report::Report;
 pub use run::{run, run_on, run_reader, run_reader_on, Observer, Options, Quiet};
 pub use snapshot::Dropped;

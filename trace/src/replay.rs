@@ -99,6 +99,10 @@ pub struct Replay<D: ReplayDevice = MockDevice> {
     pub allocs: u64,
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
+    /// Of which, by verdict (`OomClass::index`).
+    pub oom_classes: [u64; 8],
+    /// The first out-of-memory.
+    pub first_oom: Option<FirstOom>,
     /// Sum of the requested sizes of live (served) allocations.
     pub live_bytes: u64,
     /// Its peak.
@@ -107,6 +111,24 @@ pub struct Replay<D: ReplayDevice = MockDevice> {
     line: u64,
     /// The private-pool rules (version 2 traces).
     pub(crate) pools: PoolRules,
+}
+
+/// The first out-of-memory of a replay: where, and why.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct FirstOom {
+    /// The trace line of the failing `alloc`.
+    pub line: u64,
+    /// Its device.
+    pub device: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// The bytes it asked for.
+    pub size: u64,
+    /// The verdict and its figures.
+    pub cause: cachealloc_core::OomCause,
+    /// The error's message (PyTorch's, then the verdict).
+    pub message: String,
 }
 
 pub(crate) fn allocator_error(e: impl std::fmt::Display) -> Reason {
@@ -135,6 +157,8 @@ impl<D: ReplayDevice> Replay<D> {
             events: 0,
             allocs: 0,
             ooms: 0,
+            oom_classes: [0; 8],
+            first_oom: None,
             live_bytes: 0,
             peak_live: 0,
             line: 0,
@@ -343,6 +367,19 @@ impl<D: ReplayDevice> Replay<D> {
             }
             Err(e) if e.is_out_of_memory() => {
                 self.ooms += 1;
+                if let Error::OutOfMemory(r) = &e {
+                    self.oom_classes[r.cause.class.index()] += 1;
+                    if self.first_oom.is_none() {
+                        self.first_oom = Some(FirstOom {
+                            line: self.line,
+                            device,
+                            stream,
+                            size,
+                            cause: r.cause,
+                            message: e.to_string(),
+                        });
+                    }
+                }
                 Live::OutOfMemory
             }
             Err(e @ Error::MetadataExhausted { .. }) => {

@@ -2,7 +2,7 @@
 //! the design).
 
 use crate::snapshot::Dropped;
-use cachealloc_core::{DeviceStats, PoolInfo};
+use cachealloc_core::{DeviceStats, OomClass, PoolInfo};
 use cachealloc_mock::RealAddressUse;
 use cachealloc_snapshot::SnapshotDict;
 
@@ -23,6 +23,10 @@ pub struct Report {
     pub allocs: u64,
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
+    /// Of which, by verdict (`OomClass::index`).
+    pub oom_classes: [u64; 8],
+    /// The first out-of-memory: where and why.
+    pub first_oom: Option<crate::FirstOom>,
     /// Peak of the sum of requested sizes of live allocations.
     pub peak_live_bytes: u64,
     /// Peak reserved bytes (summed over devices' peaks).
@@ -121,6 +125,34 @@ impl Report {
             "events_per_second": self.events_per_second(),
             "end_to_end_events_per_second": self.end_to_end_events_per_second(),
         });
+        v["ooms_by_class"] = OomClass::ALL
+            .iter()
+            .map(|c| (c.as_str().to_string(), self.oom_classes[c.index()].into()))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        v["first_oom"] = match &self.first_oom {
+            None => serde_json::Value::Null,
+            Some(o) => {
+                let c = &o.cause;
+                serde_json::json!({
+                    "line": o.line,
+                    "device": o.device,
+                    "stream": o.stream,
+                    "size": o.size,
+                    "class": c.class.as_str(),
+                    "needed": c.needed,
+                    "live_bytes": c.live_bytes,
+                    "limit": c.limit,
+                    "free_bytes": c.free_bytes,
+                    "largest_free_block": c.largest_free_block,
+                    "pending_free_bytes": c.pending_free_bytes,
+                    "other_streams_bytes": c.other_streams_bytes,
+                    "private_pools_bytes": c.private_pools_bytes,
+                    "unmapped_bytes": c.unmapped_bytes,
+                    "message": o.message,
+                })
+            }
+        };
         if !self.pools.is_empty() {
             v["pools"] = self
                 .pools

@@ -174,6 +174,8 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
         events: r.events,
         allocs: r.allocs,
         ooms: r.ooms,
+        oom_classes: r.oom_classes,
+        first_oom: r.first_oom.clone(),
         peak_live_bytes: r.peak_live,
         peak_reserved_bytes: r
             .devices

@@ -84,6 +84,20 @@ static void on_oom(int device, size_t alloc_size, size_t device_total, size_t de
 
 static oom_seen ooms;
 
+typedef struct {
+    int calls, device;
+    cachealloc_oom_cause cause;
+} cause_seen;
+
+static void on_oom_cause(int device, const cachealloc_oom_cause *cause, void *user) {
+    cause_seen *s = user;
+    s->calls++;
+    s->device = device;
+    s->cause = *cause;
+}
+
+static cause_seen causes;
+
 /* ------------------------------------------------------- the stub driver */
 
 static void *stub_symbol(const char *name) {
@@ -134,6 +148,27 @@ static void sequence(void) {
               ooms.device_total == GIB && ooms.device_free <= GIB,
           "the OOM observer: %d calls, device %d, %zu, %zu, %zu", ooms.calls, ooms.device,
           ooms.alloc_size, ooms.device_total, ooms.device_free);
+    CHECK(error_has("cachealloc: capacity: "), "the verdict after PyTorch's message");
+    CHECK(causes.calls == 1 && causes.device == 0 && causes.cause.class_ == 0 &&
+              strcmp(causes.cause.class_name, "capacity") == 0 &&
+              causes.cause.needed == 2 * GIB && causes.cause.limit == GIB,
+          "the cause observer: %d calls, class %d", causes.calls, causes.cause.class_);
+    cachealloc_oom_cause last;
+    CHECK(cachealloc_last_oom_cause(&last) == 0 && last.class_ == 0 && last.needed == 2 * GIB,
+          "the thread's last out-of-memory cause");
+    CHECK(cachealloc_last_oom_cause(NULL) == -1 && error_has("NULL"), "a NULL out is refused");
+    cachealloc_fragmentation frag;
+    CHECK(cachealloc_get_fragmentation(0, NULL, &frag) == 0 &&
+              frag.large_pool.allocated_bytes == 30 * MIB &&
+              frag.device.reserved_bytes >= 30 * MIB && frag.small_pool.allocated_bytes == 1024,
+          "fragmentation: large %llu, small %llu",
+          (unsigned long long)frag.large_pool.allocated_bytes,
+          (unsigned long long)frag.small_pool.allocated_bytes);
+    cachealloc_pool_memory large_pool;
+    CHECK(cachealloc_get_pool_memory(0, 0, 0, 1, &large_pool) == 0 &&
+              large_pool.allocated_bytes == frag.large_pool.allocated_bytes,
+          "pool_memory of the default large pool");
+    CHECK(cachealloc_get_pool_memory(0, 9, 9, 1, &large_pool) == -1, "an unknown pool");
     printf("ok out of memory: %s\n", last_error());
 
     free_fn(side, 1000, 0, side_stream);
@@ -283,6 +318,8 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_attach_oom_observer(on_oom, &ooms) == 0, "attach_oom_observer");
     CHECK(cachealloc_attach_oom_observer(NULL, NULL) == -1 && error_has("NULL"),
           "a NULL observer is refused");
+    CHECK(cachealloc_attach_oom_cause_observer(on_oom_cause, &causes) == 0,
+          "attach_oom_cause_observer");
     /* Before any device exists: applies to the devices created later. */
     CHECK(cachealloc_record_history(-1, 1, 0) == 0, "record_history(-1)");
     printf("ok cachealloc %s\n", version);

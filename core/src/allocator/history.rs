@@ -94,7 +94,9 @@ where
             .map(|b| b.size)
             .sum();
         self.record(TraceAction::Snapshot, 0, active, 0);
+        let fragmentation = self.fragmentation(B::Stream::from(0));
         Snapshot {
+            fragmentation,
             device: self.backend.ordinal(),
             segments: self.segments(),
             history: self.history.entries(),

@@ -106,6 +106,7 @@ where
             t.stats.allocation.all().current,
             self.live.len() as i64,
         )?;
+        super::fragmentation::check_fragmentation(&self.fragmentation(0.into()), &t.stats)?;
         self.compare_stats(&t.stats)
     }
 

@@ -17,6 +17,7 @@ use crate::backend::{DeviceBackend, DevicePtr, MallocError};
 use crate::error::{Error, OomReport};
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
+use crate::oom_cause::{classify, OomFacts};
 use crate::policy;
 use crate::pool::Pool;
 use crate::private_pool::{block_pool, block_pool_mut};
@@ -112,7 +113,7 @@ where
                 }
             }
             if found == NIL {
-                return Err(self.out_of_memory(orig, size, alloc_size, skey));
+                return Err(self.out_of_memory(orig, size, alloc_size, skey, owner));
             }
         }
         if aligned {
@@ -328,19 +329,29 @@ where
     }
 
     /// The out-of-memory error (counted in `num_ooms`), with the numbers of
-    /// PyTorch's message.
+    /// PyTorch's message and the verdict on why ([`crate::OomCause`]).
+    #[cold]
     fn out_of_memory(
         &mut self,
         orig: u64,
         size: u64,
         alloc_size: u64,
         stream: u64,
+        owner: u8,
     ) -> Error<B::Error> {
         let info = self.backend.mem_info().unwrap_or_default();
         self.record(TraceAction::Oom, info.free, size, stream);
         self.stats.num_ooms += 1;
-        self.notify_out_of_memory(alloc_size, self.limit.unwrap_or(info.total), info.free);
-        Error::OutOfMemory(OomReport {
+        let allowed = self.memory_limit();
+        let facts = OomFacts {
+            alloc_size,
+            reserved_bytes: self.stats.reserved_bytes.all().current.max(0) as u64,
+            device_total: info.total,
+            device_free: info.free,
+            allowed,
+            ..self.oom_facts(owner, stream, size)
+        };
+        let report = OomReport {
             platform: B::PLATFORM,
             device: self.backend.ordinal(),
             requested: orig,
@@ -348,10 +359,13 @@ where
             alloc_size,
             device_total: info.total,
             device_free: info.free,
-            allowed: self.memory_limit(),
+            allowed,
             allocated: self.stats.allocated_bytes.all().current.max(0) as u64,
             reserved: self.stats.reserved_bytes.all().current.max(0) as u64,
             private_pools: self.cached_in_private_pools(),
-        })
+            cause: classify(&facts),
+        };
+        self.notify_out_of_memory(&report, self.limit.unwrap_or(info.total));
+        Error::OutOfMemory(report)
     }
 }

@@ -15,6 +15,7 @@ pub use checkpoint::{CheckpointBlock, RestoreCounts};
 mod aligned;
 mod construct;
 mod expandable;
+pub(super) mod fragmentation;
 mod free;
 mod history;
 mod invariants;

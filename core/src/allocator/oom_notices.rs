@@ -5,15 +5,16 @@
 use super::DeviceAllocator;
 use crate::arena::BlockSlot;
 use crate::backend::DeviceBackend;
+use crate::error::OomReport;
 use crate::history::{HistoryStorage, OutOfMemoryObserver};
 
-/// An out-of-memory to tell the observers about: their arguments.
+/// An out-of-memory to tell the observers about: the report, and the
+/// total the observers' four-number call names (the memory limit, when
+/// one is set).
 #[derive(Clone, Copy)]
 pub(crate) struct OomNotice {
-    pub(crate) device: u32,
-    pub(crate) alloc_size: u64,
+    pub(crate) report: OomReport,
     pub(crate) device_total: u64,
-    pub(crate) device_free: u64,
 }
 
 /// The notices a call left, with the observers to tell (taken under the
@@ -34,8 +35,10 @@ impl OomDelivery {
 
 /// Call `observers` with notice `n`.
 fn deliver(observers: &[&'static dyn OutOfMemoryObserver], n: &OomNotice) {
+    let r = &n.report;
     for o in observers {
-        o.out_of_memory(n.device, n.alloc_size, n.device_total, n.device_free);
+        o.out_of_memory(r.device, r.alloc_size, n.device_total, r.device_free);
+        o.out_of_memory_explained(r);
     }
 }
 
@@ -62,20 +65,13 @@ where
     }
 
     /// Tell the out-of-memory observers now, or keep the notice.
-    pub(super) fn notify_out_of_memory(
-        &mut self,
-        alloc_size: u64,
-        device_total: u64,
-        device_free: u64,
-    ) {
+    pub(super) fn notify_out_of_memory(&mut self, report: &OomReport, device_total: u64) {
         if self.oom_observers.is_empty() {
             return;
         }
         let notice = OomNotice {
-            device: self.backend.ordinal(),
-            alloc_size,
+            report: *report,
             device_total,
-            device_free,
         };
         if self.keep_oom {
             let _ = self.oom_kept.push(notice);

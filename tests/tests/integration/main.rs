@@ -21,6 +21,7 @@ mod fuzz_logic;
 mod fuzz_trace;
 mod history;
 mod ipc;
+mod oom_classes;
 mod real_traces;
 mod shared_allocator;
 #[path = "../common/shared_space.rs"]

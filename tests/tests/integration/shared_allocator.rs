@@ -5,8 +5,8 @@
 
 use cachealloc_core::{
     Allocation, BlockSlot, CachingAllocator, CheckpointBlock, Config, DeviceAllocator, DevicePtr,
-    Error, MallocFlags, MempoolId, OutOfMemoryObserver, PeerAccess, PoolOptions, SegmentTable,
-    SharedAllocator, StreamFilter, TraceActions, TraceEntry, TraceTracker,
+    Error, MallocFlags, MempoolId, OutOfMemoryObserver, PeerAccess, Pool, PoolOptions,
+    SegmentTable, SharedAllocator, StreamFilter, TraceActions, TraceEntry, TraceTracker,
 };
 use cachealloc_mock::{MockDevice, MockError, MockMachine};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,6 +132,12 @@ fn every_method_through_dyn_shared_allocator() {
         Err(Error::UnknownPointer { .. })
     ));
     assert!(a.cache_info().unwrap().cached_bytes > 0);
+    let f = a.fragmentation(0).unwrap();
+    assert_eq!(f.device.free_bytes, a.cache_info().unwrap().cached_bytes);
+    assert_eq!(
+        a.pool_memory(MempoolId::DEFAULT, Pool::Large).unwrap(),
+        f.large_pool
+    );
     a.reset_peak_allocated_bytes().unwrap();
     a.reset_peak_stats().unwrap();
     a.reset_accumulated_stats().unwrap();

@@ -61,6 +61,15 @@ fn replay_snapshots_pass_pytorchs_structural_checks() {
     let dir = scratch("snapshots");
     for t in bundled_traces() {
         let dict = snapshot_of(&t, None, None);
+        // cachealloc's accounting rides along, under a key of its own: it
+        // agrees with the segments PyTorch's keys describe.
+        let f = &dict.cachealloc_fragmentation[0];
+        let reserved: u64 = dict.segments.iter().map(|s| s.total_size).sum();
+        let allocated: u64 = dict.segments.iter().map(|s| s.allocated_size).sum();
+        assert_eq!(
+            (f.total.reserved_bytes, f.total.allocated_bytes),
+            (reserved, allocated)
+        );
         let name = Path::new(&t)
             .file_name()
             .unwrap()

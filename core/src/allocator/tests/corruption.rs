@@ -228,3 +228,39 @@ fn ipc_shares() {
     t.push_share_for_test(c, 2);
     assert_named(broken(&t), "has consumers and one entry");
 }
+
+/// The fragmentation cross-check names what does not add up: the
+/// accounting of a rich state passes, a doctored one fails.
+#[test]
+fn fragmentation_that_does_not_add_up() {
+    use crate::allocator::fragmentation::check_fragmentation;
+    let (t, _) = rich();
+    t.check_invariants().unwrap();
+    let recount = *t.stats();
+    let good = t.fragmentation(0);
+    check_fragmentation(&good, &recount).unwrap();
+    let mut f = good;
+    f.device.reserved_bytes += 512;
+    assert_named(
+        check_fragmentation(&f, &recount).unwrap_err(),
+        "reserved bytes",
+    );
+    let mut f = good;
+    f.large_pool.reserved_bytes += 512;
+    assert_named(
+        check_fragmentation(&f, &recount).unwrap_err(),
+        "pools add up",
+    );
+    let mut f = good;
+    f.other_streams_free_bytes += 512;
+    assert_named(
+        check_fragmentation(&f, &recount).unwrap_err(),
+        "the stream's and the others'",
+    );
+    let mut f = good;
+    f.device.allocated_bytes -= 512;
+    assert_named(
+        check_fragmentation(&f, &recount).unwrap_err(),
+        "allocated bytes",
+    );
+}

@@ -1,0 +1,279 @@
+//! Fragmentation accounting and out-of-memory verdicts for C callers:
+//! where a device's reserved memory is, pool by pool
+//! (`cachealloc_get_fragmentation`, `cachealloc_get_pool_memory`), and why the
+//! last allocation of this thread ran out (`cachealloc_last_oom_cause`),
+//! also told to the observers of `cachealloc_attach_oom_cause_observer`.
+
+use crate::backend::{on_device, text};
+use crate::error::{guard, status, Res};
+use crate::registry;
+use cachealloc_core::{
+    Fragmentation, MempoolId, OomCause, OomClass, Pool, PoolMemory, SharedAllocator,
+};
+use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Mutex;
+
+/// One pool's memory, or several pools' together.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_pool_memory {
+    /// Bytes of mapped segments (PyTorch's reserved bytes).
+    pub reserved_bytes: u64,
+    /// Bytes of the blocks handed out.
+    pub allocated_bytes: u64,
+    /// Bytes their callers asked for (allocated minus requested: rounding waste).
+    pub requested_bytes: u64,
+    /// Bytes of cached (free, reusable) blocks.
+    pub free_bytes: u64,
+    /// The largest cached block.
+    pub largest_free_block: u64,
+    /// Cached blocks.
+    pub free_blocks: u64,
+    /// Bytes of freed blocks waiting on events of other streams (or parked by a capture).
+    pub pending_free_bytes: u64,
+    /// Expandable segments: reserved address space with no page mapped.
+    pub unmapped_bytes: u64,
+    /// 1 - largest free block / free bytes (0 with nothing free).
+    pub external_fragmentation: f64,
+}
+
+impl From<&PoolMemory> for cachealloc_pool_memory {
+    fn from(m: &PoolMemory) -> Self {
+        cachealloc_pool_memory {
+            reserved_bytes: m.reserved_bytes,
+            allocated_bytes: m.allocated_bytes,
+            requested_bytes: m.requested_bytes,
+            free_bytes: m.free_bytes,
+            largest_free_block: m.largest_free_block,
+            free_blocks: m.free_blocks,
+            pending_free_bytes: m.pending_free_bytes,
+            unmapped_bytes: m.unmapped_bytes,
+            external_fragmentation: m.external_fragmentation(),
+        }
+    }
+}
+
+/// A device's memory by pool, and what is cached for requests on one
+/// stream and for the others.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_fragmentation {
+    /// Every pool together.
+    pub device: cachealloc_pool_memory,
+    /// The default small pool.
+    pub small_pool: cachealloc_pool_memory,
+    /// The default large pool.
+    pub large_pool: cachealloc_pool_memory,
+    /// Every private pool (CUDA graphs, MemPool) together.
+    pub private_pools: cachealloc_pool_memory,
+    /// The stream the next two figures are about.
+    pub stream: u64,
+    /// Bytes cached in the default pools in blocks of `stream`.
+    pub stream_free_bytes: u64,
+    /// Bytes cached in the default pools in blocks of other streams.
+    pub other_streams_free_bytes: u64,
+}
+
+impl From<&Fragmentation> for cachealloc_fragmentation {
+    fn from(f: &Fragmentation) -> Self {
+        cachealloc_fragmentation {
+            device: (&f.device).into(),
+            small_pool: (&f.small_pool).into(),
+            large_pool: (&f.large_pool).into(),
+            private_pools: (&f.private_pools).into(),
+            stream: f.stream,
+            stream_free_bytes: f.stream_free_bytes,
+            other_streams_free_bytes: f.other_streams_free_bytes,
+        }
+    }
+}
+
+/// Write `value` to `out` (refused when NULL).
+fn write<T>(out: *mut T, value: T, name: &str) -> Res<()> {
+    if out.is_null() {
+        return Err(format!("{name}: out is NULL"));
+    }
+    // SAFETY: non-null, and writable for a `T` by the caller's contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Device `device`'s memory by pool, with what is cached for requests on
+/// `stream` (a `cudaStream_t`; NULL is the default stream) and for other
+/// streams, into `*out`. Counted now, in one pass over the blocks. Returns
+/// 0, or -1 (the reason in `cachealloc_last_error()`).
+///
+/// # Safety
+/// `out` is NULL or points to a writable `cachealloc_fragmentation`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_get_fragmentation(
+    device: c_int,
+    stream: *mut c_void,
+    out: *mut cachealloc_fragmentation,
+) -> c_int {
+    status("cachealloc_get_fragmentation", || {
+        let stream = stream as usize as u64;
+        let f = on_device!(registry::device(device)?, |a| a
+            .fragmentation(stream.into())
+            .map_err(text))?;
+        write(out, (&f).into(), "cachealloc_get_fragmentation")
+    })
+}
+
+/// One pool's memory: the small (`large` 0) or large pool of the default
+/// pools (`id0` = `id1` = 0) or of private pool (`id0`, `id1`), into
+/// `*out`. Returns 0, or -1 (an unknown pool, a NULL `out`).
+///
+/// # Safety
+/// `out` is NULL or points to a writable `cachealloc_pool_memory`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_get_pool_memory(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    large: c_int,
+    out: *mut cachealloc_pool_memory,
+) -> c_int {
+    status("cachealloc_get_pool_memory", || {
+        let pool = if large != 0 { Pool::Large } else { Pool::Small };
+        let m = on_device!(registry::device(device)?, |a| a
+            .pool_memory(MempoolId(id0, id1), pool)
+            .map_err(text))?;
+        write(out, (&m).into(), "cachealloc_get_pool_memory")
+    })
+}
+
+/// Why an allocation ran out of memory, with the bytes behind the verdict
+/// ("the request's pools": the default pools, or the private pool its
+/// stream was routed to).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_oom_cause {
+    /// The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
+    /// pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
+    /// other_memory.
+    pub class_: c_int,
+    /// The verdict's name (a static string).
+    pub class_name: *const c_char,
+    /// The block size the request needed.
+    pub needed: u64,
+    /// Bytes handed out, in every pool.
+    pub live_bytes: u64,
+    /// The memory limit, else the device's total.
+    pub limit: u64,
+    /// Bytes cached in the request's pools on its stream.
+    pub free_bytes: u64,
+    /// The largest of those blocks.
+    pub largest_free_block: u64,
+    /// Bytes of the request's pools waiting on events (or parked by a capture).
+    pub pending_free_bytes: u64,
+    /// Bytes cached in the request's pools in other streams' blocks.
+    pub other_streams_bytes: u64,
+    /// Bytes cached in private pools other than the request's.
+    pub private_pools_bytes: u64,
+    /// Reserved address space of expandable segments with no page mapped.
+    pub unmapped_bytes: u64,
+}
+
+/// The name of `class` as a static C string.
+fn class_name(class: OomClass) -> *const c_char {
+    let name: &'static std::ffi::CStr = match class {
+        OomClass::Capacity => c"capacity",
+        OomClass::MemoryFraction => c"memory_fraction",
+        OomClass::Fragmentation => c"fragmentation",
+        OomClass::PendingFrees => c"pending_frees",
+        OomClass::OtherStreams => c"other_streams",
+        OomClass::PrivatePools => c"private_pools",
+        OomClass::Mixed => c"mixed",
+        _ => c"other_memory",
+    };
+    name.as_ptr()
+}
+
+impl From<&OomCause> for cachealloc_oom_cause {
+    fn from(c: &OomCause) -> Self {
+        cachealloc_oom_cause {
+            class_: c.class.index() as c_int,
+            class_name: class_name(c.class),
+            needed: c.needed,
+            live_bytes: c.live_bytes,
+            limit: c.limit,
+            free_bytes: c.free_bytes,
+            largest_free_block: c.largest_free_block,
+            pending_free_bytes: c.pending_free_bytes,
+            other_streams_bytes: c.other_streams_bytes,
+            private_pools_bytes: c.private_pools_bytes,
+            unmapped_bytes: c.unmapped_bytes,
+        }
+    }
+}
+
+thread_local! {
+    /// The cause of this thread's last out-of-memory.
+    static LAST_CAUSE: Cell<Option<OomCause>> = const { Cell::new(None) };
+}
+
+/// Keep `cause` as this thread's last out-of-memory's.
+pub(crate) fn remember(cause: &OomCause) {
+    let _ = LAST_CAUSE.try_with(|c| c.set(Some(*cause)));
+}
+
+/// Why this thread's last out-of-memory happened (kept until the next
+/// one), into `*out`. Returns 0, 1 when this thread has had none, or -1
+/// for a NULL `out`.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `cachealloc_oom_cause`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_last_oom_cause(out: *mut cachealloc_oom_cause) -> c_int {
+    guard("cachealloc_last_oom_cause", -1, || {
+        match LAST_CAUSE.try_with(Cell::get).ok().flatten() {
+            Some(c) => write(out, (&c).into(), "cachealloc_last_oom_cause").map(|()| 0),
+            None => Ok(1),
+        }
+    })
+}
+
+#[allow(non_camel_case_types)]
+pub type cachealloc_oom_cause_observer =
+    Option<extern "C" fn(c_int, *const cachealloc_oom_cause, *mut c_void)>;
+
+type CauseFn = extern "C" fn(c_int, *const cachealloc_oom_cause, *mut c_void);
+
+static CAUSE_OBSERVERS: Mutex<Vec<(CauseFn, usize)>> = Mutex::new(Vec::new());
+
+/// Tell the cause observers of an out-of-memory on `device` (outside the
+/// device's lock; a copy of the list, so an observer may attach another).
+pub(crate) fn tell(device: u32, cause: &OomCause) {
+    let list = CAUSE_OBSERVERS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let c: cachealloc_oom_cause = cause.into();
+    for (f, user) in list {
+        f(device as c_int, &c, user as *mut c_void);
+    }
+}
+
+/// Call `observer(device, cause, user)` at every out-of-memory from now on,
+/// after the `cachealloc_attach_oom_observer` observers, once the device's
+/// lock is released (so it may call back into the library). `cause` lives
+/// for the call. Returns 0, or -1 for a NULL observer.
+#[no_mangle]
+pub extern "C" fn cachealloc_attach_oom_cause_observer(
+    observer: cachealloc_oom_cause_observer,
+    user: *mut c_void,
+) -> c_int {
+    status("cachealloc_attach_oom_cause_observer", || {
+        let f = observer.ok_or("cachealloc_attach_oom_cause_observer: observer is NULL")?;
+        CAUSE_OBSERVERS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((f, user as usize));
+        Ok(())
+    })
+}

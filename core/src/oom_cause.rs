@@ -1,0 +1,375 @@
+//! Why an allocation ran out of memory: the classification an
+//! [`OomReport`](crate::OomReport) carries after PyTorch's numbers, made
+//! from the allocator's state once every rung of PyTorch's ladder (cache
+//! flush included) has failed.
+
+use crate::policy::FormatSize;
+use core::fmt;
+
+/// The kind of out-of-memory: what stood between the request and memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OomClass {
+    /// The live bytes and the request exceed what the device (or the
+    /// memory limit) allows: nothing the allocator does could fit it.
+    Capacity,
+    /// The per-process limit (`set_per_process_memory_fraction`) refused
+    /// it; the device had room.
+    MemoryFraction,
+    /// Enough bytes are cached in the request's pools on its stream, in no
+    /// block large enough.
+    Fragmentation,
+    /// Enough bytes only with the freed blocks that wait on events of other
+    /// streams (`record_stream`), or that a capture parked.
+    PendingFrees,
+    /// Enough bytes cached in blocks of other streams, which a request on
+    /// this stream never gets.
+    OtherStreams,
+    /// Enough bytes cached in private pools (CUDA graphs, `MemPool`) that
+    /// the request cannot use.
+    PrivatePools,
+    /// No one reason holds the bytes, several together do: the figures say
+    /// how many each.
+    Mixed,
+    /// The device's free memory is short though the allocator holds little
+    /// of it cached: other processes, or allocations outside this
+    /// allocator, use it. (Beyond the classes PyTorch users name; it is
+    /// what is left when none of the others holds.)
+    OtherMemory,
+}
+
+impl OomClass {
+    /// The class's name in reports (`replay --json`, the C library, Python).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OomClass::Capacity => "capacity",
+            OomClass::MemoryFraction => "memory_fraction",
+            OomClass::Fragmentation => "fragmentation",
+            OomClass::PendingFrees => "pending_frees",
+            OomClass::OtherStreams => "other_streams",
+            OomClass::PrivatePools => "private_pools",
+            OomClass::Mixed => "mixed",
+            OomClass::OtherMemory => "other_memory",
+        }
+    }
+
+    /// Every class, in the order of [`as_str`](Self::as_str)'s numbering
+    /// (`OomClass::ALL[c.index()] == c`).
+    pub const ALL: [OomClass; 8] = [
+        OomClass::Capacity,
+        OomClass::MemoryFraction,
+        OomClass::Fragmentation,
+        OomClass::PendingFrees,
+        OomClass::OtherStreams,
+        OomClass::PrivatePools,
+        OomClass::Mixed,
+        OomClass::OtherMemory,
+    ];
+
+    /// The class's number (the C library's `cachealloc_oom_class`).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why an allocation ran out of memory, with the bytes behind the verdict.
+/// "The request's pools" are those it was served from: the default pools,
+/// or the private pool its stream was routed to (both block sizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OomCause {
+    /// The verdict.
+    pub class: OomClass,
+    /// The block size the request needed (rounded).
+    pub needed: u64,
+    /// Bytes handed out, in every pool, when it failed.
+    pub live_bytes: u64,
+    /// What the allocator may hold: the memory limit, else the device's
+    /// total.
+    pub limit: u64,
+    /// The segment the allocator asked the device for (PyTorch's "Tried to
+    /// allocate").
+    pub segment: u64,
+    /// Bytes the device could still have given, under the limit: its free
+    /// memory, at most the limit minus what the allocator reserves (less
+    /// than the segment, or the device refused a segment it had room for).
+    pub headroom: u64,
+    /// Bytes cached in the request's pools on its stream.
+    pub free_bytes: u64,
+    /// The largest of those blocks.
+    pub largest_free_block: u64,
+    /// Bytes of the request's pools on its stream waiting on events (or
+    /// parked by a capture).
+    pub pending_free_bytes: u64,
+    /// Bytes cached in the request's pools in other streams' blocks.
+    pub other_streams_bytes: u64,
+    /// Bytes cached in private pools other than the request's.
+    pub private_pools_bytes: u64,
+    /// Reserved address space of expandable segments with no page mapped.
+    pub unmapped_bytes: u64,
+}
+
+/// What [`classify`] weighs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct OomFacts {
+    pub(crate) needed: u64,
+    pub(crate) alloc_size: u64,
+    pub(crate) live_bytes: u64,
+    pub(crate) reserved_bytes: u64,
+    pub(crate) device_total: u64,
+    pub(crate) device_free: u64,
+    pub(crate) allowed: Option<u64>,
+    pub(crate) free_bytes: u64,
+    pub(crate) largest_free_block: u64,
+    pub(crate) pending_free_bytes: u64,
+    pub(crate) other_streams_bytes: u64,
+    pub(crate) private_pools_bytes: u64,
+    pub(crate) unmapped_bytes: u64,
+}
+
+/// The verdict on `f`, in this order: a memory limit that refused what the
+/// device had room for; live bytes that leave no room; a device that
+/// refused a segment it reported room for; then the first of fragmentation,
+/// pending frees, other streams and private pools whose bytes, with the
+/// device's remaining headroom, would have served the request; several
+/// together; and else memory used outside the allocator.
+pub(crate) fn classify(f: &OomFacts) -> OomCause {
+    let limit = f.allowed.unwrap_or(f.device_total);
+    let need = f.needed;
+    let headroom = f.device_free.min(limit.saturating_sub(f.reserved_bytes));
+    let with = |bytes: u64| bytes.saturating_add(headroom) >= need;
+    let class = if f.allowed.is_some() && f.device_free >= f.alloc_size {
+        OomClass::MemoryFraction
+    } else if f.live_bytes.saturating_add(need) > limit {
+        OomClass::Capacity
+    } else if f.device_free >= f.alloc_size {
+        OomClass::OtherMemory
+    } else if with(f.free_bytes) {
+        OomClass::Fragmentation
+    } else if with(f.free_bytes + f.pending_free_bytes) {
+        OomClass::PendingFrees
+    } else if with(f.other_streams_bytes) {
+        OomClass::OtherStreams
+    } else if with(f.private_pools_bytes) {
+        OomClass::PrivatePools
+    } else if with(
+        f.free_bytes + f.pending_free_bytes + f.other_streams_bytes + f.private_pools_bytes,
+    ) {
+        OomClass::Mixed
+    } else {
+        OomClass::OtherMemory
+    };
+    OomCause {
+        class,
+        needed: need,
+        live_bytes: f.live_bytes,
+        limit,
+        segment: f.alloc_size,
+        headroom,
+        free_bytes: f.free_bytes,
+        largest_free_block: f.largest_free_block,
+        pending_free_bytes: f.pending_free_bytes,
+        other_streams_bytes: f.other_streams_bytes,
+        private_pools_bytes: f.private_pools_bytes,
+        unmapped_bytes: f.unmapped_bytes,
+    }
+}
+
+impl fmt::Display for OomCause {
+    /// One sentence after PyTorch's message: "cachealloc: fragmentation:
+    /// ...".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let need = FormatSize(self.needed);
+        write!(f, "cachealloc: {}: ", self.class.as_str())?;
+        match self.class {
+            OomClass::Capacity => write!(
+                f,
+                "{} live plus the {need} block needed exceed the {} allowed",
+                FormatSize(self.live_bytes),
+                FormatSize(self.limit)
+            ),
+            OomClass::MemoryFraction => write!(
+                f,
+                "the per-process memory limit of {} refused the {need} block; the device had room",
+                FormatSize(self.limit)
+            ),
+            OomClass::Fragmentation => write!(
+                f,
+                "{} is cached for this request's pool and stream and {} is left on the device, but in pieces: the largest free block is {} (needed {need})",
+                FormatSize(self.free_bytes),
+                FormatSize(self.headroom),
+                FormatSize(self.largest_free_block)
+            ),
+            OomClass::PendingFrees => write!(
+                f,
+                "{} is cached, {} is left on the device and {} more waits on events of other streams (record_stream) to be freed (needed {need})",
+                FormatSize(self.free_bytes),
+                FormatSize(self.headroom),
+                FormatSize(self.pending_free_bytes)
+            ),
+            OomClass::OtherStreams => write!(
+                f,
+                "{} is cached in blocks of other streams, which a request on this stream never gets (needed {need})",
+                FormatSize(self.other_streams_bytes)
+            ),
+            OomClass::PrivatePools => write!(
+                f,
+                "{} is cached in private pools (CUDA graphs, MemPool) this request cannot use (needed {need})",
+                FormatSize(self.private_pools_bytes)
+            ),
+            OomClass::Mixed => write!(
+                f,
+                "needed {need}: {} left on the device, {} cached on this stream (largest block {}), {} waiting on events, {} cached on other streams, {} in private pools",
+                FormatSize(self.headroom),
+                FormatSize(self.free_bytes),
+                FormatSize(self.largest_free_block),
+                FormatSize(self.pending_free_bytes),
+                FormatSize(self.other_streams_bytes),
+                FormatSize(self.private_pools_bytes)
+            ),
+            OomClass::OtherMemory if self.headroom >= self.segment => write!(
+                f,
+                "the device refused a {} segment with {} free: other processes or allocations outside this allocator hold its memory, or it is too fragmented to give one piece",
+                FormatSize(self.segment),
+                FormatSize(self.headroom)
+            ),
+            OomClass::OtherMemory => write!(
+                f,
+                "{} is live here of the {} allowed and nothing cached would serve the {need} block: the device's memory is used outside this allocator (other processes, other allocations)",
+                FormatSize(self.live_bytes),
+                FormatSize(self.limit)
+            ),
+        }?;
+        write!(f, ".")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn facts() -> OomFacts {
+        OomFacts {
+            needed: 100 * MIB,
+            alloc_size: 100 * MIB,
+            live_bytes: 500 * MIB,
+            reserved_bytes: 500 * MIB,
+            device_total: 1024 * MIB,
+            device_free: 10 * MIB,
+            ..OomFacts::default()
+        }
+    }
+
+    #[test]
+    fn each_class_from_its_facts() {
+        let c = |f: OomFacts| classify(&f).class;
+        assert_eq!(c(facts()), OomClass::OtherMemory);
+        assert_eq!(
+            c(OomFacts {
+                live_bytes: 1000 * MIB,
+                ..facts()
+            }),
+            OomClass::Capacity
+        );
+        assert_eq!(
+            c(OomFacts {
+                allowed: Some(512 * MIB),
+                device_free: 400 * MIB,
+                ..facts()
+            }),
+            OomClass::MemoryFraction
+        );
+        assert_eq!(
+            c(OomFacts {
+                free_bytes: 150 * MIB,
+                largest_free_block: 20 * MIB,
+                ..facts()
+            }),
+            OomClass::Fragmentation
+        );
+        assert_eq!(
+            c(OomFacts {
+                free_bytes: 50 * MIB,
+                pending_free_bytes: 60 * MIB,
+                ..facts()
+            }),
+            OomClass::PendingFrees
+        );
+        assert_eq!(
+            c(OomFacts {
+                other_streams_bytes: 100 * MIB,
+                ..facts()
+            }),
+            OomClass::OtherStreams
+        );
+        assert_eq!(
+            c(OomFacts {
+                private_pools_bytes: 200 * MIB,
+                ..facts()
+            }),
+            OomClass::PrivatePools
+        );
+        assert_eq!(
+            c(OomFacts {
+                free_bytes: 30 * MIB,
+                other_streams_bytes: 40 * MIB,
+                private_pools_bytes: 40 * MIB,
+                ..facts()
+            }),
+            OomClass::Mixed
+        );
+    }
+
+    #[test]
+    fn the_device_headroom_counts_with_the_cached_bytes() {
+        // 30 MiB cached and 80 MiB left on the device: the memory is there,
+        // in pieces.
+        let c = classify(&OomFacts {
+            free_bytes: 30 * MIB,
+            device_free: 80 * MIB,
+            ..facts()
+        });
+        assert_eq!((c.class, c.headroom), (OomClass::Fragmentation, 80 * MIB));
+        // The headroom stops at the limit.
+        let c = classify(&OomFacts {
+            free_bytes: 30 * MIB,
+            device_free: 80 * MIB,
+            device_total: 520 * MIB,
+            ..facts()
+        });
+        assert_eq!(c.class, OomClass::Capacity);
+        // A device that refused a segment it reported room for.
+        let c = classify(&OomFacts {
+            device_free: 200 * MIB,
+            ..facts()
+        });
+        assert_eq!(c.class, OomClass::OtherMemory);
+        assert!(heapless_string(&c).contains("refused a 100.00 MiB segment with 200.00 MiB free"));
+    }
+
+    #[test]
+    fn the_sentence_names_the_numbers() {
+        let cause = classify(&OomFacts {
+            free_bytes: 150 * MIB,
+            largest_free_block: 20 * MIB,
+            ..facts()
+        });
+        let s = heapless_string(&cause);
+        assert_eq!(
+            s,
+            "cachealloc: fragmentation: 150.00 MiB is cached for this request's pool and stream and 10.00 MiB is left on the device, but in pieces: the largest free block is 20.00 MiB (needed 100.00 MiB)."
+        );
+        for (i, c) in OomClass::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i);
+        }
+    }
+
+    fn heapless_string(c: &OomCause) -> heapless::String<512> {
+        use core::fmt::Write;
+        let mut s = heapless::String::new();
+        write!(s, "{c}").expect("fits");
+        s
+    }
+}

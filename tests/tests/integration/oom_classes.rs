@@ -1,0 +1,210 @@
+//! Each out-of-memory class built on the simulated device, with the
+//! verdict and the numbers behind it (`OomReport::cause`), PyTorch's
+//! message first in the error's text, and the fragmentation accounting
+//! agreeing with the verdict's figures.
+
+use cachealloc_core::{
+    BlockSlot, Config, DeviceAllocator, Error, MempoolId, OomCause, OomClass, PoolMemory,
+    StreamFilter,
+};
+use cachealloc_mock::{CaptureMode, MockDevice};
+
+const MIB: u64 = 1 << 20;
+const GRAPH: MempoolId = MempoolId(1, 0);
+
+type Alloc = DeviceAllocator<MockDevice, Vec<BlockSlot>, 64>;
+
+/// A device of `capacity` bytes.
+fn device(capacity: u64) -> Alloc {
+    DeviceAllocator::with_events(
+        MockDevice::with_capacity(capacity),
+        vec![BlockSlot::VACANT; 512],
+        Config::DEFAULT,
+    )
+}
+
+/// The cause of `a.malloc(size, stream)`'s out-of-memory; its message
+/// starts with PyTorch's and ends with the verdict.
+fn oom(a: &mut Alloc, size: u64, stream: u64) -> OomCause {
+    match a.malloc(size, stream) {
+        Err(Error::OutOfMemory(r)) => {
+            let text = Error::<cachealloc_mock::MockError>::OutOfMemory(r).to_string();
+            let pytorch = r.pytorch_message().to_string();
+            assert!(text.starts_with(&pytorch), "{text}");
+            assert!(pytorch.starts_with("CUDA out of memory. Tried to allocate"));
+            let verdict = format!("cachealloc: {}: ", r.cause.class.as_str());
+            assert!(
+                text[pytorch.len()..].starts_with(&format!(" {verdict}")),
+                "{text}"
+            );
+            a.check_invariants().unwrap();
+            r.cause
+        }
+        other => panic!("expected an out-of-memory, got {other:?}"),
+    }
+}
+
+#[test]
+fn capacity_live_bytes_leave_no_room() {
+    let mut a = device(64 * MIB);
+    let _x = a.malloc(40 * MIB, 0).unwrap();
+    let c = oom(&mut a, 40 * MIB, 0);
+    assert_eq!(c.class, OomClass::Capacity);
+    assert_eq!(
+        (c.live_bytes, c.needed, c.limit),
+        (40 * MIB, 40 * MIB, 64 * MIB)
+    );
+}
+
+#[test]
+fn memory_fraction_refused_what_the_device_had() {
+    let mut a = device(256 * MIB);
+    a.set_memory_fraction(0.25).unwrap();
+    let _x = a.malloc(40 * MIB, 0).unwrap();
+    let c = oom(&mut a, 40 * MIB, 0);
+    assert_eq!(c.class, OomClass::MemoryFraction);
+    assert_eq!((c.limit, c.live_bytes), (64 * MIB, 40 * MIB));
+}
+
+/// Three 20 MiB segments, each [6 live | 6 free | 6 live | 2 free]: 24 MiB
+/// free on the stream, none of it in one block of 12 MiB, and 4 MiB left on
+/// the device.
+#[test]
+fn fragmentation_enough_free_bytes_in_no_block() {
+    let mut a = device(64 * MIB);
+    let mut free = Vec::new();
+    for _ in 0..3 {
+        let _keep = a.malloc(6 * MIB, 0).unwrap();
+        free.push(a.malloc(6 * MIB, 0).unwrap());
+        let _keep = a.malloc(6 * MIB, 0).unwrap();
+    }
+    for x in free {
+        a.free(x.handle.unwrap()).unwrap();
+    }
+    let c = oom(&mut a, 12 * MIB, 0);
+    assert_eq!(c.class, OomClass::Fragmentation);
+    assert_eq!((c.free_bytes, c.largest_free_block), (24 * MIB, 6 * MIB));
+    assert_eq!(
+        (c.live_bytes, c.needed, c.headroom),
+        (36 * MIB, 12 * MIB, 4 * MIB)
+    );
+    // The accounting agrees: the large pool holds those bytes, in 6 blocks.
+    let f = a.fragmentation(0);
+    assert_eq!(f.large_pool.free_bytes, 24 * MIB);
+    assert_eq!(f.large_pool.free_blocks, 6);
+    assert_eq!(f.large_pool.largest_free_block, 6 * MIB);
+    assert_eq!(f.large_pool.external_fragmentation(), 0.75);
+    assert_eq!(f.stream_free_bytes, 24 * MIB);
+}
+
+/// A capture parks the free of a block another stream used: with it (and
+/// the 4 MiB left on the device) the pool would have had the bytes.
+#[test]
+fn pending_frees_bytes_wait_on_other_streams() {
+    let mut a = device(64 * MIB);
+    let _big = a.malloc(40 * MIB, 0).unwrap();
+    a.capture_begin(GRAPH, StreamFilter::stream(1)).unwrap();
+    a.backend_mut()
+        .begin_capture(1, CaptureMode::Global)
+        .unwrap();
+    let x = a.malloc(6 * MIB, 1).unwrap();
+    let y = a.malloc(6 * MIB, 1).unwrap();
+    a.record_stream(x.handle.unwrap(), 2).unwrap();
+    a.free(x.handle.unwrap()).unwrap(); // parked until the capture ends
+    let c = oom(&mut a, 14 * MIB, 1);
+    assert_eq!(c.class, OomClass::PendingFrees);
+    assert_eq!(c.headroom, 4 * MIB);
+    assert_eq!((c.free_bytes, c.pending_free_bytes), (8 * MIB, 6 * MIB));
+    let graph: PoolMemory = a.pool_memory(GRAPH, cachealloc_core::Pool::Large).unwrap();
+    assert_eq!(graph.pending_free_bytes, 6 * MIB);
+    assert_eq!(graph.free_bytes, 8 * MIB);
+    a.backend_mut().end_capture(1).unwrap();
+    a.capture_end(GRAPH).unwrap();
+    a.free(y.handle.unwrap()).unwrap();
+    a.check_invariants().unwrap();
+}
+
+/// Bytes cached in another stream's blocks are never served to this one.
+#[test]
+fn other_streams_cached_in_their_blocks() {
+    let mut a = device(64 * MIB);
+    let x = a.malloc(6 * MIB, 1).unwrap();
+    let _y = a.malloc(6 * MIB, 1).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
+    let _big = a.malloc(40 * MIB, 0).unwrap();
+    let c = oom(&mut a, 8 * MIB, 0);
+    assert_eq!(c.class, OomClass::OtherStreams);
+    assert_eq!((c.other_streams_bytes, c.free_bytes), (14 * MIB, 0));
+    assert_eq!(a.fragmentation(0).other_streams_free_bytes, 14 * MIB);
+    assert_eq!(a.fragmentation(1).stream_free_bytes, 14 * MIB);
+}
+
+/// A private pool keeps its cached blocks from the default pools.
+#[test]
+fn private_pools_hold_the_bytes() {
+    let mut a = device(64 * MIB);
+    a.begin_allocate_to_pool(GRAPH, StreamFilter::stream(0))
+        .unwrap();
+    let x = a.malloc(6 * MIB, 0).unwrap();
+    let _y = a.malloc(6 * MIB, 0).unwrap();
+    a.end_allocate_to_pool(GRAPH).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
+    let _big = a.malloc(40 * MIB, 0).unwrap();
+    let c = oom(&mut a, 8 * MIB, 0);
+    assert_eq!(c.class, OomClass::PrivatePools);
+    assert_eq!(c.private_pools_bytes, 14 * MIB);
+    assert_eq!(a.fragmentation(0).private_pools.free_bytes, 14 * MIB);
+}
+
+/// Neither this stream's free bytes nor another's alone (each with the 4
+/// MiB left on the device), both together.
+#[test]
+fn mixed_several_reasons_together() {
+    let mut a = device(64 * MIB);
+    for stream in [1, 0] {
+        let _a = a.malloc(6 * MIB, stream).unwrap();
+        let b = a.malloc(6 * MIB, stream).unwrap();
+        let _c = a.malloc(6 * MIB, stream).unwrap();
+        a.free(b.handle.unwrap()).unwrap();
+    }
+    let _g = a.malloc(20 * MIB, 0).unwrap();
+    let c = oom(&mut a, 14 * MIB, 0);
+    assert_eq!(c.class, OomClass::Mixed);
+    assert_eq!(c.headroom, 4 * MIB);
+    assert_eq!((c.free_bytes, c.other_streams_bytes), (8 * MIB, 8 * MIB));
+    assert_eq!(c.largest_free_block, 6 * MIB);
+}
+
+/// The device refuses a segment it reports room for: someone else uses
+/// its memory (or the driver cannot give one piece).
+#[test]
+fn other_memory_used_outside_the_allocator() {
+    let mut a = device(64 * MIB);
+    let _x = a.malloc(10 * MIB, 0).unwrap();
+    a.backend_mut().fail_nth_malloc_oom(0);
+    a.backend_mut().fail_nth_malloc_oom(1);
+    let c = oom(&mut a, 20 * MIB, 0);
+    assert_eq!(c.class, OomClass::OtherMemory);
+    assert_eq!(c.live_bytes, 10 * MIB);
+}
+
+/// Expandable segments: the reserved address space without pages shows
+/// as unmapped bytes, in the accounting and in the verdict.
+#[test]
+fn expandable_segments_unmapped_address_space() {
+    let mut a: Alloc = DeviceAllocator::with_events(
+        MockDevice::with_capacity(64 * MIB),
+        vec![BlockSlot::VACANT; 512],
+        Config::parse("expandable_segments:True").unwrap(),
+    );
+    let x = a.malloc(30 * MIB, 0).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
+    a.empty_cache().unwrap();
+    let _y = a.malloc(10 * MIB, 0).unwrap();
+    let f = a.fragmentation(0);
+    assert!(f.large_pool.unmapped_bytes > 0, "{f:?}");
+    assert_eq!(
+        f.device.reserved_bytes,
+        a.stats().reserved_bytes.all().current as u64
+    );
+}
