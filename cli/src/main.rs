@@ -26,6 +26,8 @@ enum Command {
     Replay(cmd::replay::ReplayArgs),
     /// Replay traces under several configurations, side by side.
     Compare(cmd::compare::CompareArgs),
+    /// Which allocator settings would have served a trace or snapshot best (and fit a capacity).
+    Advise(cmd::advise::AdviseArgs),
     /// Draw live and reserved bytes and the segment map at the peak as SVG.
     Plot(cmd::plot::PlotArgs),
     /// Validate traces and print their statistics.
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
     let status = match Cli::parse().command {
         Command::Replay(a) => a.run(),
         Command::Compare(a) => a.run(),
+        Command::Advise(a) => a.run(),
         Command::Plot(a) => a.run(),
         Command::Check(a) => a.run(),
         Command::Import(a) => a.run(),

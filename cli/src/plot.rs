@@ -280,3 +280,100 @@ fn draw_segment_map(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, c: &
         .draw()?;
     Ok(())
 }
+
+/// `advise --plot`: one horizontal bar per setting, best first, of its peak
+/// reserved bytes; settings that run out of memory under the capacity in
+/// grey, the capacity as a line.
+pub fn advice_chart(a: &cachealloc_trace::advise::Advice, out: &str) -> Result<(), String> {
+    register_font()?;
+    draw_advice(a, out).map_err(|e| e.to_string())
+}
+
+fn draw_advice(a: &cachealloc_trace::advise::Advice, out: &str) -> Drawn {
+    let n = a.ranked.len();
+    let height = 120 + 28 * n as u32;
+    let root = SVGBackend::new(out, (1280, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = a
+        .ranked
+        .iter()
+        .map(|o| o.peak_reserved_bytes)
+        .chain(a.capacity)
+        .max()
+        .unwrap_or(1);
+    let name = std::path::Path::new(&a.trace)
+        .file_name()
+        .map_or(a.trace.clone(), |f| f.to_string_lossy().into_owned());
+    let labels: Vec<String> = a
+        .ranked
+        .iter()
+        .map(|o| {
+            let c = if o.candidate.conf.is_empty() {
+                "(default)".to_string()
+            } else {
+                o.candidate.conf.clone()
+            };
+            let c = if c.chars().count() > 60 {
+                format!("{}...", c.chars().take(57).collect::<String>())
+            } else {
+                c
+            };
+            if o.candidate.what == "recorded" {
+                format!("{c} (recorded)")
+            } else {
+                c
+            }
+        })
+        .collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{name}: peak reserved bytes by allocator setting"),
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(480)
+        .build_cartesian_2d(0f64..gib(top) * 1.1, 0f64..n as f64)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc("GiB")
+        .y_labels(n)
+        .y_label_formatter(&|y| {
+            let k = n as f64 - *y - 0.5;
+            if k >= 0.0 && (k - k.round()).abs() < 1e-6 {
+                labels.get(k.round() as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .draw()?;
+    let good = RGBColor(31, 119, 180);
+    let grey = RGBColor(170, 170, 170);
+    chart.draw_series(a.ranked.iter().enumerate().map(|(i, o)| {
+        let y = (n - 1 - i) as f64;
+        let colour = if o.fits == Some(false) { grey } else { good };
+        Rectangle::new(
+            [(0.0, y + 0.15), (gib(o.peak_reserved_bytes), y + 0.85)],
+            colour.filled(),
+        )
+    }))?;
+    if let Some(c) = a.capacity {
+        let red = RGBColor(214, 39, 40);
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(gib(c), 0.0), (gib(c), n as f64)],
+                red.stroke_width(2),
+            )))?
+            .label(format!("capacity {}", human::bytes(c)))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(2)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}

@@ -694,3 +694,209 @@ fn the_replay_grows_its_slots_unless_told_a_number() {
         "{err}"
     );
 }
+
+/// `advise --capacity` at 95% of a trace's smallest device under the
+/// default settings: it finds a setting that fits whenever `compare
+/// --min-capacity` shows one of its settings fits there, and says "none"
+/// otherwise; its JSON has the documented keys.
+#[test]
+fn advise_finds_a_setting_that_fits_when_compare_shows_one() {
+    let data = bundled_testdata();
+    for name in [
+        "resnet50-train",
+        "bert-mlm-train",
+        "gpt2-train",
+        "gpt2-generate",
+    ] {
+        let t = data.join("traces").join(format!("{name}.jsonl.gz"));
+        let t = t.to_str().unwrap();
+        let min_of = |confs: &[&str]| -> Vec<(String, u64)> {
+            let mut args = vec!["compare", "--min-capacity", "--json", "-q"];
+            for c in confs {
+                args.extend(["--conf", c]);
+            }
+            args.push(t);
+            let out = run(&args);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            json_lines(&out)
+                .iter()
+                .map(|v| {
+                    (
+                        v["conf"].as_str().unwrap().to_string(),
+                        v["min_capacity"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let m = min_of(&[""])[0].1;
+        let capacity = m - m / 20;
+        let out = run(&["advise", "--json", "--capacity", &capacity.to_string(), t]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = &json_lines(&out)[0];
+        for key in [
+            "trace",
+            "capacity",
+            "recorded",
+            "settings",
+            "any_fits",
+            "recommended",
+            "summary",
+        ] {
+            assert!(v.get(key).is_some(), "{name}: no {key}");
+        }
+        let settings = v["settings"].as_array().unwrap();
+        assert!(settings.len() >= 8, "{name}: {} settings", settings.len());
+        // The settings compare can run (no memory fraction), and their
+        // smallest devices.
+        let confs: Vec<&str> = settings
+            .iter()
+            .filter(|s| s["memory_fraction"].is_null())
+            .map(|s| s["conf"].as_str().unwrap())
+            .collect();
+        let mins = min_of(&confs);
+        let exists = mins.iter().any(|(_, min)| *min <= capacity);
+        let summary = v["summary"].as_str().unwrap();
+        if exists {
+            assert_eq!(
+                v["any_fits"], true,
+                "{name}: {mins:?} under {capacity}: {summary}"
+            );
+            let best = v["recommended"]["conf"].as_str().unwrap();
+            let fits = settings.iter().find(|s| s["conf"] == best).unwrap();
+            assert_eq!(fits["fits"], true, "{name}: {summary}");
+            assert!(
+                summary.starts_with("recommended: PYTORCH_CUDA_ALLOC_CONF="),
+                "{summary}"
+            );
+        } else {
+            assert_eq!(
+                v["any_fits"], false,
+                "{name}: {mins:?} under {capacity}: {summary}"
+            );
+            assert!(v["recommended"].is_null());
+            assert!(summary.starts_with("none"), "{name}: {summary}");
+        }
+        println!("{name}: capacity {capacity}, a setting fits: {exists}; {summary}");
+    }
+}
+
+/// `advise` takes a PyTorch snapshot too (imported on the fly, its own
+/// settings the recorded ones), and draws the settings with `--plot`.
+#[test]
+fn advise_imports_a_snapshot_and_plots_the_settings() {
+    let t = bundled_testdata().join("traces/gpt2-generate.jsonl.gz");
+    let dir = scratch("advise");
+    let snap = dir.join("gpt2-generate.pickle");
+    let out = run(&[
+        "replay",
+        "--conf",
+        "roundup_power2_divisions:4",
+        "--snapshot",
+        snap.to_str().unwrap(),
+        t.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = dir.join("advice.svg");
+    let out = run(&[
+        "advise",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+        snap.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let no_font = out.status.code() == Some(1) && stderr.contains("no TrueType font");
+    assert!(out.status.success() || no_font, "{stderr}");
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["recorded"]["conf"], "roundup_power2_divisions:4");
+    assert!(v["settings"].as_array().unwrap().len() >= 8);
+    if !no_font {
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(
+            text.starts_with("<svg") && text.contains("peak reserved bytes by allocator setting")
+        );
+    }
+    // A trace that is neither: a clear error, exit 2.
+    let bad = dir.join("not-a-snapshot.pickle");
+    std::fs::write(&bad, b"not a pickle").unwrap();
+    let out = run(&["advise", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("importing the snapshot"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// An RMM log written by hand in RMM's format imports, replays, and is
+/// advised on; a malformed one names its line.
+#[test]
+fn an_rmm_log_imports_and_replays() {
+    let log = bundled_testdata().join("rmm/hand-written.csv");
+    let dir = scratch("rmm");
+    let trace = dir.join("rmm.jsonl.gz");
+    let out = run(&[
+        "import",
+        log.to_str().unwrap(),
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["replay", "--json", trace.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["allocs"], 27);
+    assert_eq!(v["ooms"], 0);
+    // 6 weights, then 6 activations and a copy buffer live at the peak.
+    let mib = 1u64 << 20;
+    let weights = 64 * mib + 16 * mib + 16 * mib + 4 * mib + mib + 256 * 1024;
+    let step = 32 * mib + 8 * mib + 8 * mib + 2 * mib + 512 * 1024 + 4096 + 12 * mib;
+    assert_eq!(v["peak_live_bytes"].as_u64().unwrap(), weights + step);
+    assert!(v["source"]
+        .as_str()
+        .unwrap()
+        .contains("1 allocate failures"));
+    let out = run(&["advise", "--json", log.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(json_lines(&out)[0]["settings"].as_array().unwrap().len() >= 8);
+    let bad = dir.join("bad.csv");
+    std::fs::write(
+        &bad,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.5,deallocate,0x40,8,0x0\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "import",
+        bad.to_str().unwrap(),
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 2: deallocate of 0x40, which no earlier line allocated"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

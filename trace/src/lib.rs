@@ -28,6 +28,7 @@
 //! # Ok::<(), cachealloc_trace::TraceError>(())
 //! ```
 
+pub mod advise;
 mod against;
 mod check;
 mod device;

@@ -2,13 +2,14 @@
 //! `torch.cuda.memory._record_memory_history`) as a trace.
 
 use cachealloc_cli::human;
-use cachealloc_trace::import::{import, Imported};
+use cachealloc_trace::import::{import, import_rmm_log, is_rmm_log, Imported};
 use clap::Args;
 
 /// Turn a PyTorch memory snapshot with its history into a trace.
 #[derive(Args)]
 pub struct ImportArgs {
-    /// The snapshot (`torch.cuda.memory._dump_snapshot`: a pickle, or the same dict as JSON).
+    /// The snapshot (`torch.cuda.memory._dump_snapshot`: a pickle, or the same dict as JSON), or
+    /// an RMM memory event log (the CSV of `logging_resource_adaptor`).
     snapshot: String,
     /// The trace to write (gzip when it ends in .gz).
     #[arg(short, long)]
@@ -31,7 +32,12 @@ impl ImportArgs {
         let name = std::path::Path::new(&self.snapshot)
             .file_name()
             .map_or(self.snapshot.clone(), |n| n.to_string_lossy().into_owned());
-        let imported = match import(&bytes, &name, self.conf.as_deref()) {
+        let imported = if is_rmm_log(&bytes) {
+            import_rmm_log(&String::from_utf8_lossy(&bytes), &name)
+        } else {
+            import(&bytes, &name, self.conf.as_deref())
+        };
+        let imported = match imported {
             Ok(i) => i,
             Err(e) => {
                 eprintln!("{}: {e}", self.snapshot);

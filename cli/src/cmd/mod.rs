@@ -2,6 +2,7 @@
 //! what it does. Each returns the exit status: 0, 1 (the allocator or the
 //! device failed), or 2 (bad input).
 
+pub mod advise;
 pub mod check;
 pub mod compare;
 pub mod completions;

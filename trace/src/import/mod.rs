@@ -17,11 +17,13 @@
 
 mod body;
 mod pytorch;
+mod rmm;
 mod state;
 mod warmup;
 
 pub use body::{DeviceFacts, PENDING_STREAM_BASE};
 pub use pytorch::{read_snapshot, PtBlock, PtEntry, PtSegment, PtSettings, PtSnapshot};
+pub use rmm::{import_rmm_log, is_rmm_log};
 pub use state::{initial_state, Block, InitialState, Segment};
 
 use crate::event::Event;

@@ -1,0 +1,505 @@
+//! [`advise`]: which allocator settings a trace would have run best with.
+//! The trace is replayed under a grid of settings (the recorded one,
+//! expandable segments, each `roundup_power2_divisions`, `max_split_size_mb`
+//! values taken from the trace's own request sizes, garbage collection
+//! under a limit, the compact policy, and combinations of the settings that
+//! helped), each replay on its own thread, and the results are ranked.
+
+use crate::error::{Reason, TraceError};
+use crate::event::Event;
+use crate::min_capacity::min_capacity;
+use crate::reader::TraceReader;
+use crate::report::Report;
+use crate::run::{run, Options, Quiet};
+use cachealloc_core::{Config, OomClass};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// What [`advise`] is asked.
+#[derive(Clone, Debug, Default)]
+pub struct AdviseOptions {
+    /// The settings the trace was recorded with ("" for PyTorch's defaults).
+    pub recorded: String,
+    /// A device (or limit) to fit: each setting replays under it.
+    pub capacity: Option<u64>,
+    /// Also find each setting's smallest device, to 2 MiB (a bisection:
+    /// about a dozen more replays a setting).
+    pub min_capacity: bool,
+    /// Replays at once (0: one per core).
+    pub threads: usize,
+}
+
+/// One setting of the grid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// Its settings string, canonical (as `Config` writes it; "" the defaults).
+    pub conf: String,
+    /// What it tries, in words ("recorded", "expandable segments", ...).
+    pub what: String,
+    /// Whether PyTorch has it (the compact policy is cachealloc's own).
+    pub pytorch: bool,
+    /// Replayed with `set_per_process_memory_fraction(1.0)` (garbage
+    /// collection acts only under a memory fraction).
+    pub memory_fraction: Option<f64>,
+}
+
+/// How one setting did.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The setting.
+    pub candidate: Candidate,
+    /// Peak reserved bytes (of the run under the capacity, if one is given).
+    pub peak_reserved_bytes: u64,
+    /// Device mallocs (or page maps).
+    pub num_device_alloc: u64,
+    /// Device frees (or unmaps).
+    pub num_device_free: u64,
+    /// Allocations that ran out of memory.
+    pub ooms: u64,
+    /// The first out-of-memory's verdict.
+    pub first_oom_class: Option<OomClass>,
+    /// Under the capacity: whether it ran without an out-of-memory.
+    pub fits: Option<bool>,
+    /// The smallest device it runs on (with `min_capacity`).
+    pub min_capacity: Option<u64>,
+}
+
+/// The advice on one trace.
+#[derive(Clone, Debug)]
+pub struct Advice {
+    /// The trace.
+    pub trace: String,
+    /// The capacity to fit, if given.
+    pub capacity: Option<u64>,
+    /// Every setting, best first ([`rank`]); the recorded one among them.
+    pub ranked: Vec<Outcome>,
+    /// The position in `ranked` of the recorded setting.
+    pub recorded: usize,
+    /// The position in `ranked` of the setting to use: the best PyTorch
+    /// setting that does better than the recorded one (under a capacity:
+    /// the best that fits). `None`: the recorded setting is best, or (under
+    /// a capacity) no setting fits.
+    pub recommended: Option<usize>,
+    /// Under a capacity: whether any setting fits.
+    pub any_fits: Option<bool>,
+}
+
+/// `key:value` items of a settings string (commas inside brackets belong to
+/// the value).
+fn items(conf: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in conf.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&conf[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&conf[start..]);
+    out.into_iter()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// `base` with the items of `extra` set (an item of `extra` replaces the one
+/// of the same key), as written; `None` if it does not parse.
+pub fn with_settings(base: &str, extra: &str) -> Option<String> {
+    let key = |item: &str| item.split(':').next().unwrap_or("").trim().to_string();
+    let extra_items = items(extra);
+    let mut all: Vec<&str> = items(base)
+        .into_iter()
+        .filter(|b| !extra_items.iter().any(|e| key(e) == key(b)))
+        .collect();
+    all.extend(extra_items);
+    let conf = all.join(",");
+    Config::parse(&conf).ok().map(|_| conf)
+}
+
+/// The canonical form of `conf` (two strings of one policy have the same).
+fn canonical(conf: &str) -> String {
+    Config::parse(conf).map_or_else(|_| conf.to_string(), |c| c.to_string())
+}
+
+/// An error of the options given for `trace`.
+fn option_error(trace: &str, why: String) -> TraceError {
+    TraceError {
+        path: trace.to_string(),
+        line: 0,
+        reason: Reason::Option(why),
+    }
+}
+
+/// Sizes of the trace's `alloc` events.
+fn request_sizes(trace: &str) -> Result<Vec<u64>, TraceError> {
+    let mut r = TraceReader::open(trace)?;
+    let mut sizes = Vec::new();
+    while let Some(e) = r.next_event() {
+        if let (_, Event::Alloc { size, .. }) = e? {
+            sizes.push(size);
+        }
+    }
+    Ok(sizes)
+}
+
+/// `max_split_size_mb` values from the trace's large requests: the sizes
+/// at which 50%, 90% and 99% of the requests above 1 MiB are smaller
+/// (PyTorch takes 20 MiB and up), in MiB.
+fn split_sizes(sizes: &[u64]) -> Vec<u64> {
+    const MIB: u64 = 1 << 20;
+    let mut large: Vec<u64> = sizes.iter().copied().filter(|&s| s > MIB).collect();
+    large.sort_unstable();
+    let mut out = Vec::new();
+    if large.is_empty() {
+        return out;
+    }
+    for q in [0.5, 0.9, 0.99] {
+        let k = ((large.len() - 1) as f64 * q) as usize;
+        let mb = large[k].div_ceil(MIB).max(21);
+        if !out.contains(&mb) {
+            out.push(mb);
+        }
+    }
+    out
+}
+
+/// The settings tried one at a time.
+pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, TraceError> {
+    let recorded = with_settings(&opts.recorded, "").ok_or_else(|| {
+        option_error(
+            trace,
+            format!("the recorded settings {:?} do not parse", opts.recorded),
+        )
+    })?;
+    let mut tries: Vec<(String, String, bool, Option<f64>)> = vec![(
+        "expandable_segments:True".into(),
+        "expandable segments".into(),
+        true,
+        None,
+    )];
+    for d in [1, 2, 4, 8] {
+        tries.push((
+            format!("roundup_power2_divisions:{d}"),
+            format!("{d} rounding divisions"),
+            true,
+            None,
+        ));
+    }
+    tries.push((
+        "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]".into(),
+        "rounding divisions by size".into(),
+        true,
+        None,
+    ));
+    for mb in split_sizes(&request_sizes(trace)?) {
+        tries.push((
+            format!("max_split_size_mb:{mb}"),
+            format!("no split of blocks over {mb} MiB"),
+            true,
+            None,
+        ));
+    }
+    if opts.capacity.is_some() {
+        for t in [0.6, 0.8] {
+            tries.push((
+                format!("garbage_collection_threshold:{t}"),
+                format!("garbage collection at {t} (under a memory fraction of 1.0)"),
+                true,
+                Some(1.0),
+            ));
+        }
+    }
+    tries.push((
+        "policy:compact".into(),
+        "the compact policy (cachealloc's)".into(),
+        false,
+        None,
+    ));
+    let mut out = vec![Candidate {
+        conf: recorded.clone(),
+        what: "recorded".into(),
+        pytorch: true,
+        memory_fraction: None,
+    }];
+    for (extra, what, pytorch, memory_fraction) in tries {
+        if let Some(conf) = with_settings(&recorded, &extra) {
+            if !out.iter().any(|c| canonical(&c.conf) == canonical(&conf)) {
+                out.push(Candidate {
+                    conf,
+                    what,
+                    pytorch,
+                    memory_fraction,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Replay `c`.
+fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, TraceError> {
+    let config = Config::parse(&c.conf)
+        .map_err(|e| option_error(trace, format!("settings {:?}: {e}", c.conf)))?;
+    let base = Options {
+        config,
+        conf: c.conf.clone(),
+        capacity: opts.capacity,
+        memory_fraction: c.memory_fraction.filter(|_| opts.capacity.is_some()),
+        ..Options::default()
+    };
+    let (r, _) = run(trace, &base, &mut Quiet)?;
+    let min = if opts.min_capacity {
+        let unlimited = Options {
+            capacity: None,
+            memory_fraction: None,
+            ..base.clone()
+        };
+        let u: Option<Report> = match opts.capacity {
+            None => None,
+            Some(_) => Some(run(trace, &unlimited, &mut Quiet)?.0),
+        };
+        Some(min_capacity(trace, &unlimited, u.as_ref().unwrap_or(&r))?)
+    } else {
+        None
+    };
+    let stats = |f: fn(&cachealloc_core::DeviceStats) -> i64| {
+        r.devices.iter().map(|d| f(&d.1).max(0) as u64).sum::<u64>()
+    };
+    Ok(Outcome {
+        candidate: c.clone(),
+        peak_reserved_bytes: r.peak_reserved_bytes,
+        num_device_alloc: stats(|s| s.num_device_alloc),
+        num_device_free: stats(|s| s.num_device_free),
+        ooms: r.ooms,
+        first_oom_class: r.first_oom.as_ref().map(|o| o.cause.class),
+        fits: opts.capacity.map(|_| r.ooms == 0),
+        min_capacity: min,
+    })
+}
+
+/// Replay every candidate, `threads` at a time; `done` is called after
+/// each (with how many are done).
+fn try_all(
+    trace: &str,
+    candidates: &[Candidate],
+    opts: &AdviseOptions,
+    done: &(dyn Fn(usize) + Sync),
+) -> Result<Vec<Outcome>, TraceError> {
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(candidates.len())
+    .max(1);
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Outcome, TraceError>>>> =
+        Mutex::new((0..candidates.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = candidates.get(k) else {
+                    return;
+                };
+                let r = try_one(trace, c, opts);
+                let failed = r.is_err();
+                results.lock().unwrap_or_else(|p| p.into_inner())[k] = Some(r);
+                done(finished.fetch_add(1, Ordering::Relaxed) + 1);
+                if failed {
+                    // The rest would fail alike (a bad trace): stop taking work.
+                    next.store(candidates.len(), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut out = Vec::with_capacity(results.len());
+    for r in results.into_iter().flatten() {
+        out.push(r?);
+    }
+    Ok(out)
+}
+
+/// The ranking key: fitting first (under a capacity), then the smallest
+/// device (with `min_capacity`), the lowest peak reserved, the fewest
+/// device calls, the shortest settings string.
+fn key(o: &Outcome) -> (bool, u64, u64, u64, usize) {
+    (
+        o.fits == Some(false),
+        o.min_capacity.unwrap_or(0),
+        o.peak_reserved_bytes,
+        o.num_device_alloc + o.num_device_free,
+        o.candidate.conf.len(),
+    )
+}
+
+/// Sort `outcomes` best first.
+pub fn rank(outcomes: &mut [Outcome]) {
+    outcomes.sort_by_key(key);
+}
+
+/// Pairs and the triple of the (at most three) best PyTorch settings that
+/// did better than the recorded one, each touching different keys.
+fn combinations(recorded: &Outcome, singles: &[Outcome]) -> Vec<Candidate> {
+    let mut better: Vec<&Outcome> = singles
+        .iter()
+        .filter(|o| o.candidate.pytorch && o.candidate.memory_fraction.is_none())
+        .filter(|o| o.candidate.what != "recorded" && key(o) < key(recorded))
+        .collect();
+    better.sort_by_key(|o| key(o));
+    let mut chosen: Vec<&Outcome> = Vec::new();
+    for o in better {
+        // One value per kind of setting (one rounding, one split size).
+        let kind = setting_kind(&o.candidate.conf, &recorded.candidate.conf);
+        if chosen
+            .iter()
+            .all(|c| setting_kind(&c.candidate.conf, &recorded.candidate.conf) != kind)
+        {
+            chosen.push(o);
+        }
+        if chosen.len() == 3 {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    let mut add = |parts: &[&Outcome]| {
+        let mut conf = recorded.candidate.conf.clone();
+        let mut what = Vec::new();
+        for p in parts {
+            let Some(c) = with_settings(&conf, &p.candidate.conf) else {
+                return;
+            };
+            conf = c;
+            what.push(p.candidate.what.clone());
+        }
+        out.push(Candidate {
+            conf,
+            what: what.join(" + "),
+            pytorch: true,
+            memory_fraction: None,
+        });
+    };
+    for i in 0..chosen.len() {
+        for j in i + 1..chosen.len() {
+            add(&[chosen[i], chosen[j]]);
+        }
+    }
+    if chosen.len() == 3 {
+        add(&chosen);
+    }
+    out
+}
+
+/// The key a setting changes from the recorded one (its first differing
+/// item's key).
+fn setting_kind(conf: &str, recorded: &str) -> String {
+    let base = items(recorded);
+    items(conf)
+        .into_iter()
+        .find(|i| !base.contains(i))
+        .and_then(|i| i.split(':').next())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The advice on `trace`: every setting of the grid replayed (then the
+/// combinations of the ones that helped), ranked; `progress(done, total)`
+/// after each replay.
+pub fn advise(
+    trace: &str,
+    opts: &AdviseOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<Advice, TraceError> {
+    let singles = singles(trace, opts)?;
+    let total = AtomicUsize::new(singles.len());
+    let tried = try_all(trace, &singles, opts, &|n| {
+        progress(n, total.load(Ordering::Relaxed))
+    })?;
+    let recorded = tried
+        .iter()
+        .find(|o| o.candidate.what == "recorded")
+        .cloned()
+        .ok_or_else(|| option_error(trace, "the recorded setting did not run".into()))?;
+    let combos: Vec<Candidate> = combinations(&recorded, &tried)
+        .into_iter()
+        .filter(|c| {
+            !tried
+                .iter()
+                .any(|o| canonical(&o.candidate.conf) == canonical(&c.conf))
+        })
+        .collect();
+    let before = singles.len();
+    total.store(before + combos.len(), Ordering::Relaxed);
+    let more = try_all(trace, &combos, opts, &|n| {
+        progress(before + n, before + combos.len())
+    })?;
+    let mut ranked = tried;
+    ranked.extend(more);
+    rank(&mut ranked);
+    let recorded_at = ranked
+        .iter()
+        .position(|o| o.candidate.what == "recorded")
+        .unwrap_or(0);
+    let any_fits = opts
+        .capacity
+        .map(|_| ranked.iter().any(|o| o.fits == Some(true)));
+    let recorded_key = key(&ranked[recorded_at]);
+    // The best PyTorch setting: under a capacity, the best that fits (the
+    // recorded one, if it is best); else the best that beats the recorded.
+    let recommended = ranked
+        .iter()
+        .position(|o| o.candidate.pytorch && o.fits != Some(false))
+        .filter(|&i| opts.capacity.is_some() || key(&ranked[i]) < recorded_key);
+    Ok(Advice {
+        trace: trace.to_string(),
+        capacity: opts.capacity,
+        ranked,
+        recorded: recorded_at,
+        recommended,
+        any_fits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_compose_and_replace_their_keys() {
+        assert_eq!(
+            with_settings("", "expandable_segments:True").unwrap(),
+            "expandable_segments:True"
+        );
+        let c = with_settings(
+            "max_split_size_mb:200,roundup_power2_divisions:[256:1,>:4]",
+            "roundup_power2_divisions:2",
+        )
+        .unwrap();
+        assert_eq!(c, "max_split_size_mb:200,roundup_power2_divisions:2");
+        assert_eq!(
+            Config::parse(&c).unwrap().roundup_power2_divisions,
+            Config::parse("roundup_power2_divisions:2")
+                .unwrap()
+                .roundup_power2_divisions
+        );
+        assert!(with_settings("", "no_such_key:1").is_none());
+        assert_eq!(
+            items("a:1,b:[1:2,>:3], c:4"),
+            vec!["a:1", "b:[1:2,>:3]", "c:4"]
+        );
+    }
+
+    #[test]
+    fn split_sizes_come_from_the_large_requests() {
+        const MIB: u64 = 1 << 20;
+        let sizes: Vec<u64> = (1..=100).map(|k| k * MIB).collect();
+        assert_eq!(split_sizes(&sizes), vec![51, 90, 99]);
+        assert_eq!(split_sizes(&[512, 4096]), Vec::<u64>::new());
+    }
+}
