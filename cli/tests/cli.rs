@@ -133,6 +133,20 @@ fn ooms_under_a_capacity_are_counted_and_their_frees_skipped() {
         message.contains(&format!("cachealloc: {class}: ")),
         "{message}"
     );
+    // Where the reserved memory is after the last event: the pools add up.
+    let f = &v["fragmentation_at_end"][0];
+    let total = f["total"]["reserved_bytes"].as_u64().unwrap();
+    let pools: u64 = ["small_pool", "large_pool", "private_pools"]
+        .iter()
+        .map(|p| f[p]["reserved_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, pools);
+    assert_eq!(
+        total,
+        v["memory_stats"]["reserved_bytes.all.current"]
+            .as_u64()
+            .unwrap()
+    );
     // The text report names it too.
     let text = run(&["replay", "--capacity", "1GiB", t.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&text.stdout);

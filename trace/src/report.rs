@@ -27,6 +27,9 @@ pub struct Report {
     pub oom_classes: [u64; 8],
     /// The first out-of-memory: where and why.
     pub first_oom: Option<crate::FirstOom>,
+    /// Per device, where its reserved memory is after the last event
+    /// (cachealloc's accounting; the default stream's view).
+    pub fragmentation: Vec<(u64, cachealloc_core::Fragmentation)>,
     /// Peak of the sum of requested sizes of live allocations.
     pub peak_live_bytes: u64,
     /// Peak reserved bytes (summed over devices' peaks).
@@ -153,6 +156,35 @@ impl Report {
                 })
             }
         };
+        v["fragmentation_at_end"] = self
+            .fragmentation
+            .iter()
+            .map(|(d, f)| {
+                let pool = |m: &cachealloc_core::PoolMemory| {
+                    serde_json::json!({
+                        "reserved_bytes": m.reserved_bytes,
+                        "allocated_bytes": m.allocated_bytes,
+                        "requested_bytes": m.requested_bytes,
+                        "free_bytes": m.free_bytes,
+                        "largest_free_block": m.largest_free_block,
+                        "free_blocks": m.free_blocks,
+                        "pending_free_bytes": m.pending_free_bytes,
+                        "unmapped_bytes": m.unmapped_bytes,
+                        "external_fragmentation": m.external_fragmentation(),
+                        "rounding_waste": m.rounding_waste(),
+                    })
+                };
+                serde_json::json!({
+                    "device": d,
+                    "total": pool(&f.device),
+                    "small_pool": pool(&f.small_pool),
+                    "large_pool": pool(&f.large_pool),
+                    "private_pools": pool(&f.private_pools),
+                    "default_stream_free_bytes": f.stream_free_bytes,
+                    "other_streams_free_bytes": f.other_streams_free_bytes,
+                })
+            })
+            .collect();
         if !self.pools.is_empty() {
             v["pools"] = self
                 .pools

@@ -205,6 +205,11 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .filter(|_| opts.real_addresses)
             .collect(),
         snapshot: opts.snapshot.then(|| r.snapshot_dict(&path, &opts.conf)),
+        fragmentation: r
+            .devices
+            .iter()
+            .map(|d| (d.index, d.alloc.fragmentation(0.into())))
+            .collect(),
         total_seconds: t0.elapsed().as_secs_f64(),
         parse_seconds: parse,
         replay_seconds: alloc,
