@@ -6,7 +6,7 @@
 pub type MallocAddresses = Vec<(u64, Vec<(u64, u64)>)>;
 
 /// The header line.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Header {
     /// The format version (1, or 2 with private-pool ops).
     pub version: u64,
@@ -14,6 +14,9 @@ pub struct Header {
     pub source: String,
     /// Device memory the workload ran with, if known.
     pub device_capacity: Option<u64>,
+    /// `set_per_process_memory_fraction` the workload ran under, if any
+    /// (`memory_fraction`; it needs `device_capacity`).
+    pub memory_fraction: Option<f64>,
     /// How many events at the start rebuild the state the recording began
     /// from (`prefix_events`; 0 for a trace recorded from a cold start).
     pub prefix_events: u64,

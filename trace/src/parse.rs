@@ -229,6 +229,14 @@ fn parse_header_fields(line: &[u8]) -> Result<Header, String> {
                 .ok_or("`device_capacity` must be a non-negative integer or null")?,
         ),
     };
+    let memory_fraction = match obj.get("memory_fraction") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|f| *f > 0.0 && *f <= 1.0)
+                .ok_or("`memory_fraction` must be a number in (0, 1] or null")?,
+        ),
+    };
     let source = obj
         .get("source")
         .and_then(|s| s.as_str())
@@ -248,6 +256,7 @@ fn parse_header_fields(line: &[u8]) -> Result<Header, String> {
         version,
         source,
         device_capacity,
+        memory_fraction,
         prefix_events,
         malloc_addresses,
     })

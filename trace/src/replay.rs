@@ -138,8 +138,10 @@ pub(crate) fn allocator_error(e: impl std::fmt::Display) -> Reason {
 impl<D: ReplayDevice> Replay<D> {
     /// A replay with `opts` of a trace with `header` (its `device_capacity`,
     /// and its `malloc_addresses` if `opts.real_addresses`).
-    pub fn new(opts: Options, header: &Header) -> Self {
+    pub fn new(mut opts: Options, header: &Header) -> Self {
         let capacity = opts.capacity.or(header.device_capacity);
+        // A recording made under a memory fraction replays under it.
+        opts.memory_fraction = opts.memory_fraction.or(header.memory_fraction);
         let slots = opts.slots;
         let real_mallocs = if opts.real_addresses {
             header.malloc_addresses.clone()
@@ -169,6 +171,11 @@ impl<D: ReplayDevice> Replay<D> {
     /// The device capacity in force (`None`: unlimited).
     pub fn capacity(&self) -> Option<u64> {
         self.capacity
+    }
+
+    /// The memory fraction in force: the options', else the trace's.
+    pub fn memory_fraction(&self) -> Option<f64> {
+        self.opts.memory_fraction
     }
 
     /// The position of device `index` in `devices`, created at first use.

@@ -128,11 +128,11 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
         ));
     }
     let mut r = Replay::<D>::new(opts.clone(), &reader.header);
-    if opts.memory_fraction.is_some() && r.capacity().is_none() {
+    if r.memory_fraction().is_some() && r.capacity().is_none() {
         return Err(reader.error(
             0,
             Reason::Option(
-                "--memory-fraction needs a device capacity (--capacity or the trace's device_capacity)"
+                "a memory fraction (--memory-fraction, or the trace's memory_fraction) needs a device capacity (--capacity or the trace's device_capacity)"
                     .to_string(),
             ),
         ));

@@ -2,7 +2,9 @@
 //! `torch.cuda.memory._record_memory_history`) as a trace.
 
 use cachealloc_cli::human;
-use cachealloc_trace::import::{import, import_rmm_log, is_rmm_log, Imported};
+use cachealloc_trace::import::{
+    import_rmm_log, import_with_limit, is_rmm_log, Imported, MemoryLimit,
+};
 use clap::Args;
 
 /// Turn a PyTorch memory snapshot with its history into a trace.
@@ -17,6 +19,14 @@ pub struct ImportArgs {
     /// Allocator settings the recording ran with (default: the snapshot's own, else PyTorch's defaults).
     #[arg(long)]
     conf: Option<String>,
+    /// The recording ran under torch.cuda.set_per_process_memory_fraction(F) (with --capacity):
+    /// the trace replays under it. Without it, an out-of-memory that a limit refused while the
+    /// device had room makes the trace replay under a fraction of 1.0 of the inferred capacity.
+    #[arg(long, requires = "capacity")]
+    memory_fraction: Option<f64>,
+    /// The device's memory (bytes, or with a unit), for --memory-fraction.
+    #[arg(long, value_parser = human::parse_bytes, requires = "memory_fraction")]
+    capacity: Option<u64>,
 }
 
 impl ImportArgs {
@@ -35,7 +45,18 @@ impl ImportArgs {
         let imported = if is_rmm_log(&bytes) {
             import_rmm_log(&String::from_utf8_lossy(&bytes), &name)
         } else {
-            import(&bytes, &name, self.conf.as_deref())
+            let limit = self
+                .memory_fraction
+                .zip(self.capacity)
+                .map(|(fraction, device_total)| MemoryLimit {
+                    fraction,
+                    device_total,
+                });
+            if let Some(f) = self.memory_fraction.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
+                eprintln!("--memory-fraction {f}: expected a number in (0, 1]");
+                return 2;
+            }
+            import_with_limit(&bytes, &name, self.conf.as_deref(), limit)
         };
         let imported = match imported {
             Ok(i) => i,
@@ -103,8 +124,29 @@ fn summary(path: &str, i: &Imported) {
                 f.oom_retries, f.ooms, f.empty_caches, f.deferred_frees
             );
         }
+        if f.limit_refusals > 0 {
+            println!(
+                "    {} failed allocations a memory limit refused while the device had room (a memory fraction)",
+                f.limit_refusals
+            );
+        }
+        if f.gc_bursts > 0 {
+            println!(
+                "    {} bursts of segment frees before a device malloc, garbage collection's or retries' (the settings collect garbage): not read as the capacity",
+                f.gc_bursts
+            );
+        }
     }
-    if let Some((least, below)) = i.capacity {
+    if let Some((fraction, total)) = i.memory_limit {
+        println!(
+            "  memory fraction {fraction} of a {} device: the trace replays under it",
+            human::bytes(total)
+        );
+    }
+    if let Some((least, below)) = i
+        .capacity
+        .filter(|_| i.memory_limit.is_none_or(|l| l.0 == 1.0))
+    {
         println!(
             "  device capacity {} (a device malloc failed: the capacity is at least {} and below {})",
             least,

@@ -6,8 +6,8 @@
 //! reproduce their truth files.
 
 use cachealloc_core::Config;
-use cachealloc_tests::{scratch, shared_part, testdata_part};
-use cachealloc_trace::import::import;
+use cachealloc_tests::{bundled_testdata, scratch, shared_part, testdata_part};
+use cachealloc_trace::import::{import, import_with_limit, MemoryLimit};
 use cachealloc_trace::{against, run, write_snapshot, Options, Quiet, SnapshotDict, TraceReader};
 use std::path::Path;
 use std::process::Command;
@@ -148,6 +148,62 @@ fn round_trip(
     against(trace.to_str().unwrap(), snapshot, name, &opts)
         .unwrap_or_else(|e| panic!("{name}: {e}"))
         .0
+}
+
+/// A recording that ran out of memory under a memory fraction, with
+/// garbage collection (which PyTorch runs only under one): the import reads
+/// the limit off the out-of-memory entries (the device had room) or takes
+/// it given, and the replay is equal block for block either way. (Before
+/// the limit was read, its garbage collection's segment frees were read as
+/// failed mallocs: "no capacity explains every failed device malloc", and
+/// 143 device mallocs too few.)
+#[test]
+fn a_recording_under_a_memory_fraction_imports_and_replays() {
+    let dir = scratch("fraction");
+    let t = format!(
+        "{}/traces/resnet50-train.jsonl.gz",
+        bundled_testdata().display()
+    );
+    let conf = "garbage_collection_threshold:0.6";
+    let events = TraceReader::open(&t).unwrap().count_rest().unwrap() as usize;
+    let opts = Options {
+        config: Config::parse(conf).unwrap(),
+        conf: conf.to_string(),
+        capacity: Some(8 << 30),
+        memory_fraction: Some(0.35),
+        history: 3 * events + 16,
+        snapshot: true,
+        ..Options::default()
+    };
+    let (report, _) = run(&t, &opts, &mut Quiet).unwrap();
+    assert!(report.ooms > 0, "the recording runs out of memory");
+    let p = dir.join("fraction.pickle");
+    write_snapshot(p.to_str().unwrap(), &report.snapshot.unwrap().0).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    let given = MemoryLimit {
+        fraction: 0.35,
+        device_total: 8 << 30,
+    };
+    for (label, limit) in [("inferred", None), ("given", Some(given))] {
+        let imported = import_with_limit(&bytes, label, Some(conf), limit).unwrap();
+        let f = imported.devices[0].facts.limit_refusals;
+        assert!(f > 0, "{label}: the limit, not the device, refused");
+        let expect = limit.map_or(1.0, |l| l.fraction);
+        assert_eq!(imported.memory_limit.map(|l| l.0), Some(expect), "{label}");
+        let trace = dir.join(format!("{label}.jsonl.gz"));
+        imported.write(trace.to_str().unwrap()).unwrap();
+        let opts = Options {
+            config: Config::parse(conf).unwrap(),
+            conf: conf.to_string(),
+            real_addresses: true,
+            ..Options::default()
+        };
+        let (devices, _) = against(trace.to_str().unwrap(), &bytes, label, &opts).unwrap();
+        for d in devices {
+            assert!(d.matches(), "{label}: {d:#?}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

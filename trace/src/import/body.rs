@@ -31,6 +31,13 @@ pub struct DeviceFacts {
     pub capacity_below: Option<u64>,
     /// Bursts of segment frees that retried a failed device malloc.
     pub oom_retries: u64,
+    /// Bursts of segment frees before a device malloc that garbage
+    /// collection may have made instead (settings with
+    /// `garbage_collection_threshold`): not read as failed mallocs.
+    pub gc_bursts: u64,
+    /// `oom` entries whose device had room for the segment: a memory limit
+    /// (a memory fraction), not the device, refused them.
+    pub limit_refusals: u64,
     /// Bursts of segment frees read as `empty_cache`.
     pub empty_caches: u64,
     /// Allocations that failed for good (`oom` entries).
@@ -69,6 +76,8 @@ pub struct Body<'a> {
     pub facts: DeviceFacts,
     /// The events made.
     pub events: Vec<Timed>,
+    /// Garbage collection may free segments before a device malloc.
+    gc: bool,
 }
 
 impl<'a> Body<'a> {
@@ -91,12 +100,20 @@ impl<'a> Body<'a> {
             next_pending_stream,
             reserved,
             burst: None,
+            gc: false,
             facts: DeviceFacts {
                 peak_reserved: reserved,
                 ..DeviceFacts::default()
             },
             events: Vec::new(),
         }
+    }
+
+    /// Bursts of segment frees before a device malloc may be garbage
+    /// collection's (the recorded settings collect garbage).
+    pub fn with_garbage_collection(mut self, gc: bool) -> Self {
+        self.gc = gc;
+        self
     }
 
     fn emit(&mut self, e: &PtEntry, event: Event) {
@@ -176,7 +193,11 @@ impl<'a> Body<'a> {
             }
             "segment_alloc" => {
                 if let Some((before, false)) = burst {
-                    self.retried(before, e.size);
+                    if self.gc {
+                        self.facts.gc_bursts += 1;
+                    } else {
+                        self.retried(before, e.size);
+                    }
                 }
                 self.reserved += e.size;
                 self.facts.peak_reserved = self.facts.peak_reserved.max(self.reserved);
@@ -200,6 +221,9 @@ impl<'a> Body<'a> {
             "oom" => {
                 self.facts.ooms += 1;
                 let segment = policy::allocation_size(e.size).unwrap_or(e.size);
+                if e.device_free.is_some_and(|free| free >= segment) {
+                    self.facts.limit_refusals += 1;
+                }
                 self.capacity_below(self.reserved.saturating_add(segment));
                 let id = *next_id;
                 *next_id += 1;

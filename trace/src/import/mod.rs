@@ -96,6 +96,17 @@ impl DeviceImport {
     }
 }
 
+/// The memory limit a recording ran under: PyTorch's
+/// `set_per_process_memory_fraction(fraction)` on a device of
+/// `device_total` bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryLimit {
+    /// The fraction.
+    pub fraction: f64,
+    /// The device's memory.
+    pub device_total: u64,
+}
+
 /// A snapshot turned into a trace.
 pub struct Imported {
     /// The header (a JSON object).
@@ -114,6 +125,10 @@ pub struct Imported {
     pub streams: StreamMap,
     /// The snapshot's segments: the state the recording ended in.
     pub final_segments: Vec<PtSegment>,
+    /// The memory fraction the trace replays under (given, or 1.0 of the
+    /// inferred capacity when an out-of-memory shows that a limit, not the
+    /// device, refused), and the device capacity it goes with.
+    pub memory_limit: Option<(f64, u64)>,
 }
 
 impl Imported {
@@ -131,6 +146,22 @@ impl Imported {
 /// settings are the snapshot's (`conf` overrides them; older PyTorch
 /// recorded none, and then the default is used).
 pub fn import(bytes: &[u8], name: &str, conf: Option<&str>) -> Result<Imported, String> {
+    import_with_limit(bytes, name, conf, None)
+}
+
+/// [`import`] of a recording made under a memory fraction: `limit` gives
+/// it exactly (the trace's header then carries it, and replays apply it);
+/// without it, an `oom` entry whose device had room for the segment shows
+/// a limit, and the trace replays under a fraction of 1.0 of the inferred
+/// capacity. With `garbage_collection_threshold` in the settings, segment
+/// frees before a device malloc may be garbage collection's, and are not
+/// read as failed mallocs.
+pub fn import_with_limit(
+    bytes: &[u8],
+    name: &str,
+    conf: Option<&str>,
+    limit: Option<MemoryLimit>,
+) -> Result<Imported, String> {
     let snap = read_snapshot(bytes)?;
     let conf = conf
         .map(str::to_string)
@@ -153,7 +184,8 @@ pub fn import(bytes: &[u8], name: &str, conf: Option<&str>) -> Result<Imported, 
             format!("device {d}: rebuilding the state the recording began from: {e}")
         })?;
         let usable = &entries[initial.first_usable..];
-        let mut body = body::Body::new(d, &streams, w.live, initial.reserved(), &mut next_pending);
+        let mut body = body::Body::new(d, &streams, w.live, initial.reserved(), &mut next_pending)
+            .with_garbage_collection(config.garbage_collection_threshold > 0.0);
         for i in 0..usable.len() {
             body.entry(usable, i, &mut next_id)
                 .map_err(|e| format!("device {d}: {e}"))?;
@@ -176,7 +208,20 @@ pub fn import(bytes: &[u8], name: &str, conf: Option<&str>) -> Result<Imported, 
     }
     events.extend(merge(bodies));
     let capacity = capacity(&devices);
-    let header = header(name, &conf, &devices, capacity, &streams, events.len());
+    let memory_limit = match limit {
+        Some(l) => Some((l.fraction, l.device_total)),
+        None if devices.iter().any(|d| d.facts.limit_refusals > 0) => capacity.map(|c| (1.0, c.0)),
+        None => None,
+    };
+    let header = header(
+        name,
+        &conf,
+        &devices,
+        memory_limit.map_or(capacity.map(|c| c.0), |l| Some(l.1)),
+        memory_limit.map(|l| l.0),
+        &streams,
+        events.len(),
+    );
     Ok(Imported {
         header,
         events,
@@ -185,6 +230,7 @@ pub fn import(bytes: &[u8], name: &str, conf: Option<&str>) -> Result<Imported, 
         capacity,
         streams,
         final_segments: snap.segments,
+        memory_limit,
     })
 }
 
@@ -240,7 +286,8 @@ fn header(
     name: &str,
     conf: &str,
     devices: &[DeviceImport],
-    capacity: Option<(u64, u64)>,
+    capacity: Option<u64>,
+    memory_fraction: Option<f64>,
     streams: &StreamMap,
     events: usize,
 ) -> serde_json::Value {
@@ -258,7 +305,8 @@ fn header(
         "format": "cachealloc-trace",
         "version": 1,
         "source": format!("imported from the PyTorch memory snapshot {name}: {events} events"),
-        "device_capacity": capacity.map(|c| c.0),
+        "device_capacity": capacity,
+        "memory_fraction": memory_fraction,
         "prefix_events": prefix,
         "prefix_segments": segments,
         "malloc_addresses": mallocs,

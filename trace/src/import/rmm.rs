@@ -132,6 +132,7 @@ pub fn import_rmm_log(text: &str, name: &str) -> Result<Imported, String> {
         capacity: None,
         streams,
         final_segments: Vec::new(),
+        memory_limit: None,
     })
 }
 
