@@ -201,16 +201,34 @@ pub fn against(
                 .collect()
         };
         let stats = d.alloc.stats();
+        // Expandable segments: the device's mallocs and frees are page maps
+        // and unmaps (as the import reads the recording).
+        let expandable = d.alloc.config().maps_pages();
+        let (malloc, free) = if expandable {
+            (TraceAction::SegmentMap, TraceAction::SegmentUnmap)
+        } else {
+            (TraceAction::SegmentAlloc, TraceAction::SegmentFree)
+        };
         let replayed = Side {
-            mallocs: of(TraceAction::SegmentAlloc),
-            frees: of(TraceAction::SegmentFree),
+            mallocs: of(malloc),
+            frees: of(free),
             peak_reserved: stats.reserved_bytes.all().peak as u64,
             segments: d.alloc.segments().count(),
         };
-        let state_difference = first_difference(
-            &recorded_layout(&imported.final_segments, di.device),
-            &replayed_layout(d, &di.facts.mallocs, &imported.streams),
+        let (mut recorded_runs, mut replayed_runs) = (
+            recorded_layout(&imported.final_segments, di.device),
+            replayed_layout(d, &di.facts.mallocs, &imported.streams),
         );
+        if expandable {
+            // A reservation's place is the driver's: compare the runs in
+            // address order, each by its rank.
+            for layout in [&mut recorded_runs, &mut replayed_runs] {
+                for (k, l) in layout.iter_mut().enumerate() {
+                    l.0 = k as u64;
+                }
+            }
+        }
+        let state_difference = first_difference(&recorded_runs, &replayed_runs);
         out.push(DeviceAgainst {
             device: di.device,
             recorded,

@@ -206,6 +206,68 @@ fn a_recording_under_a_memory_fraction_imports_and_replays() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Snapshots recorded with expandable segments (their segments are mapped
+/// runs, their history `segment_map` / `segment_unmap`): from a cold start,
+/// with the whole history, they import and replay to the same maps, unmaps,
+/// peak and final runs, block for block, on an unlimited device and on a
+/// 3 GiB one (unmaps, out-of-memory errors); a warm start (a ring buffer
+/// that dropped the oldest entries) is refused, saying why.
+#[test]
+fn expandable_snapshots_import_and_replay_to_the_same_state() {
+    let dir = scratch("expandable");
+    let conf = "expandable_segments:True";
+    for t in bundled_traces() {
+        let name = Path::new(&t)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let events = TraceReader::open(&t).unwrap().count_rest().unwrap() as usize;
+        for (label, history, capacity) in [
+            ("whole", 3 * events + 16, None),
+            ("3GiB", 3 * events + 16, Some(3u64 << 30)),
+            ("ring", events, None),
+        ] {
+            let opts = Options {
+                config: Config::parse(conf).unwrap(),
+                conf: conf.to_string(),
+                capacity,
+                history,
+                snapshot: true,
+                ..Options::default()
+            };
+            let (report, _) = run(&t, &opts, &mut Quiet).unwrap();
+            let p = dir.join(format!("{name}.{label}.pickle"));
+            write_snapshot(p.to_str().unwrap(), &report.snapshot.unwrap().0).unwrap();
+            let bytes = std::fs::read(&p).unwrap();
+            if label == "ring" {
+                let e = import(&bytes, &name, Some(conf))
+                    .err()
+                    .expect("a warm start is refused");
+                assert!(
+                    e.contains("(a cold start) can be imported yet"),
+                    "{name}: {e}"
+                );
+                continue;
+            }
+            for d in round_trip(&bytes, &format!("{name}.{label}"), &dir, conf) {
+                println!(
+                    "{name} ({label}): {} maps, {} unmaps, final state {}",
+                    d.replayed.mallocs.len(),
+                    d.replayed.frees.len(),
+                    d.state_difference.as_deref().unwrap_or("equal")
+                );
+                assert!(
+                    !d.recorded.mallocs.is_empty(),
+                    "{name} ({label}): no maps read"
+                );
+                assert!(d.matches(), "{name} ({label}): {d:#?}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn our_snapshots_import_and_replay_to_the_same_state() {
     let dir = scratch("round-trip");

@@ -134,7 +134,7 @@ impl<'a> Body<'a> {
         let e = &entries[i];
         let addr = e.addr.unwrap_or(0);
         let what = || format!("entry {i} ({} at {addr:#x})", e.action);
-        let burst = if e.action == "segment_free" {
+        let burst = if e.action == "segment_free" || e.action == "segment_unmap" {
             self.burst
         } else {
             self.burst.take()
@@ -191,7 +191,9 @@ impl<'a> Body<'a> {
                 }
                 // Else: the completion of the free just before it.
             }
-            "segment_alloc" => {
+            // Expandable segments: pages mapped into a reservation and
+            // unmapped from it count as the device's mallocs and frees.
+            "segment_alloc" | "segment_map" => {
                 if let Some((before, false)) = burst {
                     if self.gc {
                         self.facts.gc_bursts += 1;
@@ -203,12 +205,14 @@ impl<'a> Body<'a> {
                 self.facts.peak_reserved = self.facts.peak_reserved.max(self.reserved);
                 self.facts.mallocs.push((addr, e.size));
             }
-            "segment_free" => {
+            "segment_free" | "segment_unmap" => {
                 if burst.is_none() {
                     let ends_in_malloc = entries[i..]
                         .iter()
-                        .find(|n| n.action != "segment_free")
-                        .is_some_and(|n| n.action == "segment_alloc" || n.action == "oom");
+                        .find(|n| n.action != "segment_free" && n.action != "segment_unmap")
+                        .is_some_and(|n| {
+                            matches!(n.action.as_str(), "segment_alloc" | "segment_map" | "oom")
+                        });
                     if !ends_in_malloc {
                         self.facts.empty_caches += 1;
                         self.emit(e, Event::EmptyCache);
@@ -236,12 +240,6 @@ impl<'a> Body<'a> {
                         device: self.device,
                     },
                 );
-            }
-            "segment_map" | "segment_unmap" => {
-                return Err(format!(
-                    "{}: expandable segments cannot be imported yet",
-                    what()
-                ))
             }
             _ => {} // snapshot, annotations
         }

@@ -16,6 +16,7 @@
 //! best-fit ties as PyTorch did there.
 
 mod body;
+mod expandable;
 mod pytorch;
 mod rmm;
 mod state;
@@ -178,8 +179,16 @@ pub fn import_with_limit(
     for d in device_list(&snap) {
         let entries = snap.device_traces.get(d as usize).unwrap_or(&empty);
         let segs: Vec<&PtSegment> = snap.segments.iter().filter(|s| s.device == d).collect();
-        let initial =
-            initial_state(&segs, entries, &config).map_err(|e| format!("device {d}: {e}"))?;
+        let expandable = segs.iter().any(|s| s.is_expandable)
+            || entries
+                .iter()
+                .any(|e| e.action == "segment_map" || e.action == "segment_unmap");
+        let initial = if expandable {
+            expandable::cold_start(&segs, entries)
+        } else {
+            initial_state(&segs, entries, &config)
+        }
+        .map_err(|e| format!("device {d}: {e}"))?;
         let w = warmup::warmup(d, &initial, &streams, &config, &mut next_id).map_err(|e| {
             format!("device {d}: rebuilding the state the recording began from: {e}")
         })?;

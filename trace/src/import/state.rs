@@ -167,7 +167,7 @@ impl Walk {
                 Ok(())
             }
             "segment_map" | "segment_unmap" => Err(format!(
-                "{}: expandable segments cannot be imported yet",
+                "{}: expandable segments are imported from a cold start only (import routes them to that check)",
                 e.action
             )),
             _ => Ok(()), // oom, snapshot, annotations: no state change
@@ -188,7 +188,7 @@ pub fn initial_state(
     };
     for s in segments {
         if s.is_expandable {
-            return Err("expandable segments cannot be imported yet".to_string());
+            return Err("expandable segments are imported from a cold start only (import routes them to that check)".to_string());
         }
         let mut blocks = BTreeMap::new();
         let mut addr = s.address;
