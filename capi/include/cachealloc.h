@@ -180,7 +180,15 @@ typedef struct {
      */
     uint64_t limit;
     /**
-     * Bytes cached in the request's pools on its stream.
+     * The segment the allocator asked the device for.
+     */
+    uint64_t segment;
+    /**
+     * Bytes the device could still have given under the limit.
+     */
+    uint64_t headroom;
+    /**
+     * Bytes cached in the request's pool (its block size) on its stream.
      */
     uint64_t free_bytes;
     /**
@@ -192,13 +200,17 @@ typedef struct {
      */
     uint64_t pending_free_bytes;
     /**
-     * Bytes cached in the request's pools in other streams' blocks.
+     * Bytes cached or pending in the request's pools in other streams' blocks.
      */
     uint64_t other_streams_bytes;
     /**
-     * Bytes cached in private pools other than the request's.
+     * Bytes cached in other pools than the request's.
      */
     uint64_t private_pools_bytes;
+    /**
+     * Bytes cached on the request's stream in blocks of the other size.
+     */
+    uint64_t other_size_bytes;
     /**
      * Reserved address space of expandable segments with no page mapped.
      */
@@ -664,7 +676,7 @@ int cachealloc_last_oom_cause(cachealloc_oom_cause *out);
 
 /**
  * Call `observer(device, cause, user)` at every out-of-memory from now on,
- * after the `cachealloc_attach_oom_observer` observers, once the device's
+ * before the `cachealloc_attach_oom_observer` observers, once the device's
  * lock is released (so it may call back into the library). `cause` lives
  * for the call. Returns 0, or -1 for a NULL observer.
  */

@@ -92,11 +92,14 @@ impl From<&Fragmentation> for cachealloc_fragmentation {
 }
 
 /// Write `value` to `out` (refused when NULL).
-fn write<T>(out: *mut T, value: T, name: &str) -> Res<()> {
+///
+/// # Safety
+/// `out` is NULL or points to memory writable for a `T`.
+unsafe fn write<T>(out: *mut T, value: T, name: &str) -> Res<()> {
     if out.is_null() {
         return Err(format!("{name}: out is NULL"));
     }
-    // SAFETY: non-null, and writable for a `T` by the caller's contract.
+    // SAFETY: non-null, and writable for a `T` by this function's contract.
     unsafe { out.write(value) };
     Ok(())
 }
@@ -119,7 +122,8 @@ pub unsafe extern "C" fn cachealloc_get_fragmentation(
         let f = on_device!(registry::device(device)?, |a| a
             .fragmentation(stream.into())
             .map_err(text))?;
-        write(out, (&f).into(), "cachealloc_get_fragmentation")
+        // SAFETY: `out` is NULL or writable, by this function's contract.
+        unsafe { write(out, (&f).into(), "cachealloc_get_fragmentation") }
     })
 }
 
@@ -142,7 +146,8 @@ pub unsafe extern "C" fn cachealloc_get_pool_memory(
         let m = on_device!(registry::device(device)?, |a| a
             .pool_memory(MempoolId(id0, id1), pool)
             .map_err(text))?;
-        write(out, (&m).into(), "cachealloc_get_pool_memory")
+        // SAFETY: `out` is NULL or writable, by this function's contract.
+        unsafe { write(out, (&m).into(), "cachealloc_get_pool_memory") }
     })
 }
 
@@ -165,16 +170,22 @@ pub struct cachealloc_oom_cause {
     pub live_bytes: u64,
     /// The memory limit, else the device's total.
     pub limit: u64,
-    /// Bytes cached in the request's pools on its stream.
+    /// The segment the allocator asked the device for.
+    pub segment: u64,
+    /// Bytes the device could still have given under the limit.
+    pub headroom: u64,
+    /// Bytes cached in the request's pool (its block size) on its stream.
     pub free_bytes: u64,
     /// The largest of those blocks.
     pub largest_free_block: u64,
     /// Bytes of the request's pools waiting on events (or parked by a capture).
     pub pending_free_bytes: u64,
-    /// Bytes cached in the request's pools in other streams' blocks.
+    /// Bytes cached or pending in the request's pools in other streams' blocks.
     pub other_streams_bytes: u64,
-    /// Bytes cached in private pools other than the request's.
+    /// Bytes cached in other pools than the request's.
     pub private_pools_bytes: u64,
+    /// Bytes cached on the request's stream in blocks of the other size.
+    pub other_size_bytes: u64,
     /// Reserved address space of expandable segments with no page mapped.
     pub unmapped_bytes: u64,
 }
@@ -202,11 +213,14 @@ impl From<&OomCause> for cachealloc_oom_cause {
             needed: c.needed,
             live_bytes: c.live_bytes,
             limit: c.limit,
+            segment: c.segment,
+            headroom: c.headroom,
             free_bytes: c.free_bytes,
             largest_free_block: c.largest_free_block,
             pending_free_bytes: c.pending_free_bytes,
             other_streams_bytes: c.other_streams_bytes,
             private_pools_bytes: c.private_pools_bytes,
+            other_size_bytes: c.other_size_bytes,
             unmapped_bytes: c.unmapped_bytes,
         }
     }
@@ -232,7 +246,8 @@ pub(crate) fn remember(cause: &OomCause) {
 pub unsafe extern "C" fn cachealloc_last_oom_cause(out: *mut cachealloc_oom_cause) -> c_int {
     guard("cachealloc_last_oom_cause", -1, || {
         match LAST_CAUSE.try_with(Cell::get).ok().flatten() {
-            Some(c) => write(out, (&c).into(), "cachealloc_last_oom_cause").map(|()| 0),
+            // SAFETY: `out` is NULL or writable, by this function's contract.
+            Some(c) => unsafe { write(out, (&c).into(), "cachealloc_last_oom_cause") }.map(|()| 0),
             None => Ok(1),
         }
     })
@@ -260,7 +275,7 @@ pub(crate) fn tell(device: u32, cause: &OomCause) {
 }
 
 /// Call `observer(device, cause, user)` at every out-of-memory from now on,
-/// after the `cachealloc_attach_oom_observer` observers, once the device's
+/// before the `cachealloc_attach_oom_observer` observers, once the device's
 /// lock is released (so it may call back into the library). `cause` lives
 /// for the call. Returns 0, or -1 for a NULL observer.
 #[no_mangle]

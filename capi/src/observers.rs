@@ -64,6 +64,9 @@ pub(crate) static FORWARD: Forward = Forward;
 
 impl OutOfMemoryObserver for Forward {
     fn out_of_memory_explained(&self, report: &cachealloc_core::OomReport) {
+        // The failing thread's last cause is in place before any observer
+        // runs, so an observer that asks for it gets this one.
+        crate::fragmentation::remember(&report.cause);
         crate::fragmentation::tell(report.device, &report.cause);
     }
 

@@ -313,7 +313,7 @@ pub trait OutOfMemoryObserver: Sync {
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64);
 
     /// The same out-of-memory, whole: PyTorch's numbers and why it ran out
-    /// ([`OomReport::cause`](crate::OomReport::cause)). Called right after
+    /// ([`OomReport::cause`](crate::OomReport::cause)). Called right before
     /// [`out_of_memory`](Self::out_of_memory); does nothing unless
     /// implemented.
     fn out_of_memory_explained(&self, report: &crate::OomReport) {

@@ -94,17 +94,25 @@ pub struct OomCause {
     /// memory, at most the limit minus what the allocator reserves (less
     /// than the segment, or the device refused a segment it had room for).
     pub headroom: u64,
-    /// Bytes cached in the request's pools on its stream.
+    /// Bytes cached in the request's pool (its block size: small or large)
+    /// on its stream.
     pub free_bytes: u64,
     /// The largest of those blocks.
     pub largest_free_block: u64,
-    /// Bytes of the request's pools on its stream waiting on events (or
+    /// Bytes of the request's pool on its stream waiting on events (or
     /// parked by a capture).
     pub pending_free_bytes: u64,
-    /// Bytes cached in the request's pools in other streams' blocks.
+    /// Bytes cached, or waiting on events, in the request's pools in other
+    /// streams' blocks.
     pub other_streams_bytes: u64,
-    /// Bytes cached in private pools other than the request's.
+    /// Bytes cached in other pools than the request's: private pools (CUDA
+    /// graphs, `MemPool`), or the default pools for a request routed to a
+    /// private pool.
     pub private_pools_bytes: u64,
+    /// Bytes cached on the request's stream in its pools of the other block
+    /// size (small for a large request, large for a small one): they never
+    /// serve it.
+    pub other_size_bytes: u64,
     /// Reserved address space of expandable segments with no page mapped.
     pub unmapped_bytes: u64,
 }
@@ -124,25 +132,32 @@ pub(crate) struct OomFacts {
     pub(crate) pending_free_bytes: u64,
     pub(crate) other_streams_bytes: u64,
     pub(crate) private_pools_bytes: u64,
+    pub(crate) other_size_bytes: u64,
     pub(crate) unmapped_bytes: u64,
 }
 
-/// The verdict on `f`, in this order: a memory limit that refused what the
-/// device had room for; live bytes that leave no room; a device that
-/// refused a segment it reported room for; then the first of fragmentation,
-/// pending frees, other streams and private pools whose bytes, with the
-/// device's remaining headroom, would have served the request; several
-/// together; and else memory used outside the allocator.
+/// The verdict on `f`, in this order: a memory limit that refused a
+/// segment the device had room for; live bytes that leave no room; a
+/// device that refused a segment it reported room for; then the first of
+/// fragmentation, pending frees, other streams and other pools whose bytes
+/// (some, with the device's remaining headroom) would have served the
+/// request; several together; a device whose headroom holds the block but
+/// not the segment the allocator asks for (capacity, at the segment's
+/// granularity); and else memory used outside the allocator.
 pub(crate) fn classify(f: &OomFacts) -> OomCause {
     let limit = f.allowed.unwrap_or(f.device_total);
     let need = f.needed;
     let headroom = f.device_free.min(limit.saturating_sub(f.reserved_bytes));
-    let with = |bytes: u64| bytes.saturating_add(headroom) >= need;
-    let class = if f.allowed.is_some() && f.device_free >= f.alloc_size {
+    // Some bytes of this kind, and with the headroom enough.
+    let with = |bytes: u64| bytes > 0 && bytes.saturating_add(headroom) >= need;
+    let limit_refused = f
+        .allowed
+        .is_some_and(|a| f.reserved_bytes.saturating_add(f.alloc_size) > a);
+    let class = if limit_refused && f.device_free >= f.alloc_size {
         OomClass::MemoryFraction
     } else if f.live_bytes.saturating_add(need) > limit {
         OomClass::Capacity
-    } else if f.device_free >= f.alloc_size {
+    } else if f.device_free >= f.alloc_size && !limit_refused {
         OomClass::OtherMemory
     } else if with(f.free_bytes) {
         OomClass::Fragmentation
@@ -153,9 +168,15 @@ pub(crate) fn classify(f: &OomFacts) -> OomCause {
     } else if with(f.private_pools_bytes) {
         OomClass::PrivatePools
     } else if with(
-        f.free_bytes + f.pending_free_bytes + f.other_streams_bytes + f.private_pools_bytes,
+        f.free_bytes
+            + f.pending_free_bytes
+            + f.other_streams_bytes
+            + f.private_pools_bytes
+            + f.other_size_bytes,
     ) {
         OomClass::Mixed
+    } else if headroom >= need {
+        OomClass::Capacity
     } else {
         OomClass::OtherMemory
     };
@@ -171,6 +192,7 @@ pub(crate) fn classify(f: &OomFacts) -> OomCause {
         pending_free_bytes: f.pending_free_bytes,
         other_streams_bytes: f.other_streams_bytes,
         private_pools_bytes: f.private_pools_bytes,
+        other_size_bytes: f.other_size_bytes,
         unmapped_bytes: f.unmapped_bytes,
     }
 }
@@ -182,6 +204,14 @@ impl fmt::Display for OomCause {
         let need = FormatSize(self.needed);
         write!(f, "cachealloc: {}: ", self.class.as_str())?;
         match self.class {
+            OomClass::Capacity if self.live_bytes.saturating_add(self.needed) <= self.limit => {
+                write!(
+                    f,
+                    "{} is left on the device, room for the {need} block but not for the {} segment the allocator asks the device for, and nothing cached would serve it",
+                    FormatSize(self.headroom),
+                    FormatSize(self.segment)
+                )
+            }
             OomClass::Capacity => write!(
                 f,
                 "{} live plus the {need} block needed exceed the {} allowed",
@@ -214,18 +244,19 @@ impl fmt::Display for OomCause {
             ),
             OomClass::PrivatePools => write!(
                 f,
-                "{} is cached in private pools (CUDA graphs, MemPool) this request cannot use (needed {need})",
+                "{} is cached in other pools (private pools: CUDA graphs, MemPool) that this request cannot use (needed {need})",
                 FormatSize(self.private_pools_bytes)
             ),
             OomClass::Mixed => write!(
                 f,
-                "needed {need}: {} left on the device, {} cached on this stream (largest block {}), {} waiting on events, {} cached on other streams, {} in private pools",
+                "needed {need}: {} left on the device, {} cached on this stream (largest block {}), {} waiting on events, {} cached on other streams, {} in other pools, {} in blocks of the other size",
                 FormatSize(self.headroom),
                 FormatSize(self.free_bytes),
                 FormatSize(self.largest_free_block),
                 FormatSize(self.pending_free_bytes),
                 FormatSize(self.other_streams_bytes),
-                FormatSize(self.private_pools_bytes)
+                FormatSize(self.private_pools_bytes),
+                FormatSize(self.other_size_bytes)
             ),
             OomClass::OtherMemory if self.headroom >= self.segment => write!(
                 f,
@@ -347,6 +378,27 @@ mod tests {
         });
         assert_eq!(c.class, OomClass::OtherMemory);
         assert!(heapless_string(&c).contains("refused a 100.00 MiB segment with 200.00 MiB free"));
+    }
+
+    #[test]
+    fn headroom_for_the_block_but_not_the_segment_is_capacity() {
+        // 3 MiB asked, a 20 MiB segment needed, 14 MiB left, nothing cached.
+        let c = classify(&OomFacts {
+            needed: 3 * MIB,
+            alloc_size: 20 * MIB,
+            device_free: 14 * MIB,
+            ..facts()
+        });
+        assert_eq!(c.class, OomClass::Capacity);
+        assert!(heapless_string(&c)
+            .contains("room for the 3.00 MiB block but not for the 20.00 MiB segment"));
+        // A limit that was not reached refused nothing: the device did.
+        let c = classify(&OomFacts {
+            allowed: Some(900 * MIB),
+            device_free: 200 * MIB,
+            ..facts()
+        });
+        assert_eq!(c.class, OomClass::OtherMemory);
     }
 
     #[test]

@@ -46,8 +46,9 @@ class OomCause(ctypes.Structure):
     """``cachealloc_oom_cause``: why an allocation ran out of memory."""
 
     _fields_ = [("class_", c_int), ("class_name", c_char_p)] + [(name, c_uint64) for name in (
-        "needed", "live_bytes", "limit", "free_bytes", "largest_free_block", "pending_free_bytes",
-        "other_streams_bytes", "private_pools_bytes", "unmapped_bytes")]
+        "needed", "live_bytes", "limit", "segment", "headroom", "free_bytes", "largest_free_block",
+        "pending_free_bytes", "other_streams_bytes", "private_pools_bytes", "other_size_bytes",
+        "unmapped_bytes")]
 
 
 #: ``typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*)``

@@ -188,10 +188,10 @@ def last_oom_cause():
     ``class`` (``capacity``, ``memory_fraction``, ``fragmentation``,
     ``pending_frees``, ``other_streams``, ``private_pools``, ``mixed``,
     ``other_memory``) and the bytes behind it (``needed``, ``live_bytes``,
-    ``limit``, ``free_bytes``, ``largest_free_block``,
-    ``pending_free_bytes``, ``other_streams_bytes``,
-    ``private_pools_bytes``, ``unmapped_bytes``). The exception's message
-    ends with the same verdict in words."""
+    ``limit``, ``segment``, ``headroom``, ``free_bytes``,
+    ``largest_free_block``, ``pending_free_bytes``, ``other_streams_bytes``,
+    ``private_pools_bytes``, ``other_size_bytes``, ``unmapped_bytes``). The
+    exception's message ends with the same verdict in words."""
     c = _lib.OomCause()
     r = _lib.lib().cachealloc_last_oom_cause(ctypes.byref(c))
     _lib.check(-1 if r < 0 else 0, "cachealloc_last_oom_cause")
@@ -200,7 +200,7 @@ def last_oom_cause():
 
 def attach_oom_cause_observer(observer):
     """Call ``observer(device, cause)`` at every final out-of-memory, with
-    ``cause`` the dict of ``last_oom_cause``, right after the observers of
+    ``cause`` the dict of ``last_oom_cause``, right before the observers of
     ``attach_oom_observer`` (outside the device's lock: it may call
     cachealloc). There is no detach."""
     if not callable(observer):

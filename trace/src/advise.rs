@@ -32,8 +32,10 @@ pub struct AdviseOptions {
 /// One setting of the grid.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
-    /// Its settings string, canonical (as `Config` writes it; "" the defaults).
+    /// Its settings string ("" the defaults).
     pub conf: String,
+    /// The items it sets over the recorded settings ("" for those).
+    pub extra: String,
     /// What it tries, in words ("recorded", "expandable segments", ...).
     pub what: String,
     /// Whether PyTorch has it (the compact policy is cachealloc's own).
@@ -76,9 +78,10 @@ pub struct Advice {
     /// The position in `ranked` of the recorded setting.
     pub recorded: usize,
     /// The position in `ranked` of the setting to use: the best PyTorch
-    /// setting that does better than the recorded one (under a capacity:
-    /// the best that fits). `None`: the recorded setting is best, or (under
-    /// a capacity) no setting fits.
+    /// setting that does better than the recorded one; under a capacity,
+    /// the best PyTorch setting that fits (the recorded one, if it is
+    /// best). `None`: without a capacity, the recorded setting is best;
+    /// under one, no setting fits.
     pub recommended: Option<usize>,
     /// Under a capacity: whether any setting fits.
     pub any_fits: Option<bool>,
@@ -149,7 +152,7 @@ fn request_sizes(trace: &str) -> Result<Vec<u64>, TraceError> {
 
 /// `max_split_size_mb` values from the trace's large requests: the sizes
 /// at which 50%, 90% and 99% of the requests above 1 MiB are smaller
-/// (PyTorch takes 20 MiB and up), in MiB.
+/// (PyTorch takes more than 20 MiB), in MiB.
 fn split_sizes(sizes: &[u64]) -> Vec<u64> {
     const MIB: u64 = 1 << 20;
     let mut large: Vec<u64> = sizes.iter().copied().filter(|&s| s > MIB).collect();
@@ -222,6 +225,7 @@ pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, Trac
     ));
     let mut out = vec![Candidate {
         conf: recorded.clone(),
+        extra: String::new(),
         what: "recorded".into(),
         pytorch: true,
         memory_fraction: None,
@@ -231,6 +235,7 @@ pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, Trac
             if !out.iter().any(|c| canonical(&c.conf) == canonical(&conf)) {
                 out.push(Candidate {
                     conf,
+                    extra,
                     what,
                     pytorch,
                     memory_fraction,
@@ -243,27 +248,37 @@ pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, Trac
 
 /// Replay `c`.
 fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, TraceError> {
+    let trace_fraction = TraceReader::open(trace)?.header.memory_fraction;
     let config = Config::parse(&c.conf)
         .map_err(|e| option_error(trace, format!("settings {:?}: {e}", c.conf)))?;
     let base = Options {
         config,
         conf: c.conf.clone(),
         capacity: opts.capacity,
-        memory_fraction: c.memory_fraction.filter(|_| opts.capacity.is_some()),
+        // Garbage collection needs a fraction: the trace's own if it has
+        // one, else the candidate's 1.0 (every candidate then has the same
+        // memory).
+        memory_fraction: c
+            .memory_fraction
+            .filter(|_| opts.capacity.is_some())
+            .map(|f| trace_fraction.unwrap_or(f)),
         ..Options::default()
     };
     let (r, _) = run(trace, &base, &mut Quiet)?;
     let min = if opts.min_capacity {
+        // As `compare --min-capacity`: bisect up to the peak of a run no
+        // capacity limits (not even the trace's own).
         let unlimited = Options {
-            capacity: None,
+            capacity: Some(u64::MAX),
             memory_fraction: None,
             ..base.clone()
         };
-        let u: Option<Report> = match opts.capacity {
-            None => None,
-            Some(_) => Some(run(trace, &unlimited, &mut Quiet)?.0),
+        let (u, _): (Report, _) = run(trace, &unlimited, &mut Quiet)?;
+        let probe = Options {
+            capacity: None,
+            ..unlimited
         };
-        Some(min_capacity(trace, &unlimited, u.as_ref().unwrap_or(&r))?)
+        Some(min_capacity(trace, &probe, &u)?)
     } else {
         None
     };
@@ -277,7 +292,7 @@ fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, 
         num_device_free: stats(|s| s.num_device_free),
         ooms: r.ooms,
         first_oom_class: r.first_oom.as_ref().map(|o| o.cause.class),
-        fits: opts.capacity.map(|_| r.ooms == 0),
+        fits: r.capacity.map(|_| r.ooms == 0),
         min_capacity: min,
     })
 }
@@ -326,12 +341,13 @@ fn try_all(
     Ok(out)
 }
 
-/// The ranking key: fitting first (under a capacity), then the smallest
-/// device (with `min_capacity`), the lowest peak reserved, the fewest
-/// device calls, the shortest settings string.
+/// The ranking key: runs without an out-of-memory first (under a capacity,
+/// the given one or the trace's), then the smallest device (with
+/// `min_capacity`), the lowest peak reserved, the fewest device calls, the
+/// shortest settings string.
 fn key(o: &Outcome) -> (bool, u64, u64, u64, usize) {
     (
-        o.fits == Some(false),
+        o.ooms > 0,
         o.min_capacity.unwrap_or(0),
         o.peak_reserved_bytes,
         o.num_device_alloc + o.num_device_free,
@@ -356,10 +372,10 @@ fn combinations(recorded: &Outcome, singles: &[Outcome]) -> Vec<Candidate> {
     let mut chosen: Vec<&Outcome> = Vec::new();
     for o in better {
         // One value per kind of setting (one rounding, one split size).
-        let kind = setting_kind(&o.candidate.conf, &recorded.candidate.conf);
+        let kind = setting_kind(&o.candidate.extra);
         if chosen
             .iter()
-            .all(|c| setting_kind(&c.candidate.conf, &recorded.candidate.conf) != kind)
+            .all(|c| setting_kind(&c.candidate.extra) != kind)
         {
             chosen.push(o);
         }
@@ -370,16 +386,20 @@ fn combinations(recorded: &Outcome, singles: &[Outcome]) -> Vec<Candidate> {
     let mut out = Vec::new();
     let mut add = |parts: &[&Outcome]| {
         let mut conf = recorded.candidate.conf.clone();
+        let mut extra = Vec::new();
         let mut what = Vec::new();
         for p in parts {
-            let Some(c) = with_settings(&conf, &p.candidate.conf) else {
+            // Each part's own items, over what the others set.
+            let Some(c) = with_settings(&conf, &p.candidate.extra) else {
                 return;
             };
             conf = c;
+            extra.push(p.candidate.extra.clone());
             what.push(p.candidate.what.clone());
         }
         out.push(Candidate {
             conf,
+            extra: extra.join(","),
             what: what.join(" + "),
             pytorch: true,
             memory_fraction: None,
@@ -396,13 +416,10 @@ fn combinations(recorded: &Outcome, singles: &[Outcome]) -> Vec<Candidate> {
     out
 }
 
-/// The key a setting changes from the recorded one (its first differing
-/// item's key).
-fn setting_kind(conf: &str, recorded: &str) -> String {
-    let base = items(recorded);
-    items(conf)
-        .into_iter()
-        .find(|i| !base.contains(i))
+/// The key of the (first) item a setting sets over the recorded ones.
+fn setting_kind(extra: &str) -> String {
+    items(extra)
+        .first()
         .and_then(|i| i.split(':').next())
         .unwrap_or("")
         .to_string()
@@ -493,6 +510,62 @@ mod tests {
             items("a:1,b:[1:2,>:3], c:4"),
             vec!["a:1", "b:[1:2,>:3]", "c:4"]
         );
+    }
+
+    fn outcome(conf: &str, extra: &str, peak: u64, ooms: u64) -> Outcome {
+        Outcome {
+            candidate: Candidate {
+                conf: conf.into(),
+                extra: extra.into(),
+                what: if extra.is_empty() {
+                    "recorded".into()
+                } else {
+                    extra.into()
+                },
+                pytorch: true,
+                memory_fraction: None,
+            },
+            peak_reserved_bytes: peak,
+            num_device_alloc: 1,
+            num_device_free: 0,
+            ooms,
+            first_oom_class: None,
+            fits: None,
+            min_capacity: None,
+        }
+    }
+
+    /// A pair sets both parts' own items: B's split size is not undone by
+    /// A's string, which carries the recorded one.
+    #[test]
+    fn combinations_compose_the_parts_own_items() {
+        let rec = outcome("max_split_size_mb:200", "", 100, 0);
+        let a = outcome(
+            "max_split_size_mb:200,roundup_power2_divisions:4",
+            "roundup_power2_divisions:4",
+            90,
+            0,
+        );
+        let b = outcome("max_split_size_mb:100", "max_split_size_mb:100", 80, 0);
+        let combos = combinations(&rec, &[rec.clone(), a, b]);
+        assert_eq!(combos.len(), 1);
+        let c = Config::parse(&combos[0].conf).unwrap();
+        assert_eq!(c.max_split_size, 100 << 20, "{}", combos[0].conf);
+        assert_eq!(
+            c.roundup_power2_divisions,
+            Config::parse("roundup_power2_divisions:4")
+                .unwrap()
+                .roundup_power2_divisions
+        );
+    }
+
+    /// A setting that runs out of memory ranks after every one that does
+    /// not, however low its peak.
+    #[test]
+    fn out_of_memory_ranks_last() {
+        let mut v = vec![outcome("a", "a", 10, 3), outcome("b", "b", 50, 0)];
+        rank(&mut v);
+        assert_eq!(v[0].candidate.conf, "b");
     }
 
     #[test]

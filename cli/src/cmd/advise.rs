@@ -43,8 +43,9 @@ pub struct AdviseArgs {
 struct Input {
     trace: String,
     recorded: String,
-    /// An imported snapshot's trace, removed when done.
-    temporary: bool,
+    /// The private directory of an imported recording's trace, removed
+    /// (with the trace) when dropped.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl AdviseArgs {
@@ -65,9 +66,6 @@ impl AdviseArgs {
                 }
             };
             status = status.max(self.one(name, &input));
-            if input.temporary {
-                let _ = std::fs::remove_file(&input.trace);
-            }
         }
         status
     }
@@ -78,7 +76,7 @@ impl AdviseArgs {
             return Ok(Input {
                 trace: name.to_string(),
                 recorded: self.conf.clone().unwrap_or_default(),
-                temporary: false,
+                _dir: None,
             });
         }
         let bytes = std::fs::read(name).map_err(|e| (format!("cannot read: {e}"), 2))?;
@@ -89,13 +87,16 @@ impl AdviseArgs {
             import(&bytes, name, self.conf.as_deref())
                 .map_err(|e| (format!("importing the snapshot: {e}"), 2))?
         };
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let trace = std::env::temp_dir()
-            .join(format!(
-                "cachealloc-advise-{}-{k}.jsonl.gz",
-                std::process::id()
-            ))
+        // A directory of this run's own (not a predictable name in the
+        // shared temporary directory), removed with everything in it when
+        // `Input` is dropped, a failed write included.
+        let dir = tempfile::Builder::new()
+            .prefix("cachealloc-advise-")
+            .tempdir()
+            .map_err(|e| (format!("a temporary directory for its trace: {e}"), 1))?;
+        let trace = dir
+            .path()
+            .join("imported.jsonl.gz")
             .to_string_lossy()
             .into_owned();
         imported
@@ -104,7 +105,7 @@ impl AdviseArgs {
         Ok(Input {
             trace,
             recorded: imported.conf.clone(),
-            temporary: true,
+            _dir: Some(dir),
         })
     }
 

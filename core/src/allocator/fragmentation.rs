@@ -109,8 +109,8 @@ where
     }
 
     /// What the out-of-memory verdict weighs for a request of `needed`
-    /// bytes on `stream`, served from `owner`'s pools.
-    pub(super) fn oom_facts(&self, owner: u8, stream: u64, needed: u64) -> OomFacts {
+    /// bytes on `stream` for `pool`, served from `owner`'s pools.
+    pub(super) fn oom_facts(&self, owner: u8, pool: Pool, stream: u64, needed: u64) -> OomFacts {
         let mut f = OomFacts {
             needed,
             ..OomFacts::default()
@@ -126,12 +126,18 @@ where
             }
             let cached = s.has(Flags::CACHED);
             if s.owner != owner {
-                if s.owner != 0 && cached {
+                // Other pools: private ones, or the default pools for a
+                // request routed to a private pool.
+                if cached {
                     f.private_pools_bytes += s.size;
                 }
             } else if s.stream != stream {
+                // Cached or pending: once its events are done, still
+                // another stream's.
+                f.other_streams_bytes += s.size;
+            } else if Pool::of(s.flags) != pool {
                 if cached {
-                    f.other_streams_bytes += s.size;
+                    f.other_size_bytes += s.size;
                 }
             } else if cached {
                 f.free_bytes += s.size;

@@ -113,7 +113,7 @@ where
                 }
             }
             if found == NIL {
-                return Err(self.out_of_memory(orig, size, alloc_size, skey, owner));
+                return Err(self.out_of_memory(orig, size, alloc_size, skey, owner, pool));
             }
         }
         if aligned {
@@ -338,6 +338,7 @@ where
         alloc_size: u64,
         stream: u64,
         owner: u8,
+        pool: Pool,
     ) -> Error<B::Error> {
         let info = self.backend.mem_info().unwrap_or_default();
         self.record(TraceAction::Oom, info.free, size, stream);
@@ -349,7 +350,7 @@ where
             device_total: info.total,
             device_free: info.free,
             allowed,
-            ..self.oom_facts(owner, stream, size)
+            ..self.oom_facts(owner, pool, stream, size)
         };
         let report = OomReport {
             platform: B::PLATFORM,

@@ -37,8 +37,8 @@ impl OomDelivery {
 fn deliver(observers: &[&'static dyn OutOfMemoryObserver], n: &OomNotice) {
     let r = &n.report;
     for o in observers {
-        o.out_of_memory(r.device, r.alloc_size, n.device_total, r.device_free);
         o.out_of_memory_explained(r);
+        o.out_of_memory(r.device, r.alloc_size, n.device_total, r.device_free);
     }
 }
 

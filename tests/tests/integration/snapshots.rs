@@ -203,6 +203,25 @@ fn a_recording_under_a_memory_fraction_imports_and_replays() {
             assert!(d.matches(), "{label}: {d:#?}");
         }
     }
+    // The same settings without a fraction: PyTorch collects no garbage,
+    // the segment frees before a device malloc are retries, and they tell
+    // the capacity.
+    let tight = Options {
+        memory_fraction: None,
+        capacity: Some(3 << 30),
+        ..opts
+    };
+    let (report, _) = run(&t, &tight, &mut Quiet).unwrap();
+    let p = dir.join("no-fraction.pickle");
+    write_snapshot(p.to_str().unwrap(), &report.snapshot.unwrap().0).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    let imported = import(&bytes, "no-fraction", Some(conf)).unwrap();
+    assert_eq!(imported.memory_limit, None);
+    assert!(imported.devices[0].facts.oom_retries > 0);
+    assert_eq!(imported.devices[0].facts.gc_bursts, 0);
+    for d in round_trip(&bytes, "no-fraction", &dir, conf) {
+        assert!(d.matches(), "no fraction: {d:#?}");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -28,7 +28,7 @@ pub use rmm::{import_rmm_log, is_rmm_log};
 pub use state::{initial_state, Block, InitialState, Segment};
 
 use crate::event::Event;
-use cachealloc_core::Config;
+use cachealloc_core::{policy, Config};
 
 /// Trace stream ids for the raw stream handles of a snapshot: their rank
 /// in increasing handle order (PyTorch orders its free blocks by the
@@ -154,9 +154,9 @@ pub fn import(bytes: &[u8], name: &str, conf: Option<&str>) -> Result<Imported, 
 /// it exactly (the trace's header then carries it, and replays apply it);
 /// without it, an `oom` entry whose device had room for the segment shows
 /// a limit, and the trace replays under a fraction of 1.0 of the inferred
-/// capacity. With `garbage_collection_threshold` in the settings, segment
-/// frees before a device malloc may be garbage collection's, and are not
-/// read as failed mallocs.
+/// capacity. With `garbage_collection_threshold` in the settings and a
+/// limit (given or shown), segment frees before a device malloc may be
+/// garbage collection's, and are not read as failed mallocs.
 pub fn import_with_limit(
     bytes: &[u8],
     name: &str,
@@ -193,8 +193,17 @@ pub fn import_with_limit(
             format!("device {d}: rebuilding the state the recording began from: {e}")
         })?;
         let usable = &entries[initial.first_usable..];
+        // PyTorch collects garbage only under a memory fraction: given, or
+        // shown by an out-of-memory whose device had room for the segment.
+        let under_limit = limit.is_some()
+            || usable.iter().any(|e| {
+                e.action == "oom"
+                    && e.device_free.is_some_and(|free| {
+                        free >= policy::allocation_size(e.size).unwrap_or(e.size)
+                    })
+            });
         let mut body = body::Body::new(d, &streams, w.live, initial.reserved(), &mut next_pending)
-            .with_garbage_collection(config.garbage_collection_threshold > 0.0);
+            .with_garbage_collection(config.garbage_collection_threshold > 0.0 && under_limit);
         for i in 0..usable.len() {
             body.entry(usable, i, &mut next_id)
                 .map_err(|e| format!("device {d}: {e}"))?;
