@@ -45,7 +45,43 @@ struct Input {
     recorded: String,
     /// The private directory of an imported recording's trace, removed
     /// (with the trace) when dropped.
-    _dir: Option<tempfile::TempDir>,
+    _dir: Option<PrivateDir>,
+}
+
+/// A directory of this process's own under the temporary directory: made
+/// fresh (never an existing path, so nothing planted there is followed),
+/// readable by its owner alone, removed with its contents when dropped.
+struct PrivateDir(std::path::PathBuf);
+
+impl PrivateDir {
+    fn new() -> std::io::Result<PrivateDir> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        loop {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let path = std::env::temp_dir().join(format!(
+                "cachealloc-advise-{}-{}-{nanos}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            match builder.create(&path) {
+                Ok(()) => return Ok(PrivateDir(path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl AdviseArgs {
@@ -90,12 +126,10 @@ impl AdviseArgs {
         // A directory of this run's own (not a predictable name in the
         // shared temporary directory), removed with everything in it when
         // `Input` is dropped, a failed write included.
-        let dir = tempfile::Builder::new()
-            .prefix("cachealloc-advise-")
-            .tempdir()
+        let dir = PrivateDir::new()
             .map_err(|e| (format!("a temporary directory for its trace: {e}"), 1))?;
         let trace = dir
-            .path()
+            .0
             .join("imported.jsonl.gz")
             .to_string_lossy()
             .into_owned();
