@@ -54,16 +54,8 @@ pub fn add_device<St: Into<u64> + From<u64> + Copy>(
 ) {
     let device = snap.device;
     let idx = device as usize;
-    let f = &snap.fragmentation;
-    dict.cachealloc_fragmentation.push(FragmentationDict {
-        device,
-        total: (&f.device).into(),
-        small_pool: (&f.small_pool).into(),
-        large_pool: (&f.large_pool).into(),
-        private_pools: (&f.private_pools).into(),
-        default_stream_free_bytes: f.stream_free_bytes,
-        other_streams_free_bytes: f.other_streams_free_bytes,
-    });
+    dict.cachealloc_fragmentation
+        .push(FragmentationDict::of(device, &snap.fragmentation));
     if dict.device_traces.len() <= idx {
         dict.device_traces.resize_with(idx + 1, Vec::new);
     }

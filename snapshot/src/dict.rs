@@ -259,6 +259,21 @@ pub struct FragmentationDict {
     pub other_streams_free_bytes: u64,
 }
 
+impl FragmentationDict {
+    /// Device `device`'s accounting `f`.
+    pub fn of(device: u32, f: &cachealloc_core::Fragmentation) -> Self {
+        FragmentationDict {
+            device,
+            total: (&f.device).into(),
+            small_pool: (&f.small_pool).into(),
+            large_pool: (&f.large_pool).into(),
+            private_pools: (&f.private_pools).into(),
+            default_stream_free_bytes: f.stream_free_bytes,
+            other_streams_free_bytes: f.other_streams_free_bytes,
+        }
+    }
+}
+
 impl SnapshotDict {
     /// An empty snapshot with the settings `settings` (`conf`: the settings
     /// string as given).

@@ -4,7 +4,7 @@
 use crate::snapshot::Dropped;
 use cachealloc_core::{DeviceStats, OomClass, PoolInfo};
 use cachealloc_mock::RealAddressUse;
-use cachealloc_snapshot::SnapshotDict;
+use cachealloc_snapshot::{FragmentationDict, SnapshotDict};
 
 /// The result of a replay.
 #[non_exhaustive]
@@ -159,33 +159,13 @@ impl Report {
                 })
             }
         };
+        // The snapshot's `cachealloc_fragmentation` entries, as JSON.
         v["fragmentation_at_end"] = self
             .fragmentation
             .iter()
             .map(|(d, f)| {
-                let pool = |m: &cachealloc_core::PoolMemory| {
-                    serde_json::json!({
-                        "reserved_bytes": m.reserved_bytes,
-                        "allocated_bytes": m.allocated_bytes,
-                        "requested_bytes": m.requested_bytes,
-                        "free_bytes": m.free_bytes,
-                        "largest_free_block": m.largest_free_block,
-                        "free_blocks": m.free_blocks,
-                        "pending_free_bytes": m.pending_free_bytes,
-                        "unmapped_bytes": m.unmapped_bytes,
-                        "external_fragmentation": m.external_fragmentation(),
-                        "rounding_waste": m.rounding_waste(),
-                    })
-                };
-                serde_json::json!({
-                    "device": d,
-                    "total": pool(&f.device),
-                    "small_pool": pool(&f.small_pool),
-                    "large_pool": pool(&f.large_pool),
-                    "private_pools": pool(&f.private_pools),
-                    "default_stream_free_bytes": f.stream_free_bytes,
-                    "other_streams_free_bytes": f.other_streams_free_bytes,
-                })
+                serde_json::to_value(FragmentationDict::of(*d as u32, f))
+                    .unwrap_or(serde_json::Value::Null)
             })
             .collect();
         if !self.pools.is_empty() {
