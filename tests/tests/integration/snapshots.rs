@@ -7,7 +7,7 @@
 
 use cachealloc_core::Config;
 use cachealloc_tests::{bundled_testdata, scratch, shared_part, testdata_part};
-use cachealloc_trace::import::{import, import_with_limit, MemoryLimit};
+use cachealloc_trace::import::{import, import_with_limit, Imported, MemoryLimit};
 use cachealloc_trace::{against, run, write_snapshot, Options, Quiet, SnapshotDict, TraceReader};
 use std::path::Path;
 use std::process::Command;
@@ -137,6 +137,18 @@ fn round_trip(
     conf: &str,
 ) -> Vec<cachealloc_trace::DeviceAgainst> {
     let imported = import(snapshot, name, Some(conf)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    replay_against(&imported, snapshot, name, dir, conf)
+}
+
+/// Write `imported` (the import of `snapshot`) as a trace and set its
+/// replay (with the recorded addresses) against the snapshot.
+fn replay_against(
+    imported: &Imported,
+    snapshot: &[u8],
+    name: &str,
+    dir: &Path,
+    conf: &str,
+) -> Vec<cachealloc_trace::DeviceAgainst> {
     let trace = dir.join(format!("{name}.jsonl.gz"));
     imported.write(trace.to_str().unwrap()).unwrap();
     let opts = Options {
@@ -190,16 +202,7 @@ fn a_recording_under_a_memory_fraction_imports_and_replays() {
         assert!(f > 0, "{label}: the limit, not the device, refused");
         let expect = limit.map_or(1.0, |l| l.fraction);
         assert_eq!(imported.memory_limit.map(|l| l.0), Some(expect), "{label}");
-        let trace = dir.join(format!("{label}.jsonl.gz"));
-        imported.write(trace.to_str().unwrap()).unwrap();
-        let opts = Options {
-            config: Config::parse(conf).unwrap(),
-            conf: conf.to_string(),
-            real_addresses: true,
-            ..Options::default()
-        };
-        let (devices, _) = against(trace.to_str().unwrap(), &bytes, label, &opts).unwrap();
-        for d in devices {
+        for d in replay_against(&imported, &bytes, label, &dir, conf) {
             assert!(d.matches(), "{label}: {d:#?}");
         }
     }
@@ -219,7 +222,7 @@ fn a_recording_under_a_memory_fraction_imports_and_replays() {
     assert_eq!(imported.memory_limit, None);
     assert!(imported.devices[0].facts.oom_retries > 0);
     assert_eq!(imported.devices[0].facts.gc_bursts, 0);
-    for d in round_trip(&bytes, "no-fraction", &dir, conf) {
+    for d in replay_against(&imported, &bytes, "no-fraction", &dir, conf) {
         assert!(d.matches(), "no fraction: {d:#?}");
     }
     std::fs::remove_dir_all(&dir).ok();
