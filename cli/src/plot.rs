@@ -139,6 +139,19 @@ pub fn plot(path: &str, opts: &Options, out: &str) -> Result<String, PlotError> 
 
 type Drawn = Result<(), Box<dyn std::error::Error>>;
 
+/// The series' legend, as every chart draws it: lower right, boxed.
+fn legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+) -> Drawn {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()?;
+    Ok(())
+}
+
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
@@ -223,13 +236,7 @@ fn draw_series(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, c: &Chart
         (peak_index, gib(peak) * 1.02),
         label_style,
     )))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .draw()?;
-    Ok(())
+    legend(&mut chart)
 }
 
 /// The lower panel: the segment map at the peak.
@@ -367,12 +374,7 @@ fn draw_advice(a: &cachealloc_trace::advise::Advice, out: &str) -> Drawn {
             )))?
             .label(format!("capacity {}", human::bytes(c)))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
