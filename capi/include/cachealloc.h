@@ -160,7 +160,7 @@ typedef struct {
     /**
      * The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
      * pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
-     * other_memory.
+     * other_memory, 8 other_size.
      */
     int class_;
     /**
@@ -200,15 +200,15 @@ typedef struct {
      */
     uint64_t pending_free_bytes;
     /**
-     * Bytes cached or pending in the request's pools in other streams' blocks.
+     * Bytes cached or pending in the request's pool (its block size) in other streams' blocks.
      */
     uint64_t other_streams_bytes;
     /**
-     * Bytes cached in other pools than the request's.
+     * Bytes cached or pending in other pools than the request's.
      */
     uint64_t private_pools_bytes;
     /**
-     * Bytes cached on the request's stream in blocks of the other size.
+     * Bytes cached or pending in the request's pools, on any stream, in blocks of the other size.
      */
     uint64_t other_size_bytes;
     /**
@@ -666,8 +666,9 @@ int cachealloc_get_pool_memory(int device,
 
 /**
  * Why this thread's last out-of-memory happened (kept until the next
- * one), into `*out`. Returns 0, 1 when this thread has had none, or -1
- * for a NULL `out`.
+ * one), into `*out`. Returns 0, 1 when this thread has had none or its
+ * last had no verdict (a request of 1 EiB or more, refused before the
+ * allocator), or -1 for a NULL `out`.
  *
  * # Safety
  * `out` is NULL or points to a writable `cachealloc_oom_cause`.

@@ -68,13 +68,20 @@ pub(crate) fn text<E: std::fmt::Display>(e: E) -> String {
 pub(crate) fn alloc_error<E: std::fmt::Debug + std::fmt::Display>(
     e: cachealloc_core::Error<E>,
 ) -> String {
-    if e.is_out_of_memory() {
-        mark_out_of_memory();
+    match &e {
+        cachealloc_core::Error::OutOfMemory(r) => {
+            mark_out_of_memory();
+            crate::fragmentation::explain(r)
+        }
+        _ if e.is_out_of_memory() => {
+            // Refused before the allocator (1 EiB or more): no verdict, and
+            // not the one of an earlier out-of-memory.
+            mark_out_of_memory();
+            crate::fragmentation::forget();
+            e.to_string()
+        }
+        _ => e.to_string(),
     }
-    if let cachealloc_core::Error::OutOfMemory(r) = &e {
-        crate::fragmentation::remember(&r.cause);
-    }
-    e.to_string()
 }
 
 /// The test hook `cachealloc_debug_fail_inside_lock`: when this thread

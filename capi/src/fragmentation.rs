@@ -8,7 +8,7 @@ use crate::backend::{on_device, text};
 use crate::error::{guard, status, Res};
 use crate::registry;
 use cachealloc_core::{
-    Fragmentation, MempoolId, OomCause, OomClass, Pool, PoolMemory, SharedAllocator,
+    Fragmentation, MempoolId, OomCause, OomReport, Pool, PoolMemory, SharedAllocator,
 };
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
@@ -160,7 +160,7 @@ pub unsafe extern "C" fn cachealloc_get_pool_memory(
 pub struct cachealloc_oom_cause {
     /// The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
     /// pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
-    /// other_memory.
+    /// other_memory, 8 other_size.
     pub class_: c_int,
     /// The verdict's name (a static string).
     pub class_name: *const c_char,
@@ -180,36 +180,21 @@ pub struct cachealloc_oom_cause {
     pub largest_free_block: u64,
     /// Bytes of the request's pools waiting on events (or parked by a capture).
     pub pending_free_bytes: u64,
-    /// Bytes cached or pending in the request's pools in other streams' blocks.
+    /// Bytes cached or pending in the request's pool (its block size) in other streams' blocks.
     pub other_streams_bytes: u64,
-    /// Bytes cached in other pools than the request's.
+    /// Bytes cached or pending in other pools than the request's.
     pub private_pools_bytes: u64,
-    /// Bytes cached on the request's stream in blocks of the other size.
+    /// Bytes cached or pending in the request's pools, on any stream, in blocks of the other size.
     pub other_size_bytes: u64,
     /// Reserved address space of expandable segments with no page mapped.
     pub unmapped_bytes: u64,
-}
-
-/// The name of `class` as a static C string.
-fn class_name(class: OomClass) -> *const c_char {
-    let name: &'static std::ffi::CStr = match class {
-        OomClass::Capacity => c"capacity",
-        OomClass::MemoryFraction => c"memory_fraction",
-        OomClass::Fragmentation => c"fragmentation",
-        OomClass::PendingFrees => c"pending_frees",
-        OomClass::OtherStreams => c"other_streams",
-        OomClass::PrivatePools => c"private_pools",
-        OomClass::Mixed => c"mixed",
-        _ => c"other_memory",
-    };
-    name.as_ptr()
 }
 
 impl From<&OomCause> for cachealloc_oom_cause {
     fn from(c: &OomCause) -> Self {
         cachealloc_oom_cause {
             class_: c.class.index() as c_int,
-            class_name: class_name(c.class),
+            class_name: c.class.as_cstr().as_ptr(),
             needed: c.needed,
             live_bytes: c.live_bytes,
             limit: c.limit,
@@ -231,14 +216,38 @@ thread_local! {
     static LAST_CAUSE: Cell<Option<OomCause>> = const { Cell::new(None) };
 }
 
-/// Keep `cause` as this thread's last out-of-memory's.
+/// Keep `cause` as this thread's last out-of-memory's (the device's
+/// observer does, on the failing thread, before the failing call returns).
 pub(crate) fn remember(cause: &OomCause) {
     let _ = LAST_CAUSE.try_with(|c| c.set(Some(*cause)));
 }
 
+/// This thread's last out-of-memory had no verdict (a request refused
+/// before the allocator).
+pub(crate) fn forget() {
+    let _ = LAST_CAUSE.try_with(|c| c.set(None));
+}
+
+/// The message of out-of-memory `r`: PyTorch's, then the verdict with its
+/// bytes, from the cause the observer kept for this thread (only the
+/// class when that cause is not this report's, which would be a bug; the
+/// kept cause is then dropped rather than reported for this one).
+pub(crate) fn explain(r: &OomReport) -> String {
+    match LAST_CAUSE.try_with(Cell::get).ok().flatten() {
+        Some(c) if c.class == r.class && c.needed == r.rounded && c.segment == r.alloc_size => {
+            r.explained(&c).to_string()
+        }
+        _ => {
+            forget();
+            r.to_string()
+        }
+    }
+}
+
 /// Why this thread's last out-of-memory happened (kept until the next
-/// one), into `*out`. Returns 0, 1 when this thread has had none, or -1
-/// for a NULL `out`.
+/// one), into `*out`. Returns 0, 1 when this thread has had none or its
+/// last had no verdict (a request of 1 EiB or more, refused before the
+/// allocator), or -1 for a NULL `out`.
 ///
 /// # Safety
 /// `out` is NULL or points to a writable `cachealloc_oom_cause`.

@@ -63,11 +63,16 @@ pub(crate) struct Forward;
 pub(crate) static FORWARD: Forward = Forward;
 
 impl OutOfMemoryObserver for Forward {
-    fn out_of_memory_explained(&self, report: &cachealloc_core::OomReport) {
+    fn out_of_memory_explained(
+        &self,
+        report: &cachealloc_core::OomReport,
+        cause: &cachealloc_core::OomCause,
+    ) {
         // The failing thread's last cause is in place before any observer
-        // runs, so an observer that asks for it gets this one.
-        crate::fragmentation::remember(&report.cause);
-        crate::fragmentation::tell(report.device, &report.cause);
+        // runs, so an observer that asks for it gets this one (and the
+        // failing call's message is made from it).
+        crate::fragmentation::remember(cause);
+        crate::fragmentation::tell(report.device, cause);
     }
 
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {

@@ -330,6 +330,31 @@ fn check_abi_output(out: &Output, side_stream: u64) -> String {
     stdout
 }
 
+/// Issue 35's case, through the C library: the verdict on a 20 MiB request
+/// that only small-pool blocks could have held is the same whichever
+/// stream holds them (and neither `other_streams` nor `mixed`), and a later
+/// too-large request does not report it.
+#[test]
+fn the_verdict_does_not_depend_on_the_stream_of_small_blocks() {
+    let dir = scratch("oom_verdict");
+    let exe = dir.join("oom_verdict_test");
+    compile(
+        &manifest_dir().join("tests/c/oom_verdict_test.c"),
+        &exe,
+        false,
+    );
+    let out = run(
+        program(&exe, "mock").env("CACHEALLOC_MOCK_CAPACITY", "64MiB"),
+        "oom_verdict_test",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        stdout.contains("oom_verdict_test: all checks passed"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn c_abi_on_the_simulated_device() {
     let dir = scratch("mock");

@@ -119,7 +119,7 @@ fn ooms_under_a_capacity_are_counted_and_their_frees_skipped() {
     assert_eq!(v["ooms"], v["memory_stats"]["num_ooms"]);
     // Each out-of-memory has a verdict; the first one's figures.
     let by_class = v["ooms_by_class"].as_object().unwrap();
-    assert_eq!(by_class.len(), 8);
+    assert_eq!(by_class.len(), cachealloc_core::OomClass::COUNT);
     let total: u64 = by_class.values().map(|n| n.as_u64().unwrap()).sum();
     assert_eq!(total, v["ooms"].as_u64().unwrap());
     let first = &v["first_oom"];

@@ -141,10 +141,8 @@ where
     /// Run `f`, which returns a result, on the allocator for one call: take
     /// the lock ([`enter`](Self::enter)), run `f`, clear the busy mark,
     /// and return `f`'s result; the lock is released when the [`Call`] is
-    /// dropped, after the result is in place. (Releasing it between `f`
-    /// and the return moved the result, 104 bytes with the mock's error:
-    /// about 25 instructions a call, and 6 ns a locked cache-hit pair on a
-    /// 2-core VM.)
+    /// dropped, after the result is in place (released between `f` and the
+    /// return, the result would be moved out after the unlock).
     #[inline]
     fn try_run<R>(
         &self,
@@ -222,24 +220,16 @@ where
         // The call runs once; only a call that ran out of slots goes on,
         // out of line, to take the lock again, grow and run again. The
         // check is made on the call's result once the lock is released:
-        // the retry loop written around the call inside the lock moved the
-        // result through it and cost the C library's cache-hit pair about
-        // 8 ns on a 2-core VM (`pair_cost`: the row of the C library's
-        // configuration against the row above it). A success is rebuilt
-        // from its value (`Ok(x) => Ok(x)`), not passed on whole: the
-        // whole result is the size of the error, 208 bytes with the mock's
-        // since an out-of-memory error carries its cause, and returning it
-        // as it came copied it with a `memcpy` call (23 instructions a C
-        // pair); the value alone is 40 bytes.
+        // a retry loop around the call inside the lock moves the result
+        // through it on the hot path.
         let Some(bigger) = self.grow else {
             return self.try_run(op);
         };
         match self.try_run(&mut op) {
-            Ok(x) => Ok(x),
             Err(Error::MetadataExhausted { capacity }) => {
                 self.try_run(|a| Self::grow_and_retry(a, capacity, bigger, op))
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 

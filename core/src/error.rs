@@ -1,7 +1,7 @@
 //! One error enum for every public operation.
 
 use crate::backend::DevicePtr;
-use crate::oom_cause::OomCause;
+use crate::oom_cause::{OomCause, OomClass};
 use crate::policy::FormatSize;
 use crate::private_pool::MempoolId;
 use core::fmt;
@@ -44,8 +44,12 @@ pub struct OomReport {
     /// Bytes of the cached (free) blocks of private pools: PyTorch adds
     /// them to what "is allocated by PyTorch" and names them.
     pub private_pools: u64,
-    /// Why it ran out (cachealloc's, after PyTorch's message).
-    pub cause: OomCause,
+    /// Why it ran out: the verdict's class. The verdict with the bytes
+    /// behind it ([`OomCause`]) is kept by the allocator
+    /// ([`DeviceAllocator::last_oom_cause`](crate::DeviceAllocator::last_oom_cause))
+    /// and given to the out-of-memory observers, not carried here: every
+    /// result is as large as this error.
+    pub class: OomClass,
 }
 
 impl OomReport {
@@ -53,12 +57,37 @@ impl OomReport {
     pub fn pytorch_message(&self) -> PytorchMessage<'_> {
         PytorchMessage(self)
     }
+
+    /// PyTorch's message, then the verdict with its bytes ("cachealloc:
+    /// fragmentation: 150.00 MiB is cached ..."): `cause` is this
+    /// out-of-memory's ([`DeviceAllocator::last_oom_cause`](crate::DeviceAllocator::last_oom_cause),
+    /// or an observer's).
+    pub fn explained<'a>(&'a self, cause: &'a OomCause) -> Explained<'a> {
+        Explained(self, cause)
+    }
 }
 
 impl fmt::Display for OomReport {
-    /// PyTorch's message, then why ([`OomCause`]).
+    /// PyTorch's message, then the verdict's class ("cachealloc:
+    /// fragmentation."); [`explained`](Self::explained) adds its bytes.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.pytorch_message(), self.cause)
+        write!(
+            f,
+            "{} cachealloc: {}.",
+            self.pytorch_message(),
+            self.class.as_str()
+        )
+    }
+}
+
+/// PyTorch's out-of-memory message and the verdict with its bytes
+/// ([`OomReport::explained`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Explained<'a>(&'a OomReport, &'a OomCause);
+
+impl fmt::Display for Explained<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.0.pytorch_message(), self.1)
     }
 }
 

@@ -312,12 +312,12 @@ pub trait OutOfMemoryObserver: Sync {
     /// An allocation failed for good.
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64);
 
-    /// The same out-of-memory, whole: PyTorch's numbers and why it ran out
-    /// ([`OomReport::cause`](crate::OomReport::cause)). Called right before
+    /// The same out-of-memory, whole: PyTorch's numbers, and why it ran
+    /// out with the bytes behind the verdict. Called right before
     /// [`out_of_memory`](Self::out_of_memory); does nothing unless
     /// implemented.
-    fn out_of_memory_explained(&self, report: &crate::OomReport) {
-        let _ = report;
+    fn out_of_memory_explained(&self, report: &crate::OomReport, cause: &crate::OomCause) {
+        let _ = (report, cause);
     }
 }
 

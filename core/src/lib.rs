@@ -104,7 +104,7 @@ pub use backend::{
 };
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError, Policy};
-pub use error::{Error, OomReport, PytorchMessage};
+pub use error::{Error, Explained, OomReport, PytorchMessage};
 pub use fragmentation::{Fragmentation, PoolMemory};
 pub use history::{
     History, HistoryEntries, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceAction,

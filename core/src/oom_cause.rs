@@ -6,66 +6,97 @@
 use crate::policy::FormatSize;
 use core::fmt;
 
-/// The kind of out-of-memory: what stood between the request and memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum OomClass {
+/// Every class, once: its variant, its name in reports, and what it means.
+/// The enum, [`OomClass::as_str`], [`OomClass::as_cstr`] and
+/// [`OomClass::ALL`] are all made from this one list, so a new class cannot
+/// be named in one place and missed in another.
+macro_rules! oom_classes {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+        /// The kind of out-of-memory: what stood between the request and
+        /// memory. Each class but [`Mixed`](OomClass::Mixed) and the two
+        /// that need no cached bytes ([`Capacity`](OomClass::Capacity),
+        /// [`OtherMemory`](OomClass::OtherMemory)) is given only when bytes
+        /// of its own kind exist and, with the device's headroom, would have
+        /// served the request.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum OomClass {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl OomClass {
+            /// Every class, in the order of their numbers
+            /// (`OomClass::ALL[c.index()] == c`; the C library's
+            /// `cachealloc_oom_cause::class_`).
+            pub const ALL: [OomClass; Self::COUNT] = [$(OomClass::$variant,)*];
+
+            /// How many classes there are.
+            pub const COUNT: usize = [$(OomClass::$variant,)*].len();
+
+            /// The class's name in reports (`replay --json`, the C library,
+            /// Python).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(OomClass::$variant => $name,)*
+                }
+            }
+
+            /// [`as_str`](Self::as_str) as a C string (the C library's
+            /// `class_name`).
+            pub const fn as_cstr(self) -> &'static core::ffi::CStr {
+                match self {
+                    $(OomClass::$variant => match core::ffi::CStr::from_bytes_with_nul(
+                        concat!($name, "\0").as_bytes(),
+                    ) {
+                        Ok(c) => c,
+                        Err(_) => c"?",
+                    },)*
+                }
+            }
+        }
+    };
+}
+
+oom_classes! {
     /// The live bytes and the request exceed what the device (or the
-    /// memory limit) allows: nothing the allocator does could fit it.
-    Capacity,
+    /// memory limit) allows: nothing the allocator does could fit it. Also
+    /// a device whose headroom holds the block but not the segment the
+    /// allocator asks for, with nothing cached that would serve it.
+    Capacity => "capacity",
     /// The per-process limit (`set_per_process_memory_fraction`) refused
     /// it; the device had room.
-    MemoryFraction,
-    /// Enough bytes are cached in the request's pools on its stream, in no
-    /// block large enough.
-    Fragmentation,
-    /// Enough bytes only with the freed blocks that wait on events of other
-    /// streams (`record_stream`), or that a capture parked.
-    PendingFrees,
-    /// Enough bytes cached in blocks of other streams, which a request on
-    /// this stream never gets.
-    OtherStreams,
-    /// Enough bytes cached in private pools (CUDA graphs, `MemPool`) that
-    /// the request cannot use.
-    PrivatePools,
-    /// No one reason holds the bytes, several together do: the figures say
-    /// how many each.
-    Mixed,
+    MemoryFraction => "memory_fraction",
+    /// Enough bytes are cached in the request's pool (its block size) on
+    /// its stream, in no block large enough.
+    Fragmentation => "fragmentation",
+    /// Enough bytes only with the freed blocks of the request's pool on its
+    /// stream that wait on events of other streams (`record_stream`), or
+    /// that a capture parked.
+    PendingFrees => "pending_frees",
+    /// Enough bytes cached (or waiting on events) in the request's pool in
+    /// blocks of other streams, which a request on this stream never gets.
+    OtherStreams => "other_streams",
+    /// Enough bytes cached in private pools (CUDA graphs, `MemPool`), or in
+    /// the default pools for a request routed to a private pool, that the
+    /// request cannot use.
+    PrivatePools => "private_pools",
+    /// No one reason holds the bytes, two or more together do: the figures
+    /// say how many each.
+    Mixed => "mixed",
     /// The device's free memory is short though the allocator holds little
     /// of it cached: other processes, or allocations outside this
     /// allocator, use it. (Beyond the classes PyTorch users name; it is
     /// what is left when none of the others holds.)
-    OtherMemory,
+    OtherMemory => "other_memory",
+    /// Enough bytes cached (or waiting on events) in the request's pools on
+    /// any stream, but in blocks of the other size: small-pool blocks (2
+    /// MiB segments, requests of at most 1 MiB) never serve a large
+    /// request, nor large-pool blocks a small one, and the live blocks
+    /// beside them keep their segments from being released.
+    OtherSize => "other_size",
 }
 
 impl OomClass {
-    /// The class's name in reports (`replay --json`, the C library, Python).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            OomClass::Capacity => "capacity",
-            OomClass::MemoryFraction => "memory_fraction",
-            OomClass::Fragmentation => "fragmentation",
-            OomClass::PendingFrees => "pending_frees",
-            OomClass::OtherStreams => "other_streams",
-            OomClass::PrivatePools => "private_pools",
-            OomClass::Mixed => "mixed",
-            OomClass::OtherMemory => "other_memory",
-        }
-    }
-
-    /// Every class, in the order of [`as_str`](Self::as_str)'s numbering
-    /// (`OomClass::ALL[c.index()] == c`).
-    pub const ALL: [OomClass; 8] = [
-        OomClass::Capacity,
-        OomClass::MemoryFraction,
-        OomClass::Fragmentation,
-        OomClass::PendingFrees,
-        OomClass::OtherStreams,
-        OomClass::PrivatePools,
-        OomClass::Mixed,
-        OomClass::OtherMemory,
-    ];
-
     /// The class's number (the C library's `cachealloc_oom_class`).
     pub const fn index(self) -> usize {
         self as usize
@@ -102,16 +133,16 @@ pub struct OomCause {
     /// Bytes of the request's pool on its stream waiting on events (or
     /// parked by a capture).
     pub pending_free_bytes: u64,
-    /// Bytes cached, or waiting on events, in the request's pools in other
-    /// streams' blocks.
+    /// Bytes cached, or waiting on events, in the request's pool (its
+    /// block size) in other streams' blocks.
     pub other_streams_bytes: u64,
-    /// Bytes cached in other pools than the request's: private pools (CUDA
-    /// graphs, `MemPool`), or the default pools for a request routed to a
-    /// private pool.
+    /// Bytes cached, or waiting on events, in other pools than the
+    /// request's: private pools (CUDA graphs, `MemPool`), or the default
+    /// pools for a request routed to a private pool.
     pub private_pools_bytes: u64,
-    /// Bytes cached on the request's stream in its pools of the other block
-    /// size (small for a large request, large for a small one): they never
-    /// serve it.
+    /// Bytes cached, or waiting on events, in the request's pools on any
+    /// stream in blocks of the other block size (small for a large
+    /// request, large for a small one): they never serve it.
     pub other_size_bytes: u64,
     /// Reserved address space of expandable segments with no page mapped.
     pub unmapped_bytes: u64,
@@ -139,11 +170,12 @@ pub(crate) struct OomFacts {
 /// The verdict on `f`, in this order: a memory limit that refused a
 /// segment the device had room for; live bytes that leave no room; a
 /// device that refused a segment it reported room for; then the first of
-/// fragmentation, pending frees, other streams and other pools whose bytes
-/// (some, with the device's remaining headroom) would have served the
-/// request; several together; a device whose headroom holds the block but
-/// not the segment the allocator asks for (capacity, at the segment's
-/// granularity); and else memory used outside the allocator.
+/// fragmentation, pending frees, other streams, other pools and the other
+/// block size whose bytes (some of that kind, with the device's remaining
+/// headroom) would have served the request; two or more kinds together; a
+/// device whose headroom holds the block but not the segment the allocator
+/// asks for (capacity, at the segment's granularity); and else memory used
+/// outside the allocator.
 pub(crate) fn classify(f: &OomFacts) -> OomCause {
     let limit = f.allowed.unwrap_or(f.device_total);
     let need = f.needed;
@@ -153,6 +185,17 @@ pub(crate) fn classify(f: &OomFacts) -> OomCause {
     let limit_refused = f
         .allowed
         .is_some_and(|a| f.reserved_bytes.saturating_add(f.alloc_size) > a);
+    // Each kind of bytes that could have served the request, apart: a
+    // byte is counted in one kind only (`oom_facts`).
+    let kinds = [
+        f.free_bytes,
+        f.pending_free_bytes,
+        f.other_streams_bytes,
+        f.private_pools_bytes,
+        f.other_size_bytes,
+    ];
+    let contributors = kinds.iter().filter(|&&b| b > 0).count();
+    let together = kinds.iter().fold(0u64, |t, &b| t.saturating_add(b));
     let class = if limit_refused && f.device_free >= f.alloc_size {
         OomClass::MemoryFraction
     } else if f.live_bytes.saturating_add(need) > limit {
@@ -161,19 +204,15 @@ pub(crate) fn classify(f: &OomFacts) -> OomCause {
         OomClass::OtherMemory
     } else if with(f.free_bytes) {
         OomClass::Fragmentation
-    } else if with(f.free_bytes + f.pending_free_bytes) {
+    } else if f.pending_free_bytes > 0 && with(f.free_bytes + f.pending_free_bytes) {
         OomClass::PendingFrees
     } else if with(f.other_streams_bytes) {
         OomClass::OtherStreams
     } else if with(f.private_pools_bytes) {
         OomClass::PrivatePools
-    } else if with(
-        f.free_bytes
-            + f.pending_free_bytes
-            + f.other_streams_bytes
-            + f.private_pools_bytes
-            + f.other_size_bytes,
-    ) {
+    } else if with(f.other_size_bytes) {
+        OomClass::OtherSize
+    } else if contributors >= 2 && with(together) {
         OomClass::Mixed
     } else if headroom >= need {
         OomClass::Capacity
@@ -257,6 +296,12 @@ impl fmt::Display for OomCause {
                 FormatSize(self.other_streams_bytes),
                 FormatSize(self.private_pools_bytes),
                 FormatSize(self.other_size_bytes)
+            ),
+            OomClass::OtherSize => write!(
+                f,
+                "{} is cached in blocks of the other size, which never serve this request (small-pool blocks serve requests of at most 1 MiB, large-pool blocks larger ones), in segments that live blocks keep from being released; {} is left on the device (needed {need})",
+                FormatSize(self.other_size_bytes),
+                FormatSize(self.headroom)
             ),
             OomClass::OtherMemory if self.headroom >= self.segment => write!(
                 f,
@@ -351,6 +396,54 @@ mod tests {
             }),
             OomClass::Mixed
         );
+        assert_eq!(
+            c(OomFacts {
+                other_size_bytes: 100 * MIB,
+                ..facts()
+            }),
+            OomClass::OtherSize
+        );
+    }
+
+    #[test]
+    fn mixed_needs_two_kinds_of_bytes() {
+        // One kind, short even with the headroom: not mixed, whatever else
+        // is counted (the headroom is no kind of cached bytes).
+        for one in 0..5 {
+            let mut f = facts();
+            let bytes = 50 * MIB;
+            match one {
+                0 => f.free_bytes = bytes,
+                1 => f.pending_free_bytes = bytes,
+                2 => f.other_streams_bytes = bytes,
+                3 => f.private_pools_bytes = bytes,
+                _ => f.other_size_bytes = bytes,
+            }
+            assert_ne!(classify(&f).class, OomClass::Mixed, "kind {one} alone");
+        }
+        // Two kinds, each short, together enough.
+        let c = classify(&OomFacts {
+            other_streams_bytes: 50 * MIB,
+            other_size_bytes: 50 * MIB,
+            ..facts()
+        });
+        assert_eq!(c.class, OomClass::Mixed);
+    }
+
+    #[test]
+    fn every_class_has_one_name_and_one_number() {
+        for (i, c) in OomClass::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i);
+            assert_eq!(c.as_cstr().to_str(), Ok(c.as_str()));
+            assert_eq!(
+                OomClass::ALL
+                    .iter()
+                    .filter(|d| d.as_str() == c.as_str())
+                    .count(),
+                1
+            );
+        }
+        assert_eq!(OomClass::ALL.len(), OomClass::COUNT);
     }
 
     #[test]
@@ -413,9 +506,6 @@ mod tests {
             s,
             "cachealloc: fragmentation: 150.00 MiB is cached for this request's pool and stream and 10.00 MiB is left on the device, but in pieces: the largest free block is 20.00 MiB (needed 100.00 MiB)."
         );
-        for (i, c) in OomClass::ALL.iter().enumerate() {
-            assert_eq!(c.index(), i);
-        }
     }
 
     fn heapless_string(c: &OomCause) -> heapless::String<512> {

@@ -35,6 +35,7 @@ use crate::error::Error;
 use crate::fragmentation::{Fragmentation, PoolMemory};
 use crate::history::{HistoryStorage, OutOfMemoryObserver, TraceActions, TraceTracker};
 use crate::invariants::InvariantViolation;
+use crate::oom_cause::OomCause;
 use crate::pool::Pool;
 use crate::private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
 use crate::segment_table::SegmentRegistry;
@@ -117,6 +118,9 @@ pub trait SharedAllocator: Sync {
         &self,
         stream: Self::Stream,
     ) -> SharedResult<Fragmentation, Self::BackendError>;
+    /// [`DeviceAllocator::last_oom_cause`]: the device's, whichever thread
+    /// ran out (an out-of-memory observer is told its own).
+    fn last_oom_cause(&self) -> SharedResult<Option<OomCause>, Self::BackendError>;
     /// [`DeviceAllocator::pool_memory`].
     fn pool_memory(
         &self,
@@ -371,6 +375,10 @@ where
 
     fn fragmentation(&self, stream: B::Stream) -> SharedResult<Fragmentation, B::Error> {
         self.with(|a| a.fragmentation(stream))
+    }
+
+    fn last_oom_cause(&self) -> SharedResult<Option<OomCause>, B::Error> {
+        self.with(|a| a.last_oom_cause())
     }
 
     fn pool_memory(&self, id: MempoolId, pool: Pool) -> SharedResult<PoolMemory, B::Error> {

@@ -187,11 +187,12 @@ def last_oom_cause():
     """Why this thread's last out-of-memory happened (None if it had none):
     ``class`` (``capacity``, ``memory_fraction``, ``fragmentation``,
     ``pending_frees``, ``other_streams``, ``private_pools``, ``mixed``,
-    ``other_memory``) and the bytes behind it (``needed``, ``live_bytes``,
+    ``other_memory``, ``other_size``) and the bytes behind it (``needed``, ``live_bytes``,
     ``limit``, ``segment``, ``headroom``, ``free_bytes``,
     ``largest_free_block``, ``pending_free_bytes``, ``other_streams_bytes``,
     ``private_pools_bytes``, ``other_size_bytes``, ``unmapped_bytes``). The
-    exception's message ends with the same verdict in words."""
+    exception's message ends with the same verdict in words. None too
+    after a request refused before the allocator (1 EiB or more)."""
     c = _lib.OomCause()
     r = _lib.lib().cachealloc_last_oom_cause(ctypes.byref(c))
     _lib.check(-1 if r < 0 else 0, "cachealloc_last_oom_cause")

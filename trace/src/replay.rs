@@ -100,7 +100,7 @@ pub struct Replay<D: ReplayDevice = MockDevice> {
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
     /// Of which, by verdict (`OomClass::index`).
-    pub oom_classes: [u64; 8],
+    pub oom_classes: [u64; cachealloc_core::OomClass::COUNT],
     /// The first out-of-memory.
     pub first_oom: Option<FirstOom>,
     /// Sum of the requested sizes of live (served) allocations.
@@ -159,7 +159,7 @@ impl<D: ReplayDevice> Replay<D> {
             events: 0,
             allocs: 0,
             ooms: 0,
-            oom_classes: [0; 8],
+            oom_classes: [0; cachealloc_core::OomClass::COUNT],
             first_oom: None,
             live_bytes: 0,
             peak_live: 0,
@@ -375,16 +375,20 @@ impl<D: ReplayDevice> Replay<D> {
             Err(e) if e.is_out_of_memory() => {
                 self.ooms += 1;
                 if let Error::OutOfMemory(r) = &e {
-                    self.oom_classes[r.cause.class.index()] += 1;
+                    self.oom_classes[r.class.index()] += 1;
                     if self.first_oom.is_none() {
-                        self.first_oom = Some(FirstOom {
-                            line: self.line,
-                            device,
-                            stream,
-                            size,
-                            cause: r.cause,
-                            message: e.to_string(),
-                        });
+                        // The verdict's bytes are the allocator's, beside
+                        // the error (which names only the class).
+                        if let Some(cause) = self.devices[dev].alloc.last_oom_cause() {
+                            self.first_oom = Some(FirstOom {
+                                line: self.line,
+                                device,
+                                stream,
+                                size,
+                                cause,
+                                message: r.explained(&cause).to_string(),
+                            });
+                        }
                     }
                 }
                 Live::OutOfMemory

@@ -24,7 +24,7 @@ pub struct Report {
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
     /// Of which, by verdict (`OomClass::index`).
-    pub oom_classes: [u64; 8],
+    pub oom_classes: [u64; cachealloc_core::OomClass::COUNT],
     /// The first out-of-memory: where and why.
     pub first_oom: Option<crate::FirstOom>,
     /// Per device, where its reserved memory is after the last event

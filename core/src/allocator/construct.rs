@@ -104,6 +104,7 @@ where
             registry: None,
             keep_oom: false,
             oom_kept: heapless::Vec::new(),
+            last_oom: None,
             given_back_later: heapless::Vec::new(),
         }
     }

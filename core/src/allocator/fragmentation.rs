@@ -124,21 +124,18 @@ where
                 f.live_bytes += s.size;
                 return;
             }
+            // Each free byte is counted in one kind, the first that holds
+            // it: another pool, the other block size (on any stream: such
+            // a block never serves the request), another stream, then the
+            // request's own pool and stream. Cached or pending alike but
+            // on the request's own pool and stream, where the two differ.
             let cached = s.has(Flags::CACHED);
             if s.owner != owner {
-                // Other pools: private ones, or the default pools for a
-                // request routed to a private pool.
-                if cached {
-                    f.private_pools_bytes += s.size;
-                }
-            } else if s.stream != stream {
-                // Cached or pending: once its events are done, still
-                // another stream's.
-                f.other_streams_bytes += s.size;
+                f.private_pools_bytes += s.size;
             } else if Pool::of(s.flags) != pool {
-                if cached {
-                    f.other_size_bytes += s.size;
-                }
+                f.other_size_bytes += s.size;
+            } else if s.stream != stream {
+                f.other_streams_bytes += s.size;
             } else if cached {
                 f.free_bytes += s.size;
                 f.largest_free_block = f.largest_free_block.max(s.size);

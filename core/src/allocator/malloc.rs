@@ -352,6 +352,7 @@ where
             allowed,
             ..self.oom_facts(owner, pool, stream, size)
         };
+        let cause = classify(&facts);
         let report = OomReport {
             platform: B::PLATFORM,
             device: self.backend.ordinal(),
@@ -364,9 +365,9 @@ where
             allocated: self.stats.allocated_bytes.all().current.max(0) as u64,
             reserved: self.stats.reserved_bytes.all().current.max(0) as u64,
             private_pools: self.cached_in_private_pools(),
-            cause: classify(&facts),
+            class: cause.class,
         };
-        self.notify_out_of_memory(&report, self.limit.unwrap_or(info.total));
+        self.notify_out_of_memory(&report, &cause, self.limit.unwrap_or(info.total));
         Error::OutOfMemory(report)
     }
 }

@@ -42,6 +42,7 @@ use crate::error::Error;
 use crate::events::EventQueue;
 use crate::history::{History, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceTracker};
 use crate::live::LiveIndex;
+use crate::oom_cause::OomCause;
 use crate::policy;
 use crate::pool::{Pool, Pools};
 use crate::private_pool::{block_pool, PoolTable, Route};
@@ -208,6 +209,9 @@ pub struct DeviceAllocator<
     /// calls them once its lock is released), and the ones kept.
     pub(crate) keep_oom: bool,
     pub(crate) oom_kept: heapless::Vec<OomNotice, 4>,
+    /// The verdict on the last out-of-memory, with its bytes (the error
+    /// carries only its class).
+    last_oom: Option<OomCause>,
     /// Ranges the device made that the allocator refused during a capture
     /// (a contract violation, a full segment registry), to hand back once
     /// it ends: (address, size, an address reservation).

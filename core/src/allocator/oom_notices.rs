@@ -1,19 +1,22 @@
 //! Out-of-memory notices for the observers: told at once by a bare
 //! allocator, kept while a thread-safe front end holds its lock and
-//! delivered after it is released (PyTorch unlocks before it calls them).
+//! delivered after it is released (PyTorch unlocks before it calls them);
+//! and the device's last verdict, with its bytes.
 
 use super::DeviceAllocator;
 use crate::arena::BlockSlot;
 use crate::backend::DeviceBackend;
 use crate::error::OomReport;
 use crate::history::{HistoryStorage, OutOfMemoryObserver};
+use crate::oom_cause::OomCause;
 
-/// An out-of-memory to tell the observers about: the report, and the
-/// total the observers' four-number call names (the memory limit, when
-/// one is set).
+/// An out-of-memory to tell the observers about: the report, the verdict
+/// with its bytes, and the total the observers' four-number call names
+/// (the memory limit, when one is set).
 #[derive(Clone, Copy)]
 pub(crate) struct OomNotice {
     pub(crate) report: OomReport,
+    pub(crate) cause: OomCause,
     pub(crate) device_total: u64,
 }
 
@@ -37,7 +40,7 @@ impl OomDelivery {
 fn deliver(observers: &[&'static dyn OutOfMemoryObserver], n: &OomNotice) {
     let r = &n.report;
     for o in observers {
-        o.out_of_memory_explained(r);
+        o.out_of_memory_explained(r, &n.cause);
         o.out_of_memory(r.device, r.alloc_size, n.device_total, r.device_free);
     }
 }
@@ -64,13 +67,31 @@ where
         }
     }
 
-    /// Tell the out-of-memory observers now, or keep the notice.
-    pub(super) fn notify_out_of_memory(&mut self, report: &OomReport, device_total: u64) {
+    /// Why the last allocation that ran out of memory did, with the bytes
+    /// behind the verdict (its error, [`OomReport`], names only the
+    /// class). `None` before the first. Several threads sharing a device
+    /// see each other's: an observer gets the verdict of the
+    /// out-of-memory it is told of
+    /// ([`OutOfMemoryObserver::out_of_memory_explained`]).
+    pub fn last_oom_cause(&self) -> Option<OomCause> {
+        self.last_oom
+    }
+
+    /// Keep the verdict, and tell the out-of-memory observers now or keep
+    /// the notice.
+    pub(super) fn notify_out_of_memory(
+        &mut self,
+        report: &OomReport,
+        cause: &OomCause,
+        device_total: u64,
+    ) {
+        self.last_oom = Some(*cause);
         if self.oom_observers.is_empty() {
             return;
         }
         let notice = OomNotice {
             report: *report,
+            cause: *cause,
             device_total,
         };
         if self.keep_oom {

@@ -91,17 +91,13 @@ where
         mut bigger: impl FnMut(u32) -> S,
     ) -> Result<T, Error<B::Error>> {
         loop {
-            // A success is rebuilt from its value, not returned whole: a
-            // result is as large as the error (208 bytes with the mock's),
-            // which the compiler copies with a `memcpy` call.
             match op(self) {
-                Ok(x) => return Ok(x),
                 Err(Error::MetadataExhausted { capacity }) => {
                     if self.grow_storage(bigger(capacity)).is_err() {
                         return Err(Error::MetadataExhausted { capacity });
                     }
                 }
-                Err(e) => return Err(e),
+                other => return other,
             }
         }
     }

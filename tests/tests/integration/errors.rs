@@ -459,3 +459,20 @@ fn the_backend_error_is_the_source() {
     let unknown = a.free_ptr(DevicePtr(1)).unwrap_err();
     assert!(unknown.source().is_none());
 }
+
+/// The error stays small: every result is as large as it, so a large
+/// error costs every call a copy (the verdict's bytes live beside it, in
+/// `DeviceAllocator::last_oom_cause` and the observers' calls).
+#[test]
+fn the_error_stays_small() {
+    use cachealloc_core::{Allocation, Error};
+    use cachealloc_mock::MockError;
+    let error = std::mem::size_of::<Error<MockError>>();
+    let result = std::mem::size_of::<Result<Allocation, Error<MockError>>>();
+    println!("Error<MockError>: {error} bytes; Result<Allocation, _>: {result} bytes");
+    assert!(error <= 128, "Error<MockError> is {error} bytes");
+    assert!(
+        result <= 128,
+        "Result<Allocation, Error<MockError>> is {result} bytes"
+    );
+}

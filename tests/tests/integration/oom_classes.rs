@@ -1,5 +1,5 @@
 //! Each out-of-memory class built on the simulated device, with the
-//! verdict and the numbers behind it (`OomReport::cause`), PyTorch's
+//! verdict and the numbers behind it (`DeviceAllocator::last_oom_cause`), PyTorch's
 //! message first in the error's text, and the fragmentation accounting
 //! agreeing with the verdict's figures.
 
@@ -23,22 +23,26 @@ fn device(capacity: u64) -> Alloc {
     )
 }
 
-/// The cause of `a.malloc(size, stream)`'s out-of-memory; its message
-/// starts with PyTorch's and ends with the verdict.
+/// The cause of `a.malloc(size, stream)`'s out-of-memory: the error names
+/// its class after PyTorch's message, the allocator keeps the verdict with
+/// its bytes, and the two make the full message.
 fn oom(a: &mut Alloc, size: u64, stream: u64) -> OomCause {
     match a.malloc(size, stream) {
         Err(Error::OutOfMemory(r)) => {
+            let cause = a.last_oom_cause().expect("the allocator keeps the verdict");
+            assert_eq!(cause.class, r.class);
             let text = Error::<cachealloc_mock::MockError>::OutOfMemory(r).to_string();
             let pytorch = r.pytorch_message().to_string();
-            assert!(text.starts_with(&pytorch), "{text}");
             assert!(pytorch.starts_with("CUDA out of memory. Tried to allocate"));
-            let verdict = format!("cachealloc: {}: ", r.cause.class.as_str());
+            assert_eq!(text, format!("{pytorch} cachealloc: {}.", r.class.as_str()));
+            let full = r.explained(&cause).to_string();
+            let verdict = format!("cachealloc: {}: ", r.class.as_str());
             assert!(
-                text[pytorch.len()..].starts_with(&format!(" {verdict}")),
-                "{text}"
+                full[pytorch.len()..].starts_with(&format!(" {verdict}")),
+                "{full}"
             );
             a.check_invariants().unwrap();
-            r.cause
+            cause
         }
         other => panic!("expected an out-of-memory, got {other:?}"),
     }
@@ -207,4 +211,130 @@ fn expandable_segments_unmapped_address_space() {
         f.device.reserved_bytes,
         a.stats().reserved_bytes.all().current as u64
     );
+}
+
+/// Which stream holds the free bytes, relative to the request's.
+#[derive(Clone, Copy, Debug)]
+enum Holder {
+    SameStream,
+    OtherStream,
+}
+
+/// Which pool size the free bytes are in (the request is large: 20 MiB).
+#[derive(Clone, Copy, Debug)]
+enum Size {
+    Small,
+    Large,
+}
+
+/// How the free bytes are held.
+#[derive(Clone, Copy, Debug)]
+enum Held {
+    /// Cached in the request's pools.
+    Cached,
+    /// Freed while a capture is under way, with a use on another stream:
+    /// parked until the capture ends (the request is captured too).
+    Pending,
+    /// Cached in a private pool the request is not routed to.
+    PrivatePool,
+}
+
+/// A 64 MiB device whose free bytes are all of one kind, in segments that
+/// live blocks keep from being released, then a 20 MiB request. Large:
+/// three 20 MiB segments of five 4 MiB blocks, the 2nd and 4th freed (24
+/// MiB free, 4 MiB left on the device). Small: the whole device in 2 MiB
+/// segments of four 512 KiB blocks, the 2nd and 4th freed (32 MiB free).
+/// Either way the bytes, with what is left on the device, would hold the
+/// request, and the live bytes leave room for it.
+fn verdict(holder: Holder, size: Size, held: Held) -> OomCause {
+    const POOL: MempoolId = MempoolId(2, 0);
+    let mut a = device(64 * MIB);
+    // Captured requests go to GRAPH from streams 1 and 2.
+    let (request_stream, other) = match held {
+        Held::Pending => (1, 2),
+        _ => (0, 1),
+    };
+    let stream = match holder {
+        Holder::SameStream => request_stream,
+        Holder::OtherStream => other,
+    };
+    match held {
+        Held::Cached => {}
+        Held::Pending => {
+            let both = StreamFilter::streams(&[1, 2]).unwrap();
+            a.capture_begin(GRAPH, both).unwrap();
+            a.backend_mut()
+                .begin_capture(1, CaptureMode::Global)
+                .unwrap();
+        }
+        Held::PrivatePool => a
+            .begin_allocate_to_pool(POOL, StreamFilter::stream(stream))
+            .unwrap(),
+    }
+    let (block, blocks) = match size {
+        Size::Large => (4 * MIB, 15),
+        Size::Small => (MIB / 2, 128),
+    };
+    let xs: Vec<_> = (0..blocks)
+        .map(|_| a.malloc(block, stream).unwrap())
+        .collect();
+    if let Held::PrivatePool = held {
+        a.end_allocate_to_pool(POOL).unwrap();
+    }
+    let per_segment = match size {
+        Size::Large => 5,
+        Size::Small => 4,
+    };
+    for (k, x) in xs.iter().enumerate() {
+        if k % per_segment == 1 || k % per_segment == 3 {
+            if let Held::Pending = held {
+                a.record_stream(x.handle.unwrap(), 3).unwrap();
+            }
+            a.free(x.handle.unwrap()).unwrap();
+        }
+    }
+    oom(&mut a, 20 * MIB, request_stream)
+}
+
+/// The verdict names the kind of bytes that would have served the request,
+/// whichever stream holds them where the stream cannot matter: small-pool
+/// blocks never serve a 20 MiB request, on any stream.
+#[test]
+fn each_kind_of_free_bytes_gets_its_own_class() {
+    use Held::*;
+    use Holder::*;
+    use Size::*;
+    let rows = [
+        (SameStream, Large, Cached, OomClass::Fragmentation),
+        (SameStream, Large, Pending, OomClass::PendingFrees),
+        (SameStream, Large, PrivatePool, OomClass::PrivatePools),
+        (OtherStream, Large, Cached, OomClass::OtherStreams),
+        (OtherStream, Large, Pending, OomClass::OtherStreams),
+        (OtherStream, Large, PrivatePool, OomClass::PrivatePools),
+        (SameStream, Small, Cached, OomClass::OtherSize),
+        (SameStream, Small, Pending, OomClass::OtherSize),
+        (SameStream, Small, PrivatePool, OomClass::PrivatePools),
+        (OtherStream, Small, Cached, OomClass::OtherSize),
+        (OtherStream, Small, Pending, OomClass::OtherSize),
+        (OtherStream, Small, PrivatePool, OomClass::PrivatePools),
+    ];
+    for (holder, size, held, class) in rows {
+        let c = verdict(holder, size, held);
+        let row = format!("{holder:?} x {size:?} x {held:?}: {c:?}");
+        assert_eq!(c.class, class, "{row}");
+        // The bytes are counted in the class's kind, and in no other.
+        let free = match size {
+            Large => 24 * MIB,
+            Small => 32 * MIB,
+        };
+        let kinds = [
+            c.free_bytes,
+            c.pending_free_bytes,
+            c.other_streams_bytes,
+            c.private_pools_bytes,
+            c.other_size_bytes,
+        ];
+        assert_eq!(kinds.iter().sum::<u64>(), free, "{row}");
+        assert_eq!(kinds.iter().filter(|&&b| b > 0).count(), 1, "{row}");
+    }
 }

@@ -134,6 +134,11 @@ fn every_method_through_dyn_shared_allocator() {
     assert!(a.cache_info().unwrap().cached_bytes > 0);
     let f = a.fragmentation(0).unwrap();
     assert_eq!(f.device.free_bytes, a.cache_info().unwrap().cached_bytes);
+    let cause = a
+        .last_oom_cause()
+        .unwrap()
+        .expect("the device keeps its last verdict");
+    assert_eq!(cause.needed, 1 << 40);
     assert_eq!(
         a.pool_memory(MempoolId::DEFAULT, Pool::Large).unwrap(),
         f.large_pool
