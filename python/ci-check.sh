@@ -84,6 +84,20 @@ print("python: %d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipp
 sys.exit(0 if failed == 0 and passed > 0 else 1)
 PY
 
+# The failure-path tests need the C library's test hooks, which the wheel's
+# library has not (cargo feature debug-hooks): a library built with them,
+# and the package from the source tree (the wheel's bundled library would
+# be found first).
+echo "== python/tests: the failure paths, on a library with the test hooks"
+hooks="$root/target/debug-hooks"
+(cd "$root" && cargo build -q --release -p cachealloc-capi --features debug-hooks --target-dir "$hooks")
+(cd "$tmp" && PYTHONPATH="$root/python" CACHEALLOC_LIB="$hooks/release/libcachealloc.so" \
+  "$python" -m unittest discover -v -s "$root/python/tests" -t "$root/python/tests" -p test_ctypes.py \
+    -k test_internal_error_is_a_runtime_error -k test_a_panic_inside_a_device_lock_fails_that_device \
+    2>&1 | tee "$tmp/hooks.log")
+grep -q "^Ran 2 tests" "$tmp/hooks.log" && ! grep -q "skipped" "$tmp/hooks.log" \
+  || { echo "FAIL: the two failure-path tests did not both run"; exit 1; }
+
 # The native allocator against a real torch: only where one is installed
 # (CI installs none; test_native.py above skipped, saying so).
 if [ -n "${CACHEALLOC_TORCH_PYTHON:-}" ]; then

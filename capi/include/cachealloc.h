@@ -604,8 +604,8 @@ const char *cachealloc_version(void);
 
 /**
  * The message of the last failed call on this thread, or NULL when the
- * last call succeeded: every call clears it first, except this one,
- * `cachealloc_version` and `cachealloc_debug_force_internal_error`. The
+ * last call succeeded: every call clears it first, except this one and
+ * `cachealloc_version`. The
  * string stays valid until the next call into cachealloc on this thread;
  * copy it to keep it.
  */
@@ -620,14 +620,18 @@ const char *cachealloc_last_error(void);
  */
 int cachealloc_last_error_code(void);
 
+#if defined(CACHEALLOC_DEBUG_HOOKS)
 /**
  * For tests of the error path: the next call into cachealloc on this
  * thread panics inside its guard, and so fails as an internal error would
  * (NULL or -1, with "internal error in FUNCTION: ..." in
- * `cachealloc_last_error()`). Returns 0.
+ * `cachealloc_last_error()`). Returns 0. Only with the `debug-hooks`
+ * feature.
  */
 int cachealloc_debug_force_internal_error(void);
+#endif
 
+#if defined(CACHEALLOC_DEBUG_HOOKS)
 /**
  * For tests of the failure path inside a device's lock: the next
  * allocation or free on this thread panics while it holds the device's
@@ -635,9 +639,10 @@ int cachealloc_debug_force_internal_error(void);
  * would. The call fails ("internal error in ..."), and the device is
  * failed for good: every later call on it fails with "device N failed"
  * (its metadata may be half-updated), while other devices work on.
- * Returns 0.
+ * Returns 0. Only with the `debug-hooks` feature.
  */
 int cachealloc_debug_fail_inside_lock(void);
+#endif
 
 /**
  * Device `device`'s memory by pool, with what is cached for requests on

@@ -5,7 +5,7 @@
 //! (`cudaStream_t`) and become the backend's stream from the pointer's value
 //! (the simulated device: the value itself; CUDA and HIP: the raw handle).
 
-use crate::error::{debug_hooks, mark_out_of_memory, Res};
+use crate::error::{mark_out_of_memory, Res};
 use crate::observers::FORWARD;
 use crate::segments;
 use crate::settings::{BackendKind, Settings};
@@ -84,16 +84,20 @@ pub(crate) fn alloc_error<E: std::fmt::Debug + std::fmt::Display>(
     }
 }
 
-/// The test hook `cachealloc_debug_fail_inside_lock`: when this thread
-/// armed it, panic inside the device's lock (which fails the device).
-#[inline]
+/// The test hook `cachealloc_debug_fail_inside_lock` (feature
+/// `debug-hooks`; nothing without it): when this thread armed it, panic
+/// inside the device's lock (which fails the device).
+#[inline(always)]
 pub(crate) fn debug_inside_lock<B>(a: &Alloc<B>)
 where
     B: DeviceBackend,
 {
-    if debug_hooks::armed() {
-        let _ = a.with(|_| debug_hooks::inside_lock());
+    #[cfg(feature = "debug-hooks")]
+    if crate::debug_hooks::armed() {
+        let _ = a.with(|_| crate::debug_hooks::inside_lock());
     }
+    #[cfg(not(feature = "debug-hooks"))]
+    let _ = a;
 }
 
 /// Twice the slots of a storage that has `capacity`.

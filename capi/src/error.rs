@@ -26,9 +26,19 @@ thread_local! {
 
 /// [`STATE`]: `LAST_ERROR` holds an error (the next call clears it).
 const HAS_ERROR: u8 = 1;
-/// [`STATE`]: set by `cachealloc_debug_force_internal_error`, the next
-/// guarded call on this thread panics inside its guard.
+/// [`STATE`]: set by `cachealloc_debug_force_internal_error` (feature
+/// `debug-hooks`), the next guarded call on this thread panics inside its
+/// guard.
 const PANIC_NEXT: u8 = 2;
+
+/// The next guarded call on this thread panics inside its guard (the
+/// `debug-hooks` feature's `cachealloc_debug_force_internal_error`).
+#[cfg(feature = "debug-hooks")]
+pub(crate) fn panic_next() -> c_int {
+    STATE
+        .try_with(|s| s.set(s.get() | PANIC_NEXT))
+        .map_or(-1, |()| 0)
+}
 
 /// This thread's [`STATE`] with `set` bits set and `clear` bits cleared.
 fn update_state(set: u8, clear: u8) {
@@ -131,7 +141,9 @@ pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res
     if state & HAS_ERROR != 0 {
         clear_last_error();
     }
-    let panic_next = state & PANIC_NEXT != 0;
+    // Without the `debug-hooks` feature nothing sets the bit: the test is
+    // compiled out.
+    let panic_next = cfg!(feature = "debug-hooks") && state & PANIC_NEXT != 0;
     if panic_next {
         update_state(0, PANIC_NEXT);
     }
@@ -168,8 +180,8 @@ fn panicked(name: &str, payload: Box<dyn std::any::Any + Send>) {
 }
 
 /// The message of the last failed call on this thread, or NULL when the
-/// last call succeeded: every call clears it first, except this one,
-/// `cachealloc_version` and `cachealloc_debug_force_internal_error`. The
+/// last call succeeded: every call clears it first, except this one and
+/// `cachealloc_version`. The
 /// string stays valid until the next call into cachealloc on this thread;
 /// copy it to keep it.
 #[no_mangle]
@@ -192,63 +204,6 @@ pub extern "C" fn cachealloc_last_error_code() -> c_int {
                 .unwrap_or(CACHEALLOC_OK)
         })
         .unwrap_or(CACHEALLOC_OK)
-}
-
-/// For tests of the error path: the next call into cachealloc on this
-/// thread panics inside its guard, and so fails as an internal error would
-/// (NULL or -1, with "internal error in FUNCTION: ..." in
-/// `cachealloc_last_error()`). Returns 0.
-#[no_mangle]
-pub extern "C" fn cachealloc_debug_force_internal_error() -> c_int {
-    STATE
-        .try_with(|s| s.set(s.get() | PANIC_NEXT))
-        .map_or(-1, |()| 0)
-}
-
-/// For tests of the failure path inside a device's lock: the next
-/// allocation or free on this thread panics while it holds the device's
-/// lock, after the allocator has started on it, as an internal error there
-/// would. The call fails ("internal error in ..."), and the device is
-/// failed for good: every later call on it fails with "device N failed"
-/// (its metadata may be half-updated), while other devices work on.
-/// Returns 0.
-#[no_mangle]
-pub extern "C" fn cachealloc_debug_fail_inside_lock() -> c_int {
-    debug_hooks::arm()
-}
-
-/// The hook behind `cachealloc_debug_fail_inside_lock`: one relaxed load
-/// on the hot path while nothing is armed.
-pub(crate) mod debug_hooks {
-    use std::cell::Cell;
-    use std::ffi::c_int;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// Some thread armed the hook (cleared never: the test process ends).
-    static ANY: AtomicBool = AtomicBool::new(false);
-
-    thread_local! {
-        static ARMED: Cell<bool> = const { Cell::new(false) };
-    }
-
-    pub(crate) fn arm() -> c_int {
-        ANY.store(true, Ordering::Relaxed);
-        ARMED.try_with(|a| a.set(true)).map_or(-1, |()| 0)
-    }
-
-    /// Whether some thread armed the hook (one relaxed load).
-    #[inline]
-    pub(crate) fn armed() -> bool {
-        ANY.load(Ordering::Relaxed)
-    }
-
-    /// Called inside a device's lock: panics once if this thread armed it.
-    #[cold]
-    pub(crate) fn inside_lock() {
-        if ARMED.try_with(Cell::take).unwrap_or(false) {
-            panic!("forced inside the device's lock by cachealloc_debug_fail_inside_lock");
-        }
-    }
 }
 
 /// [`guard`] for a function that returns a status: 0, or -1 on failure.
@@ -277,10 +232,16 @@ mod tests {
         assert_eq!(last().as_deref(), Some("bad thing"));
         assert_eq!(status("f", || Ok(())), 0);
         assert_eq!(last(), None);
-        assert_eq!(cachealloc_debug_force_internal_error(), 0);
-        assert_eq!(status("g", || Ok(())), -1);
+        #[cfg(feature = "debug-hooks")]
+        {
+            assert_eq!(panic_next(), 0);
+            assert_eq!(status("g", || Ok(())), -1);
+            let msg = last().unwrap_or_default();
+            assert!(msg.starts_with("internal error in g: forced"), "{msg}");
+            assert_eq!(status("g", || Ok(())), 0, "armed once only");
+        }
+        assert_eq!(status("h", || panic!("boom")), -1);
         let msg = last().unwrap_or_default();
-        assert!(msg.starts_with("internal error in g: forced"), "{msg}");
-        assert_eq!(status("g", || Ok(())), 0, "armed once only");
+        assert!(msg.starts_with("internal error in h: boom"), "{msg}");
     }
 }

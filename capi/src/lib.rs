@@ -41,8 +41,10 @@
 
 // The exported functions, one file a group (the header lists them in this
 // order: cbindgen follows the declarations).
-/// The last error, the guard around every exported function, the debug
-/// hooks.
+/// Hooks for tests of the failure paths (feature `debug-hooks` only).
+#[cfg(feature = "debug-hooks")]
+mod debug_hooks;
+/// The last error, the guard around every exported function.
 mod error;
 /// Fragmentation accounting, out-of-memory verdicts.
 mod fragmentation;
@@ -77,8 +79,9 @@ pub use checkpoint::{
     cachealloc_checkpoint_block, cachealloc_checkpoint_pool, cachealloc_restore_callback,
     cachealloc_restore_pool,
 };
+#[cfg(feature = "debug-hooks")]
+pub use debug_hooks::{cachealloc_debug_fail_inside_lock, cachealloc_debug_force_internal_error};
 pub use error::{
-    cachealloc_debug_fail_inside_lock, cachealloc_debug_force_internal_error,
     cachealloc_last_error, cachealloc_last_error_code, CACHEALLOC_ERROR_OTHER,
     CACHEALLOC_ERROR_OUT_OF_MEMORY, CACHEALLOC_OK,
 };

@@ -62,13 +62,18 @@ class IpcHandle(ctypes.Structure):
     _fields_ = [("handle", ctypes.c_uint8 * 64), ("offset", c_uint64)]
 
 
+#: The C library's test hooks: only a library built with the cargo feature
+#: ``debug-hooks`` has them (``has_debug_hooks()``).
+DEBUG_PROTOTYPES = {
+    "cachealloc_debug_force_internal_error": (c_int, []),
+    "cachealloc_debug_fail_inside_lock": (c_int, []),
+}
+
 #: name: (restype, argtypes), in the header's order.
 PROTOTYPES = {
     "cachealloc_version": (c_char_p, []),
     "cachealloc_last_error": (c_char_p, []),
     "cachealloc_last_error_code": (c_int, []),
-    "cachealloc_debug_force_internal_error": (c_int, []),
-    "cachealloc_debug_fail_inside_lock": (c_int, []),
     "cachealloc_get_fragmentation": (c_int, [c_int, c_void_p, POINTER(Fragmentation)]),
     "cachealloc_get_pool_memory": (c_int, [c_int, c_uint64, c_uint64, c_int, POINTER(PoolMemory)]),
     "cachealloc_last_oom_cause": (c_int, [POINTER(OomCause)]),
@@ -167,8 +172,19 @@ def lib():
                     fn = getattr(loaded, name)
                     fn.restype = restype
                     fn.argtypes = argtypes
+                for name, (restype, argtypes) in DEBUG_PROTOTYPES.items():
+                    fn = getattr(loaded, name, None)
+                    if fn is not None:
+                        fn.restype = restype
+                        fn.argtypes = argtypes
                 _LIB = loaded
     return _LIB
+
+
+def has_debug_hooks():
+    """Whether the loaded library has the test hooks (feature debug-hooks;
+    a released library has none)."""
+    return hasattr(lib(), "cachealloc_debug_force_internal_error")
 
 
 def address(name):

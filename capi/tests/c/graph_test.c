@@ -97,6 +97,10 @@ static void observer_calls_back(void) {
 /* -------------------------------------------------- a panic inside a lock */
 
 static void panic_fails_the_device(void) {
+#ifndef CACHEALLOC_DEBUG_HOOKS
+    printf("skipped a panic inside a lock: the library has no test hooks (feature debug-hooks)\n");
+    return;
+#else
     void *live = cachealloc_alloc(1000, 1, NULL);
     CHECK(live, "alloc on device 1");
     CHECK(cachealloc_debug_fail_inside_lock() == 0, "arm");
@@ -117,6 +121,7 @@ static void panic_fails_the_device(void) {
     CHECK(no_error(), "free on device 0");
     printf("ok a panic inside device 1's lock failed device 1 only: %s\n",
            "every later call on it is refused");
+#endif
 }
 
 /* -------------------------------------------------- the driver, by dlsym */
