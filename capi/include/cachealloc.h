@@ -602,24 +602,6 @@ extern "C" {
  */
 const char *cachealloc_version(void);
 
-/**
- * The message of the last failed call on this thread, or NULL when the
- * last call succeeded: every call clears it first, except this one and
- * `cachealloc_version`. The
- * string stays valid until the next call into cachealloc on this thread;
- * copy it to keep it.
- */
-const char *cachealloc_last_error(void);
-
-/**
- * The kind of the last failed call on this thread:
- * `CACHEALLOC_ERROR_OUT_OF_MEMORY` (an allocation found no room: the
- * message is PyTorch's "CUDA out of memory. ..."), `CACHEALLOC_ERROR_OTHER`,
- * or `CACHEALLOC_OK` (0) when the last call succeeded. Cleared and set as
- * `cachealloc_last_error()` is; this call changes neither.
- */
-int cachealloc_last_error_code(void);
-
 #if defined(CACHEALLOC_DEBUG_HOOKS)
 /**
  * For tests of the error path: the next call into cachealloc on this
@@ -643,6 +625,23 @@ int cachealloc_debug_force_internal_error(void);
  */
 int cachealloc_debug_fail_inside_lock(void);
 #endif
+
+/**
+ * The message of the last failed call on this thread, or NULL when the
+ * last call succeeded: every call clears it first, except this one and
+ * `cachealloc_version`. The string stays valid until the next call into
+ * cachealloc on this thread; copy it to keep it.
+ */
+const char *cachealloc_last_error(void);
+
+/**
+ * The kind of the last failed call on this thread:
+ * `CACHEALLOC_ERROR_OUT_OF_MEMORY` (an allocation found no room: the
+ * message is PyTorch's "CUDA out of memory. ..."), `CACHEALLOC_ERROR_OTHER`,
+ * or `CACHEALLOC_OK` (0) when the last call succeeded. Cleared and set as
+ * `cachealloc_last_error()` is; this call changes neither.
+ */
+int cachealloc_last_error_code(void);
 
 /**
  * Device `device`'s memory by pool, with what is cached for requests on
@@ -900,6 +899,15 @@ void cachealloc_reset(void);
  * its total memory. Errors go to `cachealloc_last_error()`.
  */
 void cachealloc_set_memory_fraction(double fraction, int device);
+
+/**
+ * The memory fraction of `device` (PyTorch's `getMemoryFraction`,
+ * `torch.cuda.get_per_process_memory_fraction`): its memory limit over its
+ * total memory, 1.0 when none is set, whichever front end set it
+ * (`cachealloc_set_memory_fraction`, torch, the settings). Returns -1.0 on
+ * failure (the reason in `cachealloc_last_error()`).
+ */
+double cachealloc_get_memory_fraction(int device);
 
 /**
  * PyTorch's `base_alloc` hook (`set_base_alloc_fn`, `getBaseAllocation`):

@@ -181,9 +181,8 @@ fn panicked(name: &str, payload: Box<dyn std::any::Any + Send>) {
 
 /// The message of the last failed call on this thread, or NULL when the
 /// last call succeeded: every call clears it first, except this one and
-/// `cachealloc_version`. The
-/// string stays valid until the next call into cachealloc on this thread;
-/// copy it to keep it.
+/// `cachealloc_version`. The string stays valid until the next call into
+/// cachealloc on this thread; copy it to keep it.
 #[no_mangle]
 pub extern "C" fn cachealloc_last_error() -> *const c_char {
     last_error_ptr()

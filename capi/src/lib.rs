@@ -100,8 +100,9 @@ pub use observers::{
 pub use pluggable::{
     cachealloc_alloc, cachealloc_alloc_aligned, cachealloc_base_alloc,
     cachealloc_begin_allocate_to_pool, cachealloc_end_allocate_to_pool, cachealloc_free,
-    cachealloc_free_checked, cachealloc_init, cachealloc_pluggable_alloc, cachealloc_record_stream,
-    cachealloc_release_pool, cachealloc_reset, cachealloc_set_memory_fraction,
+    cachealloc_free_checked, cachealloc_get_memory_fraction, cachealloc_init,
+    cachealloc_pluggable_alloc, cachealloc_record_stream, cachealloc_release_pool,
+    cachealloc_reset, cachealloc_set_memory_fraction,
 };
 pub use snapshot::cachealloc_snapshot;
 pub use snapshot_walk::{

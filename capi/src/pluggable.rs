@@ -197,6 +197,20 @@ pub extern "C" fn cachealloc_set_memory_fraction(fraction: f64, device: c_int) {
     });
 }
 
+/// The memory fraction of `device` (PyTorch's `getMemoryFraction`,
+/// `torch.cuda.get_per_process_memory_fraction`): its memory limit over its
+/// total memory, 1.0 when none is set, whichever front end set it
+/// (`cachealloc_set_memory_fraction`, torch, the settings). Returns -1.0 on
+/// failure (the reason in `cachealloc_last_error()`).
+#[no_mangle]
+pub extern "C" fn cachealloc_get_memory_fraction(device: c_int) -> f64 {
+    guard("cachealloc_get_memory_fraction", -1.0, || {
+        on_device!(registry::device(device)?, |a| a
+            .memory_fraction()
+            .map_err(text))
+    })
+}
+
 /// PyTorch's `base_alloc` hook (`set_base_alloc_fn`, `getBaseAllocation`):
 /// the base of the segment (device allocation) that holds `ptr`, with its
 /// size written to `*size`. NULL on failure (the reason in

@@ -134,6 +134,8 @@ pub trait SharedAllocator: Sync {
     fn set_memory_limit(&self, bytes: Option<u64>) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::memory_limit`].
     fn memory_limit(&self) -> SharedResult<Option<u64>, Self::BackendError>;
+    /// [`DeviceAllocator::memory_fraction`].
+    fn memory_fraction(&self) -> SharedResult<f64, Self::BackendError>;
     /// The device's free and total memory, from the backend.
     fn mem_info(&self) -> SharedResult<MemInfo, Self::BackendError>;
     /// The device's ordinal.
@@ -398,6 +400,10 @@ where
 
     fn memory_limit(&self) -> SharedResult<Option<u64>, B::Error> {
         self.with(|a| a.memory_limit())
+    }
+
+    fn memory_fraction(&self) -> SharedResult<f64, B::Error> {
+        self.try_with(|a| a.memory_fraction())
     }
 
     fn mem_info(&self) -> SharedResult<MemInfo, B::Error> {

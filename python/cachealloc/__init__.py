@@ -19,7 +19,8 @@ keys and values, on either path
 (``memory_stats``, ``memory_allocated``, ``max_memory_allocated``,
 ``memory_reserved``, ``max_memory_reserved``, ``reset_peak_memory_stats``,
 ``reset_accumulated_memory_stats``, ``memory_summary``, ``empty_cache``,
-``set_per_process_memory_fraction``, ``caching_allocator_alloc`` /
+``set_per_process_memory_fraction``, ``get_per_process_memory_fraction``,
+``caching_allocator_alloc`` /
 ``caching_allocator_delete``), plus ``record_history``,
 ``record_annotation``, ``snapshot``, ``cache_info`` and
 ``attach_oom_observer``; and cachealloc's own accounting: why the last
@@ -78,6 +79,7 @@ from .stats import (
     record_history,
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
+    get_per_process_memory_fraction,
     set_per_process_memory_fraction,
     snapshot,
 )
@@ -102,6 +104,7 @@ __all__ = [
     "caching_allocator_alloc",
     "caching_allocator_delete",
     "empty_cache",
+    "get_per_process_memory_fraction",
     "install",
     "install_mode",
     "installed",

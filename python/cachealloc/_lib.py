@@ -99,6 +99,7 @@ PROTOTYPES = {
     "cachealloc_init": (None, [c_int]),
     "cachealloc_reset": (None, []),
     "cachealloc_set_memory_fraction": (None, [c_double, c_int]),
+    "cachealloc_get_memory_fraction": (c_double, [c_int]),
     "cachealloc_base_alloc": (c_void_p, [c_void_p, POINTER(c_size_t)]),
     "cachealloc_record_stream": (None, [c_void_p, c_void_p]),
     "cachealloc_begin_allocate_to_pool": (None, [c_int, c_uint64, c_uint64, c_void_p]),

@@ -10,8 +10,8 @@ hash of the sources, of the path of the library it links (dynamically: a
 rebuilt library at the same path needs no new build) and of torch's path; ``load()`` loads it into
 the process. Nothing here runs at ``import cachealloc``.
 
-What a build needs: a C++17 compiler (``$CXX``, else ``c++`` / ``g++`` /
-``clang++``), torch's headers and libraries (in the torch wheel), and the
+What a build needs: a C++ compiler (``$CXX``, else ``c++`` / ``g++`` /
+``clang++``) with C++17, or C++20 for torch 2.12 and later (``cxx_standard``), torch's headers and libraries (in the torch wheel), and the
 CUDA runtime's headers and library (the ``nvidia-cuda-runtime`` wheel torch
 depends on, ``$CUDA_HOME`` or ``/usr/local/cuda``).
 """

@@ -126,6 +126,16 @@ def set_per_process_memory_fraction(fraction, device=None):
     _lib.check_void("cachealloc_set_memory_fraction(%r, %d)" % (fraction, d))
 
 
+def get_per_process_memory_fraction(device=None):
+    """``torch.cuda.get_per_process_memory_fraction``: the device's memory
+    limit over its total memory (1.0 with none), whoever set it."""
+    d = device_index(device)
+    fraction = _lib.lib().cachealloc_get_memory_fraction(d)
+    if fraction < 0:
+        raise _lib.fail("cachealloc_get_memory_fraction(%d)" % d)
+    return fraction
+
+
 def cache_info(device=None):
     """``CacheInfo(total_cached, largest_block)`` of ``device`` (PyTorch's
     ``cacheInfo``): bytes in cached free blocks and the largest of them."""

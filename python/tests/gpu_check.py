@@ -273,6 +273,26 @@ def oom_fraction(torch, dev):
     return [float(n), float(again.sum().item())]
 
 
+def fraction_readback(torch, dev):
+    """torch.cuda.get_per_process_memory_fraction reads back the fraction
+    set through torch, and with cachealloc installed the one set through
+    cachealloc's own function (the C library keeps it; torch once answered
+    1.0 from a C++-side copy while 0.5 was enforced)."""
+    torch.cuda.set_per_process_memory_fraction(0.5, dev)
+    through_torch = torch.cuda.get_per_process_memory_fraction(dev)
+    if os.environ.get("GPUCHECK_BACKEND") == "cachealloc":
+        import cachealloc
+
+        cachealloc.set_per_process_memory_fraction(0.25, dev.index)
+    else:
+        torch.cuda.set_per_process_memory_fraction(0.25, dev)
+    other = torch.cuda.get_per_process_memory_fraction(dev)
+    if (through_torch, other) != (0.5, 0.25):
+        raise RuntimeError("the fraction reads back as %s, %s (set 0.5, 0.25)" % (through_torch, other))
+    torch.cuda.set_per_process_memory_fraction(1.0, dev)
+    return [through_torch, other]
+
+
 def snapshot_dump(torch, dev):
     """torch's own history and snapshot: _record_memory_history, a few steps,
     _dump_snapshot, read back with pickle."""
@@ -348,6 +368,7 @@ WORKLOADS = [
     ("graph", graph, "", None, None),
     ("compile_reduce_overhead", compile_reduce_overhead, "", None, None),
     ("oom_fraction", oom_fraction, "", None, None),
+    ("fraction_readback", fraction_readback, "", None, None),
     ("snapshot_dump", snapshot_dump, "", None, None),
     ("ipc", ipc, "", None, None),
     ("ipc_to_native", ipc_to_native, "", None, None),

@@ -7,6 +7,22 @@
 //
 // Usage: native_driver SNAPSHOT.json   (where cachealloc's snapshot goes)
 
+#include <new>
+#include <string>
+
+// The callbacks' test seam (c_calls.h): the callback named `fault_at`
+// throws std::bad_alloc the (`fault_after` + 1)-th time it runs, as a
+// push_back or a string in it would when memory runs out.
+static const char* fault_at = nullptr;
+static int fault_after = 0;
+static void callback_fault(const char* where) {
+    if (fault_at != nullptr && std::string(where) == fault_at && fault_after-- == 0) {
+        fault_at = nullptr;
+        throw std::bad_alloc();
+    }
+}
+#define CACHEALLOC_CALLBACK_FAULT(where) callback_fault(where)
+
 #include "../cachealloc/native/allocator.cpp"
 
 #include <cstdio>
@@ -317,6 +333,124 @@ int main(int argc, char** argv) {
     EXPECT(ooms == 2, "the other observer ran too (%d)", ooms);
     std::printf("ok exceptions of a stream filter and of an OOM observer reach the caller, "
                 "never the C library's frames\n");
+
+    // ---- an exception inside a callback of the C library: thrown to the
+    // caller once the C call returned, nothing leaked, the process lives
+    auto allocated = [&] { return a.getDeviceStats(0).allocated_bytes[0].current; };
+    auto bad_alloc_from = [&](const char* where, int after, auto&& call) {
+        fault_at = where;
+        fault_after = after;
+        bool caught = false;
+        try {
+            call();
+        } catch (const std::bad_alloc&) {
+            caught = true;
+        }
+        EXPECT(fault_at == nullptr, "%s: the callback ran (%d more to go)", where, fault_after);
+        fault_at = nullptr;
+        return caught;
+    };
+    auto before = allocated();
+    a.recordHistory(true, nullptr, 0, CA::RecordContext::NEVER, false, {});
+    void* walked = self.alloc(1 << 20, 0, stream);
+    EXPECT(bad_alloc_from("snapshot segment", 1, [&] { a.snapshot({0, 0}, true); }),
+           "a segment visitor's bad_alloc reaches the caller");
+    EXPECT(bad_alloc_from("snapshot block", 2, [&] { a.snapshot({0, 0}, true); }),
+           "a block visitor's bad_alloc reaches the caller");
+    EXPECT(bad_alloc_from("snapshot trace", 0, [&] { a.snapshot({0, 0}, true); }),
+           "a trace visitor's bad_alloc reaches the caller");
+    EXPECT(bad_alloc_from("expandable segment sizes", 0, [&] { a.getExpandableSegmentSizes(0); }),
+           "getExpandableSegmentSizes' visitor's bad_alloc reaches the caller");
+    EXPECT(bad_alloc_from("pool live allocations segment", 0,
+                          [&] { a.checkPoolLiveAllocations(0, {0, 0}, {}); }),
+           "checkPoolLiveAllocations' visitor's bad_alloc reaches the caller");
+    EXPECT(a.snapshot({0, 0}, true).segments.size() > 0, "and a snapshot works after them");
+    a.raw_delete(walked);
+    a.recordHistory(false, nullptr, 0, CA::RecordContext::NEVER, false, {});
+    EXPECT(allocated() == before, "allocated bytes unchanged (%lld, was %lld)",
+           (long long)allocated(), (long long)before);
+    std::printf("ok a snapshot visitor that throws std::bad_alloc (segment, block, trace, "
+                "expandable sizes, live allocations): the caller gets it, nothing leaks\n");
+
+    // The restore's callback: what the restore made is handed back.
+    c10::MempoolId_t rewound{6, 0};
+    a.beginAllocateToPool(0, rewound, [](cudaStream_t) { return true; });
+    void* r1 = self.alloc(1 << 20, 0, stream);
+    void* r2 = self.alloc(2 << 20, 0, stream);
+    a.endAllocateToPool(0, rewound);
+    auto rewind_to = a.getCheckpointState(0, rewound);
+    a.raw_delete(r1);
+    a.beginAllocateToPool(0, rewound, [](cudaStream_t) { return true; });
+    void* r3 = self.alloc(1 << 20, 0, stream);
+    a.endAllocateToPool(0, rewound);
+    auto live_before = allocated();
+    EXPECT(bad_alloc_from("restore on_block (allocated)", 0,
+                          [&] { a.setCheckpointPoolState(0, rewind_to); }),
+           "the restore's callback's bad_alloc reaches the caller");
+    // The restore freed the pool's live allocations (r2, r3) and made the
+    // checkpoint's (r1, r2), which nobody owns: they were freed.
+    EXPECT(a.checkPoolLiveAllocations(0, rewound, {}), "nothing the restore made is live");
+    EXPECT(allocated() == live_before - (3 << 20), "allocated bytes %lld, expected %lld",
+           (long long)allocated(), (long long)(live_before - (3 << 20)));
+    auto redo = a.setCheckpointPoolState(0, rewind_to);  // and it works again
+    EXPECT(redo.dataptrs_allocd.size() == 2 && redo.ptrs_freed.empty(),
+           "a second restore made %zu, freed %zu", redo.dataptrs_allocd.size(),
+           redo.ptrs_freed.size());
+    redo.dataptrs_allocd.clear();
+    a.releasePool(0, rewound);
+    a.releasePool(0, rewound);
+    a.emptyCache(rewound);
+    (void)r3;
+    EXPECT(allocated() == before, "allocated bytes back to %lld (%lld)", (long long)before,
+           (long long)allocated());
+    std::printf("ok a restore callback that throws std::bad_alloc: the caller gets it, what "
+                "the restore made is handed back\n");
+
+    // torch's context recorder (Python stacks) that throws: nothing is
+    // allocated (the context is gathered first, as PyTorch does).
+    a.recordHistory(true, []() -> std::shared_ptr<c10::GatheredContext> {
+        throw std::runtime_error("a context recorder that throws");
+    }, 100, CA::RecordContext::ALLOC, false, {});
+    bool recorder_threw = false;
+    try {
+        self.alloc(1 << 20, 0, stream);
+    } catch (const std::runtime_error& e) {
+        recorder_threw = std::string(e.what()) == "a context recorder that throws";
+    }
+    a.recordHistory(false, nullptr, 0, CA::RecordContext::NEVER, false, {});
+    EXPECT(recorder_threw, "the recorder's exception reaches the caller");
+    EXPECT(allocated() == before, "allocated bytes unchanged (%lld, was %lld)",
+           (long long)allocated(), (long long)before);
+    std::printf("ok a context recorder that throws: the caller gets it, nothing is allocated\n");
+
+    // A routing ended behind the C++ allocator's back (a C call): its
+    // endAllocateToPool fails, and gives its filter's slot back all the same.
+    for (int k = 0; k < 70; k++) {
+        c10::MempoolId_t p{100 + static_cast<uint64_t>(k), 0};
+        a.beginAllocateToPool(0, p, [](cudaStream_t) { return false; });
+        cachealloc_end_allocate_to_pool(0, p.first, p.second);
+        bool ended = false;
+        try {
+            a.endAllocateToPool(0, p);
+        } catch (const c10::Error&) {
+            ended = true;
+        }
+        EXPECT(ended, "endAllocateToPool of a routing already ended fails");
+        a.releasePool(0, p);
+        a.emptyCache({0, 0});  // the pool, with no user left, goes
+    }
+    std::printf("ok a failed endAllocateToPool gives its filter's slot back (70 routings, 64 "
+                "slots)\n");
+
+    // The memory fraction reads back whichever front end set it.
+    cachealloc_set_memory_fraction(0.5, 0);
+    EXPECT(a.getMemoryFraction(0) == 0.5, "set through C: torch reads %f", a.getMemoryFraction(0));
+    a.setMemoryFraction(0.25, 0);
+    EXPECT(cachealloc_get_memory_fraction(0) == 0.25, "set through torch: C reads %f",
+           cachealloc_get_memory_fraction(0));
+    a.setMemoryFraction(1.0, 0);
+    EXPECT(a.getMemoryFraction(0) == 1.0, "1.0: %f", a.getMemoryFraction(0));
+    std::printf("ok getMemoryFraction equals the fraction set through either front end\n");
 
     // ------------------------------------------------------------- IPC
     auto shared = a.shareIpcHandle(ptrs[0]);

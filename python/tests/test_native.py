@@ -122,7 +122,7 @@ class NativeAllocator(unittest.TestCase):
         """In a process of its own: the native allocator installed into torch
         (cachealloc.native.install()), then torch's own Python functions
         (torch.cuda.memory_stats, memory_summary, max_memory_allocated,
-        reset_peak_memory_stats, _snapshot) on the
+        reset_peak_memory_stats, _snapshot, the memory fraction) on the
         simulated device. Without a GPU torch thinks CUDA was never
         initialised and returns {} from memory_stats: that check is patched
         (torch.cuda.memory.is_initialized) so its code runs as on a GPU."""
@@ -159,8 +159,17 @@ assert [key(s) for s in snap["segments"]] == [key(s) for s in mine["segments"]]
 allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
 assert len(allocs) == 3, allocs
 assert snap["allocator_settings"]["max_split_size"] == 64 << 20, snap["allocator_settings"]
+# The memory fraction reads back through torch whichever front end set it
+# (torch.cuda.get/set_per_process_memory_fraction call these two after
+# initialising CUDA, which this machine has not).
+cachealloc.set_per_process_memory_fraction(0.5, 0)
+assert torch._C._cuda_getMemoryFraction(0) == 0.5, torch._C._cuda_getMemoryFraction(0)
+torch._C._cuda_setMemoryFraction(0.25, 0)
+assert cachealloc.get_per_process_memory_fraction(0) == 0.25
+assert torch._C._cuda_getMemoryFraction(0) == 0.25
 print("torch.cuda.memory_stats: %d keys equal; memory_summary, max_memory_allocated, "
-      "reset_peak_memory_stats; _snapshot: %d segments equal, %d allocs in the history"
+      "reset_peak_memory_stats; _snapshot: %d segments equal, %d allocs in the history; "
+      "the memory fraction reads back through torch"
       % (len(theirs), len(snap["segments"]), len(allocs)))
 '''
         snap = os.path.join(self.tmp.name, "torch-snap.json")

@@ -375,6 +375,23 @@ where
         self.limit
     }
 
+    /// PyTorch's `getMemoryFraction`: the memory limit over the device's
+    /// total memory, 1.0 when no limit is set (a fraction of 0.5 reads back
+    /// as 0.5 up to the limit's truncation to whole bytes).
+    pub fn memory_fraction(&mut self) -> Res<f64, B> {
+        match self.limit {
+            None => Ok(1.0),
+            Some(limit) => {
+                let total = self.backend.mem_info().map_err(Error::Backend)?.total;
+                Ok(if total == 0 {
+                    1.0
+                } else {
+                    limit as f64 / total as f64
+                })
+            }
+        }
+    }
+
     /// Replace the policy (like `_set_allocator_settings`; the
     /// `max_split_size` statistic keeps its value from creation, as in PyTorch;
     /// a string that does not mention `expandable_segments` or `policy` keeps

@@ -36,7 +36,6 @@
 #include <array>
 #include <exception>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,7 +59,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
    public:
     CacheallocAllocator() {
         // One C observer forwards every final out-of-memory to torch's.
-        cachealloc_attach_oom_observer(&CacheallocAllocator::on_oom, this);
+        check(cachealloc_attach_oom_observer(&CacheallocAllocator::on_oom, this),
+              "attaching the out-of-memory observer");
     }
 
     // ------------------------------------------------------ allocation
@@ -98,6 +98,11 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     // no CUDA runtime call).
     void* alloc(size_t size, int device, cudaStream_t stream) {
         if (size == 0) return nullptr;
+        // The context (torch's Python stacks) is gathered before the
+        // allocation, as PyTorch does: a recorder that throws leaves
+        // nothing allocated.
+        std::shared_ptr<c10::GatheredContext> context;
+        if (recording_context_) context = gather_context();
         void* ptr = cachealloc_alloc(size, device, stream);
         if (pending_exception) {
             // A filter, observer or tracker threw during the call.
@@ -105,7 +110,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             rethrow_pending();
         }
         if (ptr != nullptr) {
-            if (recording_context_) record_context(ptr);
+            if (context) keep_context(ptr, std::move(context), device);
             return ptr;
         }
         std::string msg = last_error("no message");
@@ -119,7 +124,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     void raw_delete(void* ptr) override {
         if (ptr == nullptr) return;
-        if (recording_context_) forget_context(ptr);
+        forget_context(ptr);
         check(cachealloc_free_checked(ptr, 0, -1, nullptr), "free");
     }
 
@@ -141,17 +146,17 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     // ---------------------------------------------------------- limits
 
+    // Read from the C library, which keeps the limit: a fraction set
+    // through either front end (torch, cachealloc's Python or C) reads back.
     double getMemoryFraction(c10::DeviceIndex device) override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto it = fractions_.find(device);
-        return it == fractions_.end() ? 1.0 : it->second;
+        double fraction = cachealloc_get_memory_fraction(device);
+        if (fraction < 0) fail("get_per_process_memory_fraction");
+        return fraction;
     }
 
     void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
         cachealloc_set_memory_fraction(fraction, device);
         check_void("set_per_process_memory_fraction");
-        std::lock_guard<std::mutex> lock(mutex_);
-        fractions_[device] = fraction;
     }
 
     std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
@@ -237,11 +242,13 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         } ctx;
         cachealloc_snapshot_visitor v{};
         v.segment = [](const cachealloc_segment_info* s, void* user) {
-            auto* c = static_cast<Ctx*>(user);
-            if (s->is_expandable) {
-                c->out.emplace_back(static_cast<cudaStream_t>(s->stream), s->is_large == 0,
-                                    s->total_size);
-            }
+            shielded("expandable segment sizes", [&] {
+                auto* c = static_cast<Ctx*>(user);
+                if (s->is_expandable) {
+                    c->out.emplace_back(static_cast<cudaStream_t>(s->stream), s->is_large == 0,
+                                        s->total_size);
+                }
+            });
         };
         check(cachealloc_snapshot_walk(device, CACHEALLOC_WALK_QUIET, &v, &ctx),
               "getExpandableSegmentSizes");
@@ -277,8 +284,10 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         }
         cachealloc_end_allocate_to_pool(device, mempool_id.first, mempool_id.second);
         std::string msg = last_error("");
-        // The routing is gone from the device: nothing calls its filter now.
-        if (msg.empty() && mine != nullptr) give_back_slot(mine);
+        // The routing is gone from the device either way (the call fails
+        // only when there was none, or on a failed device, which calls
+        // nothing again): nothing calls its filter now.
+        if (mine != nullptr) give_back_slot(mine);
         TORCH_CHECK(msg.empty(), "cachealloc: endAllocateToPool failed: ", msg);
     }
 
@@ -325,14 +334,18 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         } ctx{mempool_id, false, 0, &expected, true};
         cachealloc_snapshot_visitor v{};
         v.segment = [](const cachealloc_segment_info* s, void* user) {
-            auto* c = static_cast<Ctx*>(user);
-            c->in_pool = s->pool_id0 == c->id.first && s->pool_id1 == c->id.second;
+            shielded("pool live allocations segment", [&] {
+                auto* c = static_cast<Ctx*>(user);
+                c->in_pool = s->pool_id0 == c->id.first && s->pool_id1 == c->id.second;
+            });
         };
         v.block = [](const cachealloc_block_info* b, void* user) {
-            auto* c = static_cast<Ctx*>(user);
-            if (!c->in_pool || !b->allocated) return;
-            c->live++;
-            if (!c->expected->count(reinterpret_cast<void*>(b->address))) c->ok = false;
+            shielded("pool live allocations block", [&] {
+                auto* c = static_cast<Ctx*>(user);
+                if (!c->in_pool || !b->allocated) return;
+                c->live++;
+                if (!c->expected->count(reinterpret_cast<void*>(b->address))) c->ok = false;
+            });
         };
         check(cachealloc_snapshot_walk(device, CACHEALLOC_WALK_QUIET, &v, &ctx),
               "checkPoolLiveAllocations");
@@ -372,22 +385,38 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         struct Ctx {
             CA::CheckpointDelta delta;
             c10::DeviceIndex device;
-        } ctx{{}, device};
+            CacheallocAllocator* self;
+        } ctx{{}, device, this};
+        // Room first, so that the callbacks, which run once the restore has
+        // changed the pool, need no allocation: the restore makes one
+        // allocation per allocated block of the checkpoint, and frees at
+        // most every block the pool has now.
+        size_t made = 0;
+        for (const auto& b : state->blocks) made += b.allocated != 0;
+        int64_t now = cachealloc_checkpoint_pool(device, state->id.first, state->id.second,
+                                                 nullptr, 0);
+        if (now < 0) fail("setCheckpointPoolState");
+        ctx.delta.dataptrs_allocd.reserve(made);
+        ctx.delta.ptrs_freed.reserve(static_cast<size_t>(now));
         auto on_block = [](void* ptr, size_t, int allocated, void* user) {
             auto* c = static_cast<Ctx*>(user);
             if (allocated) {
-                c->delta.dataptrs_allocd.emplace_back(
-                    ptr, ptr, &local_raw_delete, c10::Device(c10::DeviceType::CUDA, c->device));
+                bool kept = shielded("restore on_block (allocated)", [&] {
+                    c->delta.dataptrs_allocd.emplace_back(
+                        ptr, ptr, &local_raw_delete, c10::Device(c10::DeviceType::CUDA, c->device));
+                });
+                // An allocation nobody will own is handed back at once (the
+                // ones kept before go back with the delta as the exception
+                // unwinds).
+                if (!kept) cachealloc_free_checked(ptr, 0, c->device, nullptr);
             } else {
-                c->delta.ptrs_freed.push_back(ptr);
+                c->self->forget_context(ptr);
+                shielded("restore on_block (freed)", [&] { c->delta.ptrs_freed.push_back(ptr); });
             }
         };
         check(cachealloc_restore_pool(device, state->id.first, state->id.second,
                                       state->blocks.data(), state->blocks.size(), on_block, &ctx),
               "setCheckpointPoolState");
-        if (recording_context_) {
-            for (void* p : ctx.delta.ptrs_freed) forget_context(p);
-        }
         return std::move(ctx.delta);
     }
 
@@ -465,13 +494,11 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
 #if CACHEALLOC_TORCH_OOM_REJECTION
-    // Observers of allocations refused before trying (torch's
-    // throw_on_cudamalloc_oom policy, which cachealloc has not): kept, never
-    // called.
-    void attachOomRejectionObserver(CA::OomRejectionObserver observer) override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        oom_rejection_observers_.push_back(std::move(observer));
-    }
+    // Observers of allocations refused before any device call (torch's
+    // throw_on_cudamalloc_oom policy). cachealloc has no such policy yet,
+    // so it refuses nothing this way and there is nothing to tell them:
+    // they are not kept.
+    void attachOomRejectionObserver(CA::OomRejectionObserver) override {}
 #endif
 
     void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override {
@@ -534,14 +561,14 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         std::function<bool(cudaStream_t)> filter;
     };
 
+    // A filter that throws refuses the stream.
     static int call_filter(void* stream, void* user) {
         auto* slot = static_cast<FilterSlot*>(user);
-        try {
-            return slot->filter && slot->filter(static_cast<cudaStream_t>(stream)) ? 1 : 0;
-        } catch (...) {
-            keep_exception();
-            return 0;
-        }
+        bool accept = false;
+        shielded("stream filter", [&] {
+            accept = slot->filter && slot->filter(static_cast<cudaStream_t>(stream));
+        });
+        return accept ? 1 : 0;
     }
 
     FilterSlot* take_slot(c10::DeviceIndex device, c10::MempoolId_t id,
@@ -569,51 +596,58 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     static void on_oom(int device, size_t alloc_size, size_t device_total, size_t device_free,
                        void* user) {
         auto* self = static_cast<CacheallocAllocator*>(user);
-        std::vector<CA::OutOfMemoryObserver> observers;
-        {
-            std::lock_guard<std::mutex> lock(self->mutex_);
-            observers = self->oom_observers_;
-        }
-        try {
+        shielded("out-of-memory observer", [&] {
+            std::vector<CA::OutOfMemoryObserver> observers;
+            {
+                std::lock_guard<std::mutex> lock(self->mutex_);
+                observers = self->oom_observers_;
+            }
             for (const auto& o : observers) {
                 o(device, alloc_size, device_total, device_free);
             }
-        } catch (...) {
-            keep_exception();
-        }
+        });
     }
 
     static void on_trace(const cachealloc_trace_entry* e, void* user) {
         auto* self = static_cast<CacheallocAllocator*>(user);
         if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) return;  // annotations
-        std::shared_ptr<const std::vector<CA::AllocatorTraceTracker>> trackers;
-        {
-            std::lock_guard<std::mutex> lock(self->mutex_);
-            trackers = self->trackers_;
-        }
-        CDA::TraceEntry te(static_cast<CDA::TraceEntry::Action>(e->action),
-                           static_cast<c10::DeviceIndex>(e->device), e->addr, e->size, e->stream,
-                           c10::MempoolId_t{0, 0}, c10::getApproximateTime());
-        try {
+        shielded("trace tracker", [&] {
+            std::shared_ptr<const std::vector<CA::AllocatorTraceTracker>> trackers;
+            {
+                std::lock_guard<std::mutex> lock(self->mutex_);
+                trackers = self->trackers_;
+            }
+            CDA::TraceEntry te(static_cast<CDA::TraceEntry::Action>(e->action),
+                               static_cast<c10::DeviceIndex>(e->device), e->addr, e->size,
+                               e->stream, c10::MempoolId_t{0, 0}, c10::getApproximateTime());
             for (const auto& t : *trackers) t(te);
-        } catch (...) {
-            keep_exception();
-        }
+        });
     }
 
-    void record_context(void* ptr) {
+    // torch's context recorder's answer (null when it is off).
+    std::shared_ptr<c10::GatheredContext> gather_context() {
         CA::CreateContextFn recorder;
         {
             std::lock_guard<std::mutex> lock(mutex_);
             recorder = context_recorder_;
         }
-        if (!recorder) return;
-        auto ctx = recorder();
-        std::lock_guard<std::mutex> lock(mutex_);
-        contexts_[ptr] = std::move(ctx);
+        return recorder ? recorder() : nullptr;
     }
 
-    void forget_context(void* ptr) {
+    // Keep `context` for the allocation at `ptr`; if that throws, the
+    // allocation is freed before the exception goes on.
+    void keep_context(void* ptr, std::shared_ptr<c10::GatheredContext> context, int device) {
+        try {
+            std::lock_guard<std::mutex> lock(mutex_);
+            contexts_[ptr] = std::move(context);
+        } catch (...) {
+            cachealloc_free_checked(ptr, 0, device, nullptr);
+            throw;
+        }
+    }
+
+    void forget_context(void* ptr) noexcept {
+        if (!recording_context_) return;
         std::lock_guard<std::mutex> lock(mutex_);
         contexts_.erase(ptr);
     }
@@ -624,11 +658,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     std::atomic<bool> recording_context_{false};
 
     std::mutex mutex_;
-    std::map<c10::DeviceIndex, double> fractions_;
     std::vector<CA::OutOfMemoryObserver> oom_observers_;
-#if CACHEALLOC_TORCH_OOM_REJECTION
-    std::vector<CA::OomRejectionObserver> oom_rejection_observers_;
-#endif
     std::shared_ptr<const std::vector<CA::AllocatorTraceTracker>> trackers_ =
         std::make_shared<const std::vector<CA::AllocatorTraceTracker>>();
     CA::CreateContextFn context_recorder_ = nullptr;
@@ -669,10 +699,14 @@ void put(char* buf, size_t len, const std::string& msg) {
 extern "C" {
 
 // The allocator object (a c10::cuda::CUDACachingAllocator::CUDAAllocator*),
-// for tests that drive it directly.
+// for tests that drive it directly; NULL if it cannot be made.
 __attribute__((visibility("default"))) void* cachealloc_torch_allocator() {
-    return static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(
-        cachealloc_torch::instance().get());
+    try {
+        return static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(
+            cachealloc_torch::instance().get());
+    } catch (...) {
+        return nullptr;
+    }
 }
 
 // Make it torch's CUDA allocator (what torch.cuda.memory.change_current_allocator

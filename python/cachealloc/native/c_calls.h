@@ -1,21 +1,50 @@
 #pragma once
 // Calling the C library from C++: its last error as an exception, and
-// exceptions of torch's callbacks kept until the C call returns. Part of the C++ allocator for torch (allocator.cpp includes it; it needs
-// the headers allocator.cpp includes first).
+// exceptions of the callbacks it runs kept until the C call returns. Part
+// of the C++ allocator for torch (allocator.cpp includes it; it needs the
+// headers allocator.cpp includes first).
 
 namespace cachealloc_torch {
 
 namespace CA = c10::cuda::CUDACachingAllocator;
 namespace CDA = c10::CachingDeviceAllocator;
 
-// An exception thrown by torch code that the C library called back (a
-// stream filter, an OOM observer, a trace tracker) must not unwind through
-// its Rust frames: it is caught there, kept here, and rethrown once the C
-// call has returned, on the same thread.
+// An exception thrown by C++ code that the C library called back (torch's
+// stream filter, OOM observer or trace tracker, a snapshot visitor building
+// torch's structures, a restore's callback) must not unwind through its
+// Rust frames: that would abort the process ("Rust cannot catch foreign
+// exceptions"). Every callback handed to the C library runs its body
+// through `shielded`: the exception is caught there, kept here, and
+// rethrown once the C call has returned, on the same thread
+// (rethrow_pending, which check() and check_void() call first).
 static thread_local std::exception_ptr pending_exception;
 
-static void keep_exception() {
+static void keep_exception() noexcept {
     if (!pending_exception) pending_exception = std::current_exception();
+}
+
+// A test seam: a test build defines it to throw inside a named callback
+// (python/tests/native_driver.cpp); nothing in a normal build.
+#ifndef CACHEALLOC_CALLBACK_FAULT
+#define CACHEALLOC_CALLBACK_FAULT(where) ((void)0)
+#endif
+
+// Run `body` as (part of) a callback of the C library, named `where`: an
+// exception it throws is kept for rethrow_pending, never let out. Once one
+// is kept, later callbacks of the same C call do nothing (their work is
+// lost with the call, which reports the first exception). Returns whether
+// `body` ran to its end.
+template <typename Body>
+static bool shielded(const char* where, Body&& body) noexcept {
+    if (pending_exception) return false;
+    try {
+        CACHEALLOC_CALLBACK_FAULT(where);
+        body();
+        return true;
+    } catch (...) {
+        keep_exception();
+        return false;
+    }
 }
 
 static void rethrow_pending() {

@@ -53,8 +53,22 @@ struct SnapshotWalk {
     CA::RecordContext when = CA::RecordContext::NEVER;
     std::vector<CDA::TraceEntry> traces;
 
+    // The visitors: each body is shielded (it allocates: push_back, the
+    // annotations' strings).
     static void segment(const cachealloc_segment_info* s, void* user) {
-        auto* w = static_cast<SnapshotWalk*>(user);
+        shielded("snapshot segment", [&] { static_cast<SnapshotWalk*>(user)->on_segment(s); });
+    }
+
+    static void block(const cachealloc_block_info* b, void* user) {
+        shielded("snapshot block", [&] { static_cast<SnapshotWalk*>(user)->on_block(b); });
+    }
+
+    static void trace(const cachealloc_trace_entry* e, void* user) {
+        shielded("snapshot trace", [&] { static_cast<SnapshotWalk*>(user)->on_trace(e); });
+    }
+
+    void on_segment(const cachealloc_segment_info* s) {
+        auto* w = this;
         w->devices = std::max(w->devices, s->device + 1);
         w->keep = w->all_pools || (s->pool_id0 == w->pool.first && s->pool_id1 == w->pool.second);
         if (!w->keep) return;
@@ -72,8 +86,8 @@ struct SnapshotWalk {
         w->info.segments.push_back(std::move(seg));
     }
 
-    static void block(const cachealloc_block_info* b, void* user) {
-        auto* w = static_cast<SnapshotWalk*>(user);
+    void on_block(const cachealloc_block_info* b) {
+        auto* w = this;
         if (!w->keep || w->info.segments.empty()) return;
         CDA::BlockInfo bi;
         bi.size = b->size;
@@ -87,8 +101,8 @@ struct SnapshotWalk {
         w->info.segments.back().blocks.push_back(std::move(bi));
     }
 
-    static void trace(const cachealloc_trace_entry* e, void* user) {
-        auto* w = static_cast<SnapshotWalk*>(user);
+    void on_trace(const cachealloc_trace_entry* e) {
+        auto* w = this;
         w->devices = std::max(w->devices, e->device + 1);
         auto device = static_cast<c10::DeviceIndex>(e->device);
         // A snapshot holds times as microseconds in time_.t_ (torch's

@@ -67,7 +67,9 @@ fn every_method_through_dyn_shared_allocator() {
     assert_eq!(a.memory_limit().unwrap(), None);
     a.set_memory_limit(Some(32 * MIB)).unwrap();
     assert_eq!(a.memory_limit().unwrap(), Some(32 * MIB));
+    assert_eq!(a.memory_fraction().unwrap(), 0.5);
     a.set_memory_limit(None).unwrap();
+    assert_eq!(a.memory_fraction().unwrap(), 1.0);
     a.set_memory_fraction(1.0).unwrap();
     assert!(!a.is_failed());
 
