@@ -683,7 +683,8 @@ int cachealloc_last_oom_cause(cachealloc_oom_cause *out);
  * Call `observer(device, cause, user)` at every out-of-memory from now on,
  * before the `cachealloc_attach_oom_observer` observers, once the device's
  * lock is released (so it may call back into the library). `cause` lives
- * for the call. Returns 0, or -1 for a NULL observer.
+ * for the call. Returns 0, or -1 for a NULL observer (or 64 attached
+ * already).
  */
 int cachealloc_attach_oom_cause_observer(cachealloc_oom_cause_observer observer, void *user);
 
@@ -801,7 +802,8 @@ int cachealloc_memcpy_async(void *dst,
  * on any device, the failing one included (read `cachealloc_memory_stats`,
  * record an annotation, take a snapshot, free memory). It runs inside the
  * failing call, so that call's `cachealloc_last_error()` is set after the
- * observers return. Returns 0, or -1 when `observer` is NULL.
+ * observers return. Returns 0, or -1 when `observer` is NULL or 64 are
+ * attached already.
  */
 int cachealloc_attach_oom_observer(cachealloc_oom_observer observer, void *user);
 
@@ -816,7 +818,7 @@ int cachealloc_attach_oom_observer(cachealloc_oom_observer observer, void *user)
  * The tracker runs while the device's lock is held, as PyTorch's do: it
  * must not call into cachealloc, and should be quick. Until the first
  * tracker is attached, the allocator pays nothing for them. Returns 0, or
- * -1 (NULL `tracker`).
+ * -1 (NULL `tracker`, or 64 attached already).
  */
 int cachealloc_attach_trace_tracker(cachealloc_trace_tracker tracker, void *user);
 

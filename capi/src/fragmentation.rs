@@ -5,6 +5,7 @@
 //! also told to the observers of `cachealloc_attach_oom_cause_observer`.
 
 use crate::backend::{on_device, text};
+use crate::callbacks::Callbacks;
 use crate::error::{guard, status, Res};
 use crate::registry;
 use cachealloc_core::{
@@ -12,7 +13,6 @@ use cachealloc_core::{
 };
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Mutex;
 
 /// One pool's memory, or several pools' together.
 #[repr(C)]
@@ -268,25 +268,23 @@ pub type cachealloc_oom_cause_observer =
 
 type CauseFn = extern "C" fn(c_int, *const cachealloc_oom_cause, *mut c_void);
 
-static CAUSE_OBSERVERS: Mutex<Vec<(CauseFn, usize)>> = Mutex::new(Vec::new());
+static CAUSE_OBSERVERS: Callbacks<CauseFn> = Callbacks::new();
 
 /// Tell the cause observers of an out-of-memory on `device` (outside the
-/// device's lock; a copy of the list, so an observer may attach another).
+/// device's lock; an observer may attach another).
 pub(crate) fn tell(device: u32, cause: &OomCause) {
-    let list = CAUSE_OBSERVERS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let c: cachealloc_oom_cause = cause.into();
-    for (f, user) in list {
-        f(device as c_int, &c, user as *mut c_void);
+    if CAUSE_OBSERVERS.is_empty() {
+        return;
     }
+    let c: cachealloc_oom_cause = cause.into();
+    CAUSE_OBSERVERS.each(|f, user| f(device as c_int, &c, user));
 }
 
 /// Call `observer(device, cause, user)` at every out-of-memory from now on,
 /// before the `cachealloc_attach_oom_observer` observers, once the device's
 /// lock is released (so it may call back into the library). `cause` lives
-/// for the call. Returns 0, or -1 for a NULL observer.
+/// for the call. Returns 0, or -1 for a NULL observer (or 64 attached
+/// already).
 #[no_mangle]
 pub extern "C" fn cachealloc_attach_oom_cause_observer(
     observer: cachealloc_oom_cause_observer,
@@ -295,9 +293,7 @@ pub extern "C" fn cachealloc_attach_oom_cause_observer(
     status("cachealloc_attach_oom_cause_observer", || {
         let f = observer.ok_or("cachealloc_attach_oom_cause_observer: observer is NULL")?;
         CAUSE_OBSERVERS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((f, user as usize));
-        Ok(())
+            .push(f, user, "out-of-memory cause observer")
+            .map_err(|e| format!("cachealloc_attach_oom_cause_observer: {e}"))
     })
 }

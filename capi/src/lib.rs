@@ -70,6 +70,8 @@ mod checkpoint;
 
 // The machinery.
 mod backend;
+/// Lists of C callbacks, read without a lock.
+mod callbacks;
 mod registry;
 /// Segment ranges by device, read without a device's lock.
 mod segments;

@@ -3,10 +3,10 @@
 //! `attachOutOfMemoryObserver`, which reaches only the devices that exist).
 //! Each device carries one [`Forward`] observer that calls them all.
 
+use crate::callbacks::Callbacks;
 use crate::error::{guard, Res};
 use cachealloc_core::OutOfMemoryObserver;
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
 
 /// An out-of-memory observer: `(device, alloc_size, device_total,
 /// device_free, user)`. `alloc_size` is the segment size that could not be
@@ -16,41 +16,6 @@ use std::sync::Mutex;
 /// `device_free` is the device's free memory then.
 #[allow(non_camel_case_types)]
 pub type cachealloc_oom_observer = Option<extern "C" fn(c_int, usize, usize, usize, *mut c_void)>;
-
-/// C callbacks of one kind, each with its user pointer (kept as an
-/// integer: it is the caller's, passed back untouched).
-struct Callbacks<F: Copy>(Mutex<Vec<(F, usize)>>);
-
-impl<F: Copy> Callbacks<F> {
-    const fn new() -> Self {
-        Callbacks(Mutex::new(Vec::new()))
-    }
-
-    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(F, usize)>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn push(&self, callback: F, user: *mut c_void) {
-        self.list().push((callback, user as usize));
-    }
-
-    /// Call `call` with each callback and its user pointer, on a copy of
-    /// the list: a callback may attach another without deadlocking.
-    fn each_of_a_copy(&self, mut call: impl FnMut(F, *mut c_void)) {
-        let copy = self.list().clone();
-        for (f, user) in copy {
-            call(f, user as *mut c_void);
-        }
-    }
-
-    /// The same under the list's lock, with no copy: for callbacks that
-    /// must not call into the library anyway.
-    fn each(&self, mut call: impl FnMut(F, *mut c_void)) {
-        for &(f, user) in self.list().iter() {
-            call(f, user as *mut c_void);
-        }
-    }
-}
 
 type OomFn = extern "C" fn(c_int, usize, usize, usize, *mut c_void);
 
@@ -76,7 +41,7 @@ impl OutOfMemoryObserver for Forward {
     }
 
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
-        OBSERVERS.each_of_a_copy(|f, user| {
+        OBSERVERS.each(|f, user| {
             f(
                 device as c_int,
                 alloc_size as usize,
@@ -97,7 +62,8 @@ impl OutOfMemoryObserver for Forward {
 /// on any device, the failing one included (read `cachealloc_memory_stats`,
 /// record an annotation, take a snapshot, free memory). It runs inside the
 /// failing call, so that call's `cachealloc_last_error()` is set after the
-/// observers return. Returns 0, or -1 when `observer` is NULL.
+/// observers return. Returns 0, or -1 when `observer` is NULL or 64 are
+/// attached already.
 #[no_mangle]
 pub extern "C" fn cachealloc_attach_oom_observer(
     observer: cachealloc_oom_observer,
@@ -105,7 +71,9 @@ pub extern "C" fn cachealloc_attach_oom_observer(
 ) -> c_int {
     guard("cachealloc_attach_oom_observer", -1, || -> Res<c_int> {
         let callback = observer.ok_or("cachealloc_attach_oom_observer: observer is NULL")?;
-        OBSERVERS.push(callback, user);
+        OBSERVERS
+            .push(callback, user, "out-of-memory observer")
+            .map_err(|e| format!("cachealloc_attach_oom_observer: {e}"))?;
         Ok(0)
     })
 }
@@ -132,8 +100,8 @@ pub(crate) static TRACE_FORWARD: TraceForward = TraceForward;
 impl cachealloc_core::TraceTracker for TraceForward {
     fn trace(&self, e: &cachealloc_core::TraceEntry) {
         let entry = crate::snapshot_walk::entry(e);
-        // Trackers run under the device's lock and must not call into the
-        // library: no copy of the list for each entry.
+        // Under the device's lock, at every entry: the list is read with no
+        // lock of its own.
         TRACKERS.each(|f, user| f(&entry, user));
     }
 }
@@ -148,7 +116,7 @@ impl cachealloc_core::TraceTracker for TraceForward {
 /// The tracker runs while the device's lock is held, as PyTorch's do: it
 /// must not call into cachealloc, and should be quick. Until the first
 /// tracker is attached, the allocator pays nothing for them. Returns 0, or
-/// -1 (NULL `tracker`).
+/// -1 (NULL `tracker`, or 64 attached already).
 #[no_mangle]
 pub extern "C" fn cachealloc_attach_trace_tracker(
     tracker: cachealloc_trace_tracker,
@@ -156,7 +124,9 @@ pub extern "C" fn cachealloc_attach_trace_tracker(
 ) -> c_int {
     guard("cachealloc_attach_trace_tracker", -1, || -> Res<c_int> {
         let callback = tracker.ok_or("cachealloc_attach_trace_tracker: tracker is NULL")?;
-        TRACKERS.push(callback, user);
+        TRACKERS
+            .push(callback, user, "trace tracker")
+            .map_err(|e| format!("cachealloc_attach_trace_tracker: {e}"))?;
         crate::registry::once_for_all_and_new(crate::registry::attach_trace_forward, |new| {
             &mut new.trace_forward
         })

@@ -87,10 +87,7 @@ fn create(device: c_int) -> Res<&'static Device> {
 
 /// Attach the trace tracker that calls the C trackers to `d`.
 pub(crate) fn attach_trace_forward(d: &Device) -> Res<()> {
-    match on_device!(d, |a| a.attach_trace_tracker(&TRACE_FORWARD).map_err(text))? {
-        true => Ok(()),
-        false => Err("the device has 4 trace trackers already".to_string()),
-    }
+    on_device!(d, |a| a.attach_trace_tracker(&TRACE_FORWARD).map_err(text))
 }
 
 /// Device `device` if it has been created.

@@ -20,7 +20,7 @@ use crate::history::{HistoryStorage, NoHistory};
 use crate::invariants::InvariantViolation;
 use crate::segment_table::SegmentRegistry;
 use crate::shared::SharedAllocator;
-use crate::sync::{Guard, Mutex};
+use crate::sync::{Guard, Held, Mutex};
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 
@@ -59,6 +59,8 @@ pub struct CachingAllocator<
     const P: usize = DEFAULT_POOLS,
 > {
     inner: Mutex<Guarded<DeviceAllocator<B, S, E, H, P>>>,
+    /// Whether a call holds `inner`, for waiters to back off on.
+    held: Held,
     /// Makes a larger slot storage when a call runs out
     /// ([`with_storage_growth`](Self::with_storage_growth)).
     grow: Option<fn(u32) -> S>,
@@ -81,6 +83,7 @@ where
                 alloc: allocator,
                 busy: false,
             }),
+            held: Held::new(),
             grow: None,
         }
     }
@@ -95,6 +98,7 @@ where
                 alloc: allocator,
                 busy: false,
             }),
+            held: Held::new(),
             grow: None,
         }
     }
@@ -105,10 +109,14 @@ where
     /// panicked) fails the device.
     #[inline]
     fn enter(&self) -> Option<Guard<'_, Guarded<DeviceAllocator<B, S, E, H, P>>>> {
-        let mut g = self.inner.lock();
+        let mut g = match self.inner.try_lock() {
+            Some(g) => g,
+            None => self.inner.lock_contended(&self.held),
+        };
         if g.busy {
             return None;
         }
+        self.held.set();
         g.busy = true;
         Some(g)
     }
@@ -151,7 +159,7 @@ where
         let Some(g) = self.enter() else {
             return Err(self.failed());
         };
-        let mut call = Call(Some(g));
+        let mut call = Call(Some(g), &self.held);
         match call.0.as_mut() {
             Some(g) => {
                 let r = f(&mut g.alloc);
@@ -263,6 +271,7 @@ where
 /// nobody is told.
 struct Call<'a, B: DeviceBackend, S, const E: usize, H, const P: usize>(
     Option<Guard<'a, Guarded<DeviceAllocator<B, S, E, H, P>>>>,
+    &'a Held,
 )
 where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
@@ -276,6 +285,7 @@ where
     #[inline]
     fn drop(&mut self) {
         if let Some(g) = self.0.take() {
+            self.1.clear();
             if !g.busy && g.alloc.has_oom_notices() {
                 CachingAllocator::deliver_after_unlock(g);
             }

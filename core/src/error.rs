@@ -301,6 +301,14 @@ pub enum Error<E> {
         /// Its capacity.
         capacity: usize,
     },
+    /// A device holds as many callbacks of this kind as it has room for
+    /// (trace trackers, out-of-memory observers).
+    CallbacksFull {
+        /// The kind ("trace trackers").
+        what: &'static str,
+        /// How many a device holds.
+        capacity: usize,
+    },
     /// The backend failed.
     Backend(E),
 }
@@ -393,6 +401,10 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::SegmentTableFull { capacity } => write!(
                 f,
                 "the segment table is full ({capacity} segments): give it more entries"
+            ),
+            Error::CallbacksFull { what, capacity } => write!(
+                f,
+                "the device has {capacity} {what} already, as many as it holds"
             ),
             Error::Backend(e) => write!(f, "device backend error: {e}"),
         }

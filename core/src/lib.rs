@@ -96,7 +96,7 @@ pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
     needs_peer_copy, CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback,
     RestoreCounts, ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
-    DEFAULT_POOLS,
+    DEFAULT_POOLS, MAX_CALLBACKS,
 };
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{
@@ -114,7 +114,7 @@ pub use invariants::InvariantViolation;
 pub use oom_cause::{OomCause, OomClass};
 pub use pool::Pool;
 pub use private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
-pub use segment_table::{RegistryRefusal, SegmentRegistry, SegmentTable};
+pub use segment_table::{MoreSlots, RegistryRefusal, SegmentRegistry, SegmentSlot, SegmentTable};
 pub use shared::{SharedAllocator, SharedResult};
 pub use snapshot::{
     AllocatorSettings, BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments, Snapshot,

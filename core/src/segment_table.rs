@@ -1,9 +1,9 @@
-//! Which device owns an address, answered without taking any device's
-//! lock: a [`SegmentRegistry`] that the allocators of several devices keep
-//! up to date (each under its own lock) and that lookups read on their
-//! own. [`SegmentTable`] is the fixed-capacity one (no heap);
-//! `MultiDeviceAllocator` routes `free_ptr` and `record_stream_ptr` with it,
-//! and the C library keeps one that grows.
+//! Which device owns an address, answered without taking any lock and
+//! without writing anything shared: a [`SegmentRegistry`] that the
+//! allocators of several devices keep up to date (each under its own lock)
+//! and that lookups read on their own. [`SegmentTable`] is the one
+//! implementation: fixed capacity (no heap) for `MultiDeviceAllocator`, or
+//! growing in chunks the host gives it (the C library).
 //!
 //! The contract that makes a lookup right: an allocator registers a
 //! segment (or an expandable segment's address-space reservation) after
@@ -15,7 +15,8 @@
 //! released may be "unknown" for a moment; it is never given to another
 //! device.
 
-use crate::sync::RwLock;
+use crate::sync::{fence, spin_loop, AtomicU64, AtomicUsize, Mutex};
+use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 /// Why a registry refused a new segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +58,7 @@ pub trait SegmentRegistry: Sync {
     fn count(&self, device: u32) -> usize;
 }
 
-/// One range.
+/// One range, as the table stores it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     base: u64,
@@ -66,12 +67,75 @@ struct Entry {
     hidden: bool,
 }
 
-/// A [`SegmentRegistry`] of at most `N` segments (all devices together),
-/// kept sorted by base address behind a reader-writer lock: a lookup is a
-/// binary search under the read lock; a segment's creation or release is
-/// an insertion or removal under the write lock (O(N), as rare as a device
-/// malloc). A full table refuses the new segment, which its allocator then
-/// gives back (`Error::SegmentTableFull`).
+/// [`Entry::hidden`] in a slot's `tag` (the device is the low 32 bits).
+const HIDDEN: u64 = 1 << 32;
+
+/// Room for one entry of a [`SegmentTable`]: given to
+/// [`SegmentTable::with_growth`]'s function by the host, in chunks, for
+/// good (a lookup may be reading one while the table grows).
+#[derive(Debug, Default)]
+pub struct SegmentSlot {
+    base: AtomicU64,
+    end: AtomicU64,
+    tag: AtomicU64,
+}
+
+impl SegmentSlot {
+    /// An empty slot (`const`, for statics; not under loom).
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        SegmentSlot {
+            base: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            tag: AtomicU64::new(0),
+        }
+    }
+
+    fn load(&self) -> Entry {
+        let tag = self.tag.load(Relaxed);
+        Entry {
+            base: self.base.load(Relaxed),
+            end: self.end.load(Relaxed),
+            device: tag as u32,
+            hidden: tag & HIDDEN != 0,
+        }
+    }
+
+    fn store(&self, e: Entry) {
+        self.base.store(e.base, Relaxed);
+        self.end.store(e.end, Relaxed);
+        self.tag.store(
+            u64::from(e.device) | if e.hidden { HIDDEN } else { 0 },
+            Relaxed,
+        );
+    }
+}
+
+/// Where a growing [`SegmentTable`] gets room: `more(n)` gives at least
+/// `n` empty slots for good, or `None`.
+pub type MoreSlots = fn(usize) -> Option<&'static [SegmentSlot]>;
+
+/// The most chunks a table grows by (chunk `k` has `N << (k - 1)` slots:
+/// the table holds `N << k` entries after `k` of them).
+const CHUNKS: usize = 32;
+
+/// A [`SegmentRegistry`] kept sorted by base address.
+///
+/// A lookup takes no lock and writes nothing: it reads the entries between
+/// two reads of a sequence number that writers make odd while they change
+/// the table (a seqlock), and reads them again if it changed; a binary
+/// search over up to `N` entries (or the grown table's). A segment's
+/// creation or release is an insertion or removal under the writers' own
+/// lock (O(entries), as rare as a device malloc). So a free by pointer
+/// (torch's `raw_delete`, which knows no device) shares no written cache
+/// line between threads, on one device or several.
+///
+/// `N` entries live inline (no heap). A full table refuses the new
+/// segment, which its allocator then gives back
+/// (`Error::SegmentTableFull`), unless it was given
+/// [`with_growth`](Self::with_growth): it then asks for chunks of `N`,
+/// `2N`, `4N`, ... slots, which it keeps for good (lookups may be reading
+/// them), so it holds at most twice its largest size.
 ///
 /// ```
 /// use cachealloc_core::{SegmentRegistry, SegmentTable};
@@ -84,34 +148,184 @@ struct Entry {
 /// assert_eq!(t.count(1), 0);
 /// ```
 pub struct SegmentTable<const N: usize> {
-    entries: RwLock<heapless::Vec<Entry, N>>,
+    /// Even while the table is stable, odd while a writer changes it.
+    seq: AtomicUsize,
+    len: AtomicUsize,
+    inline: [SegmentSlot; N],
+    /// Chunk `k` (from 1) at `chunks[k - 1]`, set once.
+    chunks: [spin::Once<&'static [SegmentSlot]>; CHUNKS],
+    grow: Option<MoreSlots>,
+    /// Serialises the writers (the allocators of different devices).
+    writer: Mutex<()>,
 }
 
 impl<const N: usize> SegmentTable<N> {
-    /// An empty table (`const`, for statics; not under loom).
+    /// An empty table of `N` entries (`const`, for statics; not under
+    /// loom).
     #[cfg(not(loom))]
     pub const fn new() -> Self {
         SegmentTable {
-            entries: RwLock::new(heapless::Vec::new()),
+            seq: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            inline: [const { SegmentSlot::new() }; N],
+            chunks: [const { spin::Once::new() }; CHUNKS],
+            grow: None,
+            writer: Mutex::new(()),
         }
     }
 
-    /// An empty table.
+    /// An empty table of `N` entries.
     #[cfg(loom)]
     pub fn new() -> Self {
         SegmentTable {
-            entries: RwLock::new(heapless::Vec::new()),
+            seq: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            inline: core::array::from_fn(|_| SegmentSlot::default()),
+            chunks: core::array::from_fn(|_| spin::Once::new()),
+            grow: None,
+            writer: Mutex::new(()),
         }
+    }
+
+    /// A table that grows when full: `more(n)` gives at least `n` empty
+    /// slots for good (say, a leaked `Box<[SegmentSlot]>`), or `None` (the
+    /// table is full, as without it).
+    pub const fn with_growth(mut self, more: MoreSlots) -> Self {
+        self.grow = Some(more);
+        self
     }
 
     /// Segments it holds, visible or hidden.
     pub fn len(&self) -> usize {
-        self.entries.read().len()
+        self.len.load(Acquire)
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Entries it has room for now.
+    pub fn capacity(&self) -> usize {
+        let chunks = self.chunks.iter().take_while(|c| c.get().is_some()).count();
+        N << chunks
+    }
+
+    /// Slot `i`, if the table has room for it.
+    fn slot(&self, i: usize) -> Option<&SegmentSlot> {
+        if i < N {
+            return self.inline.get(i);
+        }
+        // Chunk k holds the slots from N << (k - 1) to N << k.
+        let k = (usize::BITS - (i / N).leading_zeros()) as usize;
+        let chunk = self.chunks.get(k.checked_sub(1)?)?.get()?;
+        chunk.get(i - (N << (k - 1)))
+    }
+
+    /// Entry `i` (a writer's read, or a lookup's, which checks the
+    /// sequence number after it).
+    fn entry(&self, i: usize) -> Option<Entry> {
+        self.slot(i).map(SegmentSlot::load)
+    }
+
+    /// Run `f` on a consistent view of the table: read between two equal
+    /// even sequence numbers (again, if a writer changed it meanwhile).
+    /// `f` may see a torn view on the reads that are thrown away: it must
+    /// only read (entries past the end read as missing).
+    fn read<R>(&self, f: impl Fn(&Self, usize) -> R) -> R {
+        loop {
+            let before = self.seq.load(Acquire);
+            if before & 1 == 0 {
+                let r = f(self, self.len.load(Relaxed));
+                fence(Acquire);
+                if self.seq.load(Relaxed) == before {
+                    return r;
+                }
+            }
+            spin_loop();
+        }
+    }
+
+    /// Change the table under the writers' lock, with the sequence number
+    /// odd while `f` runs (lookups meanwhile read again).
+    fn write<R>(&self, f: impl FnOnce(&Self) -> R) -> R {
+        let _writer = self.writer.lock();
+        self.change(f)
+    }
+
+    /// [`write`](Self::write) for a writer that holds the writers' lock.
+    fn change<R>(&self, f: impl FnOnce(&Self) -> R) -> R {
+        let seq = self.seq.load(Relaxed);
+        self.seq.store(seq.wrapping_add(1), Relaxed);
+        fence(Release);
+        let r = f(self);
+        self.seq.store(seq.wrapping_add(2), Release);
+        r
+    }
+
+    /// The number of entries of the first `len` whose base is at or below
+    /// `at` (they are sorted by base).
+    fn partition(&self, len: usize, at: u64) -> usize {
+        let (mut lo, mut hi) = (0, len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.entry(mid) {
+                Some(e) if e.base <= at => lo = mid + 1,
+                Some(_) => hi = mid,
+                None => return lo,
+            }
+        }
+        lo
+    }
+
+    /// The visible entry of the first `len` whose range contains `ptr`.
+    fn visible_at(&self, len: usize, ptr: u64) -> Option<Entry> {
+        // Visible ranges never overlap: the candidate is the visible entry
+        // with the highest base at or below `ptr`. Hidden ones (a release
+        // in flight) may overlap a newer segment; they are stepped over.
+        (0..self.partition(len, ptr))
+            .rev()
+            .filter_map(|i| self.entry(i))
+            .find(|e| !e.hidden)
+            .filter(|e| ptr < e.end)
+    }
+
+    /// Make room for slot `len` (a writer's): a chunk more if it grows.
+    fn room(&self, len: usize) -> Result<(), RegistryRefusal> {
+        if self.slot(len).is_some() {
+            return Ok(());
+        }
+        let full = RegistryRefusal::Full {
+            capacity: self.capacity(),
+        };
+        let k = (usize::BITS - (len / N).leading_zeros()) as usize;
+        let (Some(grow), Some(once)) = (self.grow, self.chunks.get(k.wrapping_sub(1))) else {
+            return Err(full);
+        };
+        let want = N << (k - 1);
+        match grow(want) {
+            Some(chunk) if chunk.len() >= want => {
+                once.call_once(|| chunk);
+                Ok(())
+            }
+            _ => Err(full),
+        }
+    }
+
+    /// The position of `device`'s entry at `base` among the first `len`,
+    /// hidden or not as asked.
+    fn find(&self, len: usize, device: u32, base: u64, hidden: bool) -> Option<usize> {
+        (0..len).find(|&i| {
+            self.entry(i)
+                .is_some_and(|e| e.base == base && e.device == device && e.hidden == hidden)
+        })
+    }
+
+    /// Set the hidden mark of entry `i`.
+    fn set_hidden(&self, i: usize, hidden: bool) {
+        if let (Some(slot), Some(e)) = (self.slot(i), self.entry(i)) {
+            slot.store(Entry { hidden, ..e });
+        }
     }
 }
 
@@ -121,87 +335,94 @@ impl<const N: usize> Default for SegmentTable<N> {
     }
 }
 
-/// The visible entry of `v` (sorted by base) whose range contains `ptr`.
-fn visible_at(v: &[Entry], ptr: u64) -> Option<&Entry> {
-    // Visible ranges never overlap: the candidate is the visible entry with
-    // the highest base at or below `ptr`. Hidden ones (a release in flight)
-    // may overlap a newer segment; they are stepped over.
-    let at = v.partition_point(|e| e.base <= ptr);
-    v[..at]
-        .iter()
-        .rev()
-        .find(|e| !e.hidden)
-        .filter(|e| ptr < e.end)
-}
-
 impl<const N: usize> SegmentRegistry for SegmentTable<N> {
     fn insert(&self, device: u32, base: u64, size: u64) -> Result<(), RegistryRefusal> {
         let end = base.saturating_add(size);
-        let mut v = self.entries.write();
-        let at = v.partition_point(|e| e.base <= base);
+        // Checked and made room for before the sequence number goes odd
+        // (the writers' lock keeps the table as it is meanwhile).
+        let _writer = self.writer.lock();
+        let len = self.len.load(Relaxed);
+        let at = self.partition(len, base);
         // The visible neighbours are the only ones that could overlap.
-        if let Some(e) = v[..at].iter().rev().find(|e| !e.hidden) {
-            if e.end > base {
-                return Err(RegistryRefusal::Overlaps { device: e.device });
-            }
+        let below = (0..at)
+            .rev()
+            .filter_map(|i| self.entry(i))
+            .find(|e| !e.hidden);
+        if let Some(e) = below.filter(|e| e.end > base) {
+            return Err(RegistryRefusal::Overlaps { device: e.device });
         }
-        if let Some(e) = v[at..].iter().find(|e| !e.hidden) {
-            if e.base < end {
-                return Err(RegistryRefusal::Overlaps { device: e.device });
-            }
+        let above = (at..len).filter_map(|i| self.entry(i)).find(|e| !e.hidden);
+        if let Some(e) = above.filter(|e| e.base < end) {
+            return Err(RegistryRefusal::Overlaps { device: e.device });
         }
-        v.insert(
-            at,
-            Entry {
-                base,
-                end,
-                device,
-                hidden: false,
-            },
-        )
-        .map_err(|_| RegistryRefusal::Full { capacity: N })
+        self.room(len)?;
+        self.change(|t| {
+            // Shift the entries from `at` up by one, from the top.
+            for i in (at..len).rev() {
+                if let (Some(e), Some(to)) = (t.entry(i), t.slot(i + 1)) {
+                    to.store(e);
+                }
+            }
+            if let Some(slot) = t.slot(at) {
+                slot.store(Entry {
+                    base,
+                    end,
+                    device,
+                    hidden: false,
+                });
+            }
+            t.len.store(len + 1, Relaxed);
+        });
+        Ok(())
     }
 
     fn hide(&self, device: u32, base: u64) {
-        let mut v = self.entries.write();
-        if let Some(e) = v
-            .iter_mut()
-            .find(|e| e.base == base && e.device == device && !e.hidden)
-        {
-            e.hidden = true;
-        }
+        self.write(|t| {
+            if let Some(i) = t.find(t.len.load(Relaxed), device, base, false) {
+                t.set_hidden(i, true);
+            }
+        });
     }
 
     fn settle(&self, device: u32, base: u64, gone: bool) {
-        let mut v = self.entries.write();
-        if let Some(k) = v
-            .iter()
-            .position(|e| e.base == base && e.device == device && e.hidden)
-        {
-            if gone {
-                v.remove(k);
-            } else {
-                v[k].hidden = false;
+        self.write(|t| {
+            let len = t.len.load(Relaxed);
+            let Some(k) = t.find(len, device, base, true) else {
+                return;
+            };
+            if !gone {
+                t.set_hidden(k, false);
+                return;
             }
-        }
+            for i in k + 1..len {
+                if let (Some(e), Some(to)) = (t.entry(i), t.slot(i - 1)) {
+                    to.store(e);
+                }
+            }
+            t.len.store(len - 1, Relaxed);
+        });
     }
 
     fn owner(&self, ptr: u64) -> Option<u32> {
-        visible_at(&self.entries.read(), ptr).map(|e| e.device)
+        self.read(|t, len| t.visible_at(len, ptr).map(|e| e.device))
     }
 
     fn holds(&self, device: u32, base: u64, size: u64) -> bool {
-        self.entries.read().iter().any(|e| {
-            e.device == device && e.base == base && e.end == base.saturating_add(size) && !e.hidden
+        let end = base.saturating_add(size);
+        self.read(|t, len| {
+            (0..len)
+                .filter_map(|i| t.entry(i))
+                .any(|e| e.device == device && e.base == base && e.end == end && !e.hidden)
         })
     }
 
     fn count(&self, device: u32) -> usize {
-        self.entries
-            .read()
-            .iter()
-            .filter(|e| e.device == device)
-            .count()
+        self.read(|t, len| {
+            (0..len)
+                .filter_map(|i| t.entry(i))
+                .filter(|e| e.device == device)
+                .count()
+        })
     }
 }
 
@@ -249,5 +470,47 @@ mod tests {
             Err(RegistryRefusal::Full { capacity: 4 })
         );
         assert_eq!(t.len(), 4);
+    }
+
+    /// A host's chunks: leaked, as the C library's are (a test may leak).
+    fn chunk(n: usize) -> Option<&'static [SegmentSlot]> {
+        extern crate std;
+        use std::boxed::Box;
+        use std::vec::Vec;
+        let v: Vec<SegmentSlot> = (0..n).map(|_| SegmentSlot::default()).collect();
+        Some(Box::leak(v.into_boxed_slice()))
+    }
+
+    #[test]
+    fn a_growing_table_keeps_every_entry_in_order() {
+        let t = SegmentTable::<3>::new().with_growth(chunk);
+        // Inserted out of order, 3 + 3 + 6 + 12 + some: four chunks.
+        let bases: heapless::Vec<u64, 40> = (0..40u64).map(|k| (k * 37 % 40) * 0x1000).collect();
+        for (k, &b) in bases.iter().enumerate() {
+            t.insert(k as u32 % 5, b, 0x800).unwrap();
+        }
+        assert_eq!((t.len(), t.capacity()), (40, 48));
+        for (k, &b) in bases.iter().enumerate() {
+            assert_eq!(t.owner(b + 0x7ff), Some(k as u32 % 5), "{b:#x}");
+            assert_eq!(t.owner(b + 0x800), None);
+        }
+        for (k, &b) in bases.iter().enumerate().filter(|(k, _)| k % 2 == 0) {
+            t.hide(k as u32 % 5, b);
+            t.settle(k as u32 % 5, b, true);
+        }
+        assert_eq!(t.len(), 20);
+        for (k, &b) in bases.iter().enumerate() {
+            let want = (k % 2 == 1).then_some(k as u32 % 5);
+            assert_eq!(t.owner(b), want, "{b:#x}");
+        }
+        // Without growth it is full at N.
+        let fixed = SegmentTable::<3>::new();
+        for b in 0..3 {
+            fixed.insert(0, b * 10, 5).unwrap();
+        }
+        assert_eq!(
+            fixed.insert(0, 100, 5),
+            Err(RegistryRefusal::Full { capacity: 3 })
+        );
     }
 }

@@ -166,19 +166,19 @@ pub trait SharedAllocator: Sync {
     ) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::record_annotation`].
     fn record_annotation(&self, id: u64) -> SharedResult<(), Self::BackendError>;
-    /// [`DeviceAllocator::attach_trace_tracker`]: `Ok(false)` when the
-    /// device has as many trackers as it holds.
+    /// [`DeviceAllocator::attach_trace_tracker`]: [`Error::CallbacksFull`]
+    /// when the device has as many trackers as it holds.
     fn attach_trace_tracker(
         &self,
         tracker: &'static dyn TraceTracker,
-    ) -> SharedResult<bool, Self::BackendError>;
-    /// [`DeviceAllocator::attach_out_of_memory_observer`]: `Ok(false)` when
-    /// the device has as many observers as it holds. Observers are called
-    /// after the device's lock is released.
+    ) -> SharedResult<(), Self::BackendError>;
+    /// [`DeviceAllocator::attach_out_of_memory_observer`]:
+    /// [`Error::CallbacksFull`] when the device has as many observers as it
+    /// holds. Observers are called after the device's lock is released.
     fn attach_out_of_memory_observer(
         &self,
         observer: &'static dyn OutOfMemoryObserver,
-    ) -> SharedResult<bool, Self::BackendError>;
+    ) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::snapshot`] (it records its `snapshot` entry),
     /// given to `f` under the lock.
     fn snapshot(
@@ -452,15 +452,27 @@ where
     fn attach_trace_tracker(
         &self,
         tracker: &'static dyn TraceTracker,
-    ) -> SharedResult<bool, B::Error> {
-        self.with(|a| a.attach_trace_tracker(tracker).is_ok())
+    ) -> SharedResult<(), B::Error> {
+        self.try_with(|a| {
+            a.attach_trace_tracker(tracker)
+                .map_err(|_| Error::CallbacksFull {
+                    what: "trace trackers",
+                    capacity: crate::allocator::MAX_CALLBACKS,
+                })
+        })
     }
 
     fn attach_out_of_memory_observer(
         &self,
         observer: &'static dyn OutOfMemoryObserver,
-    ) -> SharedResult<bool, B::Error> {
-        self.with(|a| a.attach_out_of_memory_observer(observer).is_ok())
+    ) -> SharedResult<(), B::Error> {
+        self.try_with(|a| {
+            a.attach_out_of_memory_observer(observer)
+                .map_err(|_| Error::CallbacksFull {
+                    what: "out-of-memory observers",
+                    capacity: crate::allocator::MAX_CALLBACKS,
+                })
+        })
     }
 
     fn snapshot(&self, f: &mut dyn FnMut(Snapshot<'_, B::Stream>)) -> SharedResult<(), B::Error> {

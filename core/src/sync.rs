@@ -1,38 +1,32 @@
-//! The only file that names a lock. Under `cfg(loom)` the locks are loom's
-//! (so the models explore every interleaving), with the `std` feature they
-//! are `std::sync::{Mutex, RwLock}`, otherwise `spin`'s (`no_std`).
+//! The only file that names a lock or an atomic. Under `cfg(loom)` they are
+//! loom's (so the models explore every interleaving); otherwise, with the
+//! `std` feature the locks are `std::sync::Mutex`, without it
+//! `spin`'s (`no_std`), and the atomics are `core`'s.
 
 cfg_if::cfg_if! {
     if #[cfg(loom)] {
         use loom::sync::Mutex as Inner;
-        use loom::sync::RwLock as RwInner;
+        use std::sync::TryLockError;
         /// The guard of [`Mutex`].
         pub(crate) type Guard<'a, T> = loom::sync::MutexGuard<'a, T>;
-        /// The guards of [`RwLock`].
-        pub(crate) type ReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
-        pub(crate) type WriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
     } else if #[cfg(feature = "std")] {
         use std::sync::Mutex as Inner;
-        use std::sync::RwLock as RwInner;
+        use std::sync::TryLockError;
         /// The guard of [`Mutex`].
         pub(crate) type Guard<'a, T> = std::sync::MutexGuard<'a, T>;
-        /// The guards of [`RwLock`].
-        pub(crate) type ReadGuard<'a, T> = std::sync::RwLockReadGuard<'a, T>;
-        pub(crate) type WriteGuard<'a, T> = std::sync::RwLockWriteGuard<'a, T>;
     } else {
         use spin::Mutex as Inner;
-        use spin::RwLock as RwInner;
         /// The guard of [`Mutex`].
         pub(crate) type Guard<'a, T> = spin::MutexGuard<'a, T>;
-        /// The guards of [`RwLock`].
-        pub(crate) type ReadGuard<'a, T> = spin::RwLockReadGuard<'a, T>;
-        pub(crate) type WriteGuard<'a, T> = spin::RwLockWriteGuard<'a, T>;
     }
 }
 
 /// A mutual-exclusion lock over the chosen primitive. A poisoned lock (a
-/// panic while held, which the allocator never causes) is taken over rather
-/// than propagated: the allocator's state is consistent between operations.
+/// panic while it was held: a caller's trace tracker, say, or a bug) is
+/// taken over rather than propagated: `CachingAllocator` keeps its own mark
+/// of a call that never finished and refuses every later call on that
+/// device itself (`Error::DeviceFailed`), and the segment table's writers
+/// finish each change before anything can panic.
 pub(crate) struct Mutex<T>(Inner<T>);
 
 impl<T> Mutex<T> {
@@ -58,6 +52,43 @@ impl<T> Mutex<T> {
         }
     }
 
+    /// The lock if it is free now.
+    #[inline(always)]
+    pub(crate) fn try_lock(&self) -> Option<Guard<'_, T>> {
+        cfg_if::cfg_if! {
+            if #[cfg(any(loom, feature = "std"))] {
+                match self.0.try_lock() {
+                    Ok(g) => Some(g),
+                    Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                    Err(TryLockError::WouldBlock) => None,
+                }
+            } else {
+                self.0.try_lock()
+            }
+        }
+    }
+
+    /// The lock, which [`try_lock`](Self::try_lock) found held: with
+    /// `std`, after backing off on `held` ([`Held`]); else as
+    /// [`lock`](Self::lock).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn lock_contended(&self, held: &Held) -> Guard<'_, T> {
+        #[cfg(all(feature = "std", not(loom)))]
+        for doubling in 0..BACKOFF_DOUBLINGS {
+            for _ in 0..1u32 << doubling {
+                core::hint::spin_loop();
+            }
+            if !held.is_set() {
+                if let Some(g) = self.try_lock() {
+                    return g;
+                }
+            }
+        }
+        let _ = held;
+        self.lock()
+    }
+
     pub(crate) fn into_inner(self) -> T {
         cfg_if::cfg_if! {
             if #[cfg(any(loom, feature = "std"))] {
@@ -69,40 +100,70 @@ impl<T> Mutex<T> {
     }
 }
 
-/// A reader-writer lock over the chosen primitive; poisoning is taken over
-/// as for [`Mutex`].
-pub(crate) struct RwLock<T>(RwInner<T>);
-
-impl<T> RwLock<T> {
-    #[cfg(not(loom))]
-    pub(crate) const fn new(value: T) -> Self {
-        RwLock(RwInner::new(value))
+cfg_if::cfg_if! {
+    if #[cfg(loom)] {
+        pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicUsize};
+        /// A spinning wait's pause (loom's lets the other threads run).
+        pub(crate) use loom::hint::spin_loop;
+    } else {
+        pub(crate) use core::sync::atomic::{fence, AtomicU64, AtomicUsize};
+        pub(crate) use core::hint::spin_loop;
     }
+}
 
-    #[cfg(loom)]
-    pub(crate) fn new(value: T) -> Self {
-        RwLock(RwInner::new(value))
-    }
+/// Whether a [`Mutex`] is held, beside it, for its waiters to back off on
+/// ([`Mutex::lock_contended`]): the holder sets it once it has the lock and
+/// clears it before it lets go. With `std` only (a spin lock's waiters
+/// spin anyway, and loom's models need no hint); elsewhere it is nothing.
+///
+/// A waiter backs off with waits that double (1, 2, 4, ... up to 512
+/// spin-loop pauses: about 25 us in all where a pause takes 24 ns),
+/// reading only this mark, and tries the lock when it looks free; after
+/// the last wait it blocks in the lock (which sleeps). The holder of a
+/// device's lock usually leaves within some tens of nanoseconds and comes
+/// back as quickly: a waiter that backs off lets it run many calls in a
+/// row with the allocator's cache lines on its core, where one that takes
+/// the lock at every release makes each call pay for moving them (and
+/// `std`'s lock, once a waiter sleeps, a wake-up call at every release;
+/// trying the lock at each wait, a write, measured slower). A holder that
+/// stays (a device malloc) costs a waiter at most these 25 us before it
+/// sleeps. (BENCHMARKS.md, "Threads".)
+pub(crate) struct Held {
+    #[cfg(all(feature = "std", not(loom)))]
+    held: core::sync::atomic::AtomicBool,
+}
 
-    #[inline]
-    pub(crate) fn read(&self) -> ReadGuard<'_, T> {
-        cfg_if::cfg_if! {
-            if #[cfg(any(loom, feature = "std"))] {
-                self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-            } else {
-                self.0.read()
-            }
+/// How many times a waiter doubles its wait ([`Held`]).
+#[cfg(all(feature = "std", not(loom)))]
+const BACKOFF_DOUBLINGS: u32 = 10;
+
+impl Held {
+    pub(crate) const fn new() -> Self {
+        Held {
+            #[cfg(all(feature = "std", not(loom)))]
+            held: core::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    #[inline]
-    pub(crate) fn write(&self) -> WriteGuard<'_, T> {
-        cfg_if::cfg_if! {
-            if #[cfg(any(loom, feature = "std"))] {
-                self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner())
-            } else {
-                self.0.write()
-            }
-        }
+    /// The lock was taken.
+    #[inline(always)]
+    pub(crate) fn set(&self) {
+        #[cfg(all(feature = "std", not(loom)))]
+        self.held.store(true, core::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The lock is about to be released.
+    #[inline(always)]
+    pub(crate) fn clear(&self) {
+        #[cfg(all(feature = "std", not(loom)))]
+        self.held
+            .store(false, core::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the lock looks held.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[inline(always)]
+    fn is_set(&self) -> bool {
+        self.held.load(core::sync::atomic::Ordering::Relaxed)
     }
 }

@@ -403,6 +403,33 @@ fn owner_lookup_races_segment_release_and_reuse() {
     });
 }
 
+/// The segment table's lookups take no lock: a lookup reads the entries
+/// between two reads of a sequence number, while a writer inserts a
+/// segment below the one looked up (shifting it up a slot) and removes it
+/// again (shifting it back). A lookup never sees a torn table: the stable
+/// segment is always found on its device, the moving one on its device or
+/// on nobody.
+#[test]
+fn lookups_race_the_table_shifting_under_them() {
+    use cachealloc_core::SegmentRegistry;
+    model("lookups_race_the_table_shifting_under_them", || {
+        let table: &'static SegmentTable<4> = Box::leak(Box::default());
+        table.insert(0, 0x2000, 0x1000).unwrap();
+        let writer = thread::spawn(move || {
+            table.insert(1, 0x1000, 0x800).unwrap();
+            table.hide(1, 0x1000);
+            table.settle(1, 0x1000, true);
+        });
+        // Without a yield here loom runs the writer only after the lookups.
+        thread::yield_now();
+        assert_eq!(table.owner(0x2800), Some(0), "the stable segment");
+        let moving = table.owner(0x1400);
+        assert!(moving.is_none() || moving == Some(1), "{moving:?}");
+        writer.join().unwrap();
+        assert_eq!((table.len(), table.owner(0x1400)), (1, None));
+    });
+}
+
 /// Routing ends while another thread allocates: the allocation goes to
 /// exactly one of the two pools (the private pool if it came first, the
 /// default pool after), its segment says so, and after the pool is released

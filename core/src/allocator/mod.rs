@@ -172,11 +172,11 @@ pub struct DeviceAllocator<
     /// PyTorch's `total_allocated_memory`: bytes of all segments.
     total_allocated_memory: u64,
     next_allocation_id: u64,
-    callbacks: heapless::Vec<&'static dyn FreeMemoryCallback, 4>,
+    callbacks: heapless::Vec<&'static dyn FreeMemoryCallback, MAX_CALLBACKS>,
     /// The memory history.
     history: History<H>,
-    trackers: heapless::Vec<&'static dyn TraceTracker, 4>,
-    oom_observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
+    trackers: heapless::Vec<&'static dyn TraceTracker, MAX_CALLBACKS>,
+    oom_observers: heapless::Vec<&'static dyn OutOfMemoryObserver, MAX_CALLBACKS>,
     /// The caller's context id, carried by the entries recorded now.
     trace_context: u64,
     /// Whether anything sees trace entries: history on, or a tracker.
@@ -217,6 +217,10 @@ pub struct DeviceAllocator<
     /// it ends: (address, size, an address reservation).
     given_back_later: heapless::Vec<(u64, u64, bool), 4>,
 }
+
+/// The most callbacks of each kind a device holds (free-memory callbacks,
+/// trace trackers, out-of-memory observers).
+pub const MAX_CALLBACKS: usize = 4;
 
 /// The list of deferred blocks.
 #[derive(Clone, Copy, Debug)]

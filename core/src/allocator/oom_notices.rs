@@ -23,7 +23,7 @@ pub(crate) struct OomNotice {
 /// The notices a call left, with the observers to tell (taken under the
 /// lock, delivered after it).
 pub(crate) struct OomDelivery {
-    observers: heapless::Vec<&'static dyn OutOfMemoryObserver, 4>,
+    observers: heapless::Vec<&'static dyn OutOfMemoryObserver, { super::MAX_CALLBACKS }>,
     notices: heapless::Vec<OomNotice, 4>,
 }
 
