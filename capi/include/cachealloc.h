@@ -422,7 +422,8 @@ typedef struct {
      */
     int expandable_segments;
     /**
-     * `release_lock_on_cudamalloc` (as configured).
+     * `release_lock_on_cudamalloc` as in force: 0 (the device's lock is
+     * held through a device malloc, whatever the settings asked for).
      */
     int release_lock_on_malloc;
     /**

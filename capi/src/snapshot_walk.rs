@@ -292,7 +292,8 @@ pub struct cachealloc_allocator_settings {
     pub pinned_num_register_threads: usize,
     /// `expandable_segments`.
     pub expandable_segments: c_int,
-    /// `release_lock_on_cudamalloc` (as configured).
+    /// `release_lock_on_cudamalloc` as in force: 0 (the device's lock is
+    /// held through a device malloc, whatever the settings asked for).
     pub release_lock_on_malloc: c_int,
     /// PyTorch's `pinned_use_cuda_host_register`: 0.
     pub pinned_use_host_register: c_int,
@@ -332,7 +333,7 @@ pub unsafe extern "C" fn cachealloc_get_allocator_settings(
             max_split_size: usize::try_from(c.max_split_size).unwrap_or(usize::MAX),
             pinned_num_register_threads: 1,
             expandable_segments: c_int::from(c.expandable_segments),
-            release_lock_on_malloc: c_int::from(c.release_lock_on_malloc),
+            release_lock_on_malloc: 0,
             pinned_use_host_register: 0,
             graph_capture_record_stream_reuse: 0,
             roundup_power2_divisions: divisions,

@@ -31,7 +31,10 @@ pub struct Config {
     /// Fraction of the memory limit above which cached segments are garbage
     /// collected before a new one is created (0 = off; needs a memory fraction).
     pub garbage_collection_threshold: f64,
-    /// Accepted for compatibility; the lock is always held (see `caching`).
+    /// What `release_lock_on_cudamalloc` asked for. Not in force: a
+    /// device's lock is held through its device mallocs (a call's work is
+    /// one `&mut` borrow of the allocator), so snapshots report it false
+    /// (`AllocatorSettings::release_lock_on_cudamalloc`).
     pub release_lock_on_malloc: bool,
     /// Expandable segments (`expandable_segments:True`): new memory comes
     /// from pages mapped into one large reservation per stream and pool
@@ -134,14 +137,7 @@ impl Config {
     /// defaults (like PyTorch's `_set_allocator_settings`). Spaces are ignored.
     pub fn parse(text: &str) -> Result<Config, ConfigError<'_>> {
         let mut c = Config::DEFAULT;
-        let mut rest = text;
-        while !rest.is_empty() {
-            let (item, tail) = split_top_level(rest);
-            rest = tail;
-            let item = item.trim();
-            if item.is_empty() {
-                continue;
-            }
+        for item in ConfigItems::of(text) {
             let (key, value) = match item.split_once(':') {
                 Some((k, v)) => (k.trim(), v.trim()),
                 None => {
@@ -228,6 +224,46 @@ fn parse_bool(v: &str) -> Result<bool, &'static str> {
         "True" | "true" => Ok(true),
         "False" | "false" => Ok(false),
         _ => Err("expected True or False"),
+    }
+}
+
+/// The `key:value` items of a settings string, in order: split at the
+/// commas outside brackets (`roundup_power2_divisions:[256:1,>:4]` is one
+/// item), trimmed, empty ones skipped. The one splitter of settings
+/// strings: [`Config::parse`] reads them so, and so does every tool that
+/// edits a string item by item.
+///
+/// ```
+/// use cachealloc_core::ConfigItems;
+/// let items: Vec<&str> =
+///     ConfigItems::of(" expandable_segments:True,, roundup_power2_divisions:[256:1,>:4]").collect();
+/// assert_eq!(items, ["expandable_segments:True", "roundup_power2_divisions:[256:1,>:4]"]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ConfigItems<'a> {
+    rest: &'a str,
+}
+
+impl<'a> ConfigItems<'a> {
+    /// The items of `text`.
+    pub fn of(text: &'a str) -> Self {
+        ConfigItems { rest: text }
+    }
+}
+
+impl<'a> Iterator for ConfigItems<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        while !self.rest.is_empty() {
+            let (item, tail) = split_top_level(self.rest);
+            self.rest = tail;
+            let item = item.trim();
+            if !item.is_empty() {
+                return Some(item);
+            }
+        }
+        None
     }
 }
 

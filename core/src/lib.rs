@@ -103,7 +103,7 @@ pub use backend::{
     DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
 };
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
-pub use config::{Config, ConfigError, Policy};
+pub use config::{Config, ConfigError, ConfigItems, Policy};
 pub use error::{Error, Explained, OomReport, PytorchMessage};
 pub use fragmentation::{Fragmentation, PoolMemory};
 pub use history::{

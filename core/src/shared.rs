@@ -95,8 +95,13 @@ pub trait SharedAllocator: Sync {
         ptr: DevicePtr,
         stream: Self::Stream,
     ) -> SharedResult<(), Self::BackendError>;
-    /// [`DeviceAllocator::allocation_info_ptr`].
+    /// [`DeviceAllocator::allocation_info`].
     fn allocation_info(
+        &self,
+        id: BlockId,
+    ) -> SharedResult<AllocationInfo<Self::Stream>, Self::BackendError>;
+    /// [`DeviceAllocator::allocation_info_ptr`].
+    fn allocation_info_ptr(
         &self,
         ptr: DevicePtr,
     ) -> SharedResult<AllocationInfo<Self::Stream>, Self::BackendError>;
@@ -355,7 +360,14 @@ where
         self.try_with(|a| a.record_stream_ptr(ptr, stream))
     }
 
-    fn allocation_info(&self, ptr: DevicePtr) -> SharedResult<AllocationInfo<B::Stream>, B::Error> {
+    fn allocation_info(&self, id: BlockId) -> SharedResult<AllocationInfo<B::Stream>, B::Error> {
+        self.try_with(|a| a.allocation_info(id))
+    }
+
+    fn allocation_info_ptr(
+        &self,
+        ptr: DevicePtr,
+    ) -> SharedResult<AllocationInfo<B::Stream>, B::Error> {
         self.try_with(|a| a.allocation_info_ptr(ptr))
     }
 

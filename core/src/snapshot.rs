@@ -261,8 +261,9 @@ pub struct AllocatorSettings {
     pub expandable_segments: bool,
     /// PyTorch's pinned-memory setting (host memory is not ours: 1).
     pub pinned_num_register_threads: u32,
-    /// PyTorch's `release_lock_on_cudamalloc` (as configured; it changes
-    /// nothing here).
+    /// PyTorch's `release_lock_on_cudamalloc` as in force: false whatever
+    /// the settings asked for (the device's lock is held through a device
+    /// malloc; `Config::release_lock_on_malloc` keeps what was asked).
     pub release_lock_on_cudamalloc: bool,
     /// PyTorch's pinned-memory setting (false).
     pub pinned_use_cuda_host_register: bool,
@@ -280,9 +281,23 @@ impl AllocatorSettings {
             config,
             expandable_segments: config.expandable_segments,
             pinned_num_register_threads: 1,
-            release_lock_on_cudamalloc: config.release_lock_on_malloc,
+            release_lock_on_cudamalloc: false,
             pinned_use_cuda_host_register: false,
             graph_capture_record_stream_reuse: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot reports what is in force: the settings may ask to release
+    /// the lock during a device malloc, and cachealloc does not.
+    #[test]
+    fn release_lock_on_cudamalloc_is_reported_as_in_force() {
+        let asked = Config::parse("release_lock_on_cudamalloc:True").expect("parses");
+        assert!(asked.release_lock_on_malloc);
+        assert!(!AllocatorSettings::of(asked).release_lock_on_cudamalloc);
     }
 }

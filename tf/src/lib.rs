@@ -264,20 +264,20 @@ impl<A: SharedAllocator> TfAllocator<A> {
     /// `RequestedSize(ptr)`: the bytes asked for.
     pub fn requested_size(&self, ptr: DevicePtr) -> Res<u64, A> {
         self.allocator
-            .allocation_info(ptr)
+            .allocation_info_ptr(ptr)
             .map(|i| i.requested_size)
     }
 
     /// `AllocatedSize(ptr)`: the bytes of the block (at least the request).
     pub fn allocated_size(&self, ptr: DevicePtr) -> Res<u64, A> {
-        self.allocator.allocation_info(ptr).map(|i| i.size)
+        self.allocator.allocation_info_ptr(ptr).map(|i| i.size)
     }
 
     /// `AllocationId(ptr)`: the allocation's id, unique in this allocator
     /// (from 1, as BFC's).
     pub fn allocation_id(&self, ptr: DevicePtr) -> Res<i64, A> {
         self.allocator
-            .allocation_info(ptr)
+            .allocation_info_ptr(ptr)
             .map(|i| i.allocation_id as i64)
     }
 
@@ -285,11 +285,12 @@ impl<A: SharedAllocator> TfAllocator<A> {
     /// contains `ptr` (its start or any byte inside it), else 0 (also on a
     /// failed device).
     pub fn allocated_size_slow(&self, ptr: DevicePtr) -> u64 {
-        match self.allocator.allocation_info(ptr) {
+        match self.allocator.allocation_info_ptr(ptr) {
             Ok(i) => i.size,
-            Err(Error::InteriorPointer { base, .. }) => {
-                self.allocator.allocation_info(base).map_or(0, |i| i.size)
-            }
+            Err(Error::InteriorPointer { base, .. }) => self
+                .allocator
+                .allocation_info_ptr(base)
+                .map_or(0, |i| i.size),
             Err(_) => 0,
         }
     }

@@ -11,7 +11,7 @@ use crate::min_capacity::min_capacity;
 use crate::reader::TraceReader;
 use crate::report::Report;
 use crate::run::{run, Options, Quiet};
-use cachealloc_core::{Config, OomClass};
+use cachealloc_core::{Config, ConfigItems, OomClass};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -87,27 +87,9 @@ pub struct Advice {
     pub any_fits: Option<bool>,
 }
 
-/// `key:value` items of a settings string (commas inside brackets belong to
-/// the value).
+/// `key:value` items of a settings string (the core's splitter).
 fn items(conf: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    for (i, c) in conf.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&conf[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&conf[start..]);
-    out.into_iter()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect()
+    ConfigItems::of(conf).collect()
 }
 
 /// `base` with the items of `extra` set (an item of `extra` replaces the one

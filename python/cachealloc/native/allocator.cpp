@@ -34,6 +34,7 @@
 #endif
 
 #include <array>
+#include <atomic>
 #include <exception>
 #include <cstring>
 #include <memory>
@@ -489,8 +490,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
     void attachOutOfMemoryObserver(CA::OutOfMemoryObserver observer) override {
-        std::lock_guard<std::mutex> lock(mutex_);
-        oom_observers_.push_back(std::move(observer));
+        TORCH_CHECK(oom_observers_.add(std::move(observer)), "cachealloc: ",
+                    oom_observers_.capacity, " out-of-memory observers are attached already");
     }
 
 #if CACHEALLOC_TORCH_OOM_REJECTION
@@ -502,13 +503,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 #endif
 
     void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override {
-        {
-            // Copy on write: on_trace takes the list without copying it.
-            std::lock_guard<std::mutex> lock(mutex_);
-            auto more = std::make_shared<std::vector<CA::AllocatorTraceTracker>>(*trackers_);
-            more->push_back(std::move(tracker));
-            trackers_ = std::move(more);
-        }
+        TORCH_CHECK(trackers_.add(std::move(tracker)), "cachealloc: ", trackers_.capacity,
+                    " trace trackers are attached already");
         // One C tracker calls them all, attached once (tried again after a failure).
         std::lock_guard<std::mutex> once(tracker_attach_mutex_);
         if (!tracker_attached_) {
@@ -597,30 +593,21 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
                        void* user) {
         auto* self = static_cast<CacheallocAllocator*>(user);
         shielded("out-of-memory observer", [&] {
-            std::vector<CA::OutOfMemoryObserver> observers;
-            {
-                std::lock_guard<std::mutex> lock(self->mutex_);
-                observers = self->oom_observers_;
-            }
-            for (const auto& o : observers) {
-                o(device, alloc_size, device_total, device_free);
-            }
+            self->oom_observers_.each(
+                [&](const CA::OutOfMemoryObserver& o) { o(device, alloc_size, device_total, device_free); });
         });
     }
 
     static void on_trace(const cachealloc_trace_entry* e, void* user) {
         auto* self = static_cast<CacheallocAllocator*>(user);
         if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) return;  // annotations
+        // Under the device's lock, at every entry: the list is read with no
+        // lock of its own.
         shielded("trace tracker", [&] {
-            std::shared_ptr<const std::vector<CA::AllocatorTraceTracker>> trackers;
-            {
-                std::lock_guard<std::mutex> lock(self->mutex_);
-                trackers = self->trackers_;
-            }
             CDA::TraceEntry te(static_cast<CDA::TraceEntry::Action>(e->action),
                                static_cast<c10::DeviceIndex>(e->device), e->addr, e->size,
                                e->stream, c10::MempoolId_t{0, 0}, c10::getApproximateTime());
-            for (const auto& t : *trackers) t(te);
+            self->trackers_.each([&](const CA::AllocatorTraceTracker& t) { t(te); });
         });
     }
 
@@ -658,9 +645,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     std::atomic<bool> recording_context_{false};
 
     std::mutex mutex_;
-    std::vector<CA::OutOfMemoryObserver> oom_observers_;
-    std::shared_ptr<const std::vector<CA::AllocatorTraceTracker>> trackers_ =
-        std::make_shared<const std::vector<CA::AllocatorTraceTracker>>();
+    AttachedCallbacks<CA::OutOfMemoryObserver> oom_observers_;
+    AttachedCallbacks<CA::AllocatorTraceTracker> trackers_;
     CA::CreateContextFn context_recorder_ = nullptr;
     CA::RecordContext when_ = CA::RecordContext::NEVER;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;

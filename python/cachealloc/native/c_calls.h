@@ -79,6 +79,36 @@ static void check_void(const char* what) {
     if (cachealloc_last_error() != nullptr) fail(what);
 }
 
+// Callbacks torch attaches (trace trackers, OOM observers), at most N:
+// attached under a lock, called without one (a trace tracker runs at every
+// history entry of every device).
+template <typename F, size_t N = 64>
+class AttachedCallbacks {
+   public:
+    // False when N are attached already.
+    bool add(F f) {
+        std::lock_guard<std::mutex> lock(adding_);
+        size_t n = count_.load(std::memory_order_relaxed);
+        if (n == N) return false;
+        slots_[n] = std::move(f);
+        count_.store(n + 1, std::memory_order_release);
+        return true;
+    }
+
+    template <typename Call>
+    void each(Call&& call) const {
+        size_t n = count_.load(std::memory_order_acquire);
+        for (size_t i = 0; i < n; i++) call(slots_[i]);
+    }
+
+    static constexpr size_t capacity = N;
+
+   private:
+    std::array<F, N> slots_;
+    std::atomic<size_t> count_{0};
+    std::mutex adding_;
+};
+
 static void copy_stat(CDA::Stat& to, const cachealloc_stat& from) {
     to.current = from.current;
     to.peak = from.peak;

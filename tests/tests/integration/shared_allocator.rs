@@ -89,7 +89,8 @@ fn every_method_through_dyn_shared_allocator() {
         .unwrap();
     assert_eq!(z.ptr.0 % 4096, 0);
     let more: Vec<Allocation> = (0..8).map(|_| a.malloc(512, 0).unwrap()).collect();
-    assert_eq!(a.allocation_info(x.ptr).unwrap().requested_size, 1000);
+    assert_eq!(a.allocation_info_ptr(x.ptr).unwrap().requested_size, 1000);
+    assert_eq!(a.allocation_info(x.handle.unwrap()).unwrap().ptr, x.ptr);
     assert_eq!(a.base_allocation(x.ptr).unwrap().1, 2 * MIB);
     assert!(a.owns(y.ptr).unwrap() && !b.owns(y.ptr).unwrap());
     a.record_stream(x.handle.unwrap(), 5).unwrap();
