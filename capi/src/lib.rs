@@ -34,9 +34,10 @@
 //! it fails with "device N failed ..." (its metadata may be half-updated),
 //! while the other devices work on. Out-of-memory observers run once the
 //! device's lock is released and may call back into the library. The
-//! device that owns a pointer (`cachealloc_record_stream`,
-//! `cachealloc_base_alloc`, the IPC calls) is found in a map of segment
-//! ranges that the devices keep up to date, without any device's lock
+//! device that owns a pointer (a free with device -1, as torch's
+//! `raw_delete` makes, `cachealloc_record_stream`, `cachealloc_base_alloc`,
+//! the IPC calls) is found in the core's segment table, which the devices
+//! keep up to date, without any lock and without writing anything shared
 //! (`segments.rs`).
 
 // The exported functions, one file a group (the header lists them in this

@@ -150,9 +150,9 @@ fn on_all(
     first
 }
 
-/// The created device whose segments contain `ptr`, from the segment map:
-/// no device's lock is taken (a `record_stream` on one device never waits
-/// behind an `empty_cache` or a device free on another).
+/// The created device whose segments contain `ptr`, from the segment
+/// table: no lock is taken and nothing shared is written (a free by pointer
+/// on one device never waits behind, or slows, a call on another).
 pub(crate) fn owner(ptr: u64) -> Res<&'static Device> {
     crate::segments::map()
         .owner(ptr)

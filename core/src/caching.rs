@@ -20,7 +20,7 @@ use crate::history::{HistoryStorage, NoHistory};
 use crate::invariants::InvariantViolation;
 use crate::segment_table::SegmentRegistry;
 use crate::shared::SharedAllocator;
-use crate::sync::{Guard, Held, Mutex};
+use crate::sync::{Guard, Held, HeldRef, Mutex};
 
 type Res<T, B> = Result<T, Error<<B as DeviceBackend>::Error>>;
 
@@ -109,14 +109,11 @@ where
     /// panicked) fails the device.
     #[inline]
     fn enter(&self) -> Option<Guard<'_, Guarded<DeviceAllocator<B, S, E, H, P>>>> {
-        let mut g = match self.inner.try_lock() {
-            Some(g) => g,
-            None => self.inner.lock_contended(&self.held),
-        };
+        let mut g = self.inner.lock_marked(&self.held);
         if g.busy {
+            self.held.by_ref().clear();
             return None;
         }
-        self.held.set();
         g.busy = true;
         Some(g)
     }
@@ -159,7 +156,7 @@ where
         let Some(g) = self.enter() else {
             return Err(self.failed());
         };
-        let mut call = Call(Some(g), &self.held);
+        let mut call = Call(Some(g), self.held.by_ref());
         match call.0.as_mut() {
             Some(g) => {
                 let r = f(&mut g.alloc);
@@ -271,7 +268,7 @@ where
 /// nobody is told.
 struct Call<'a, B: DeviceBackend, S, const E: usize, H, const P: usize>(
     Option<Guard<'a, Guarded<DeviceAllocator<B, S, E, H, P>>>>,
-    &'a Held,
+    HeldRef<'a>,
 )
 where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,

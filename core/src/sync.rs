@@ -1,12 +1,12 @@
 //! The only file that names a lock or an atomic. Under `cfg(loom)` they are
 //! loom's (so the models explore every interleaving); otherwise, with the
-//! `std` feature the locks are `std::sync::Mutex`, without it
-//! `spin`'s (`no_std`), and the atomics are `core`'s.
+//! `std` feature the locks are `std::sync::Mutex` (whose waiters back off
+//! first: [`Held`]), without it `spin`'s (`no_std`), and the atomics are
+//! `core`'s.
 
 cfg_if::cfg_if! {
     if #[cfg(loom)] {
         use loom::sync::Mutex as Inner;
-        use std::sync::TryLockError;
         /// The guard of [`Mutex`].
         pub(crate) type Guard<'a, T> = loom::sync::MutexGuard<'a, T>;
     } else if #[cfg(feature = "std")] {
@@ -52,29 +52,43 @@ impl<T> Mutex<T> {
         }
     }
 
-    /// The lock if it is free now.
+    /// The lock, marked held in `held` while it is ([`Held`]): with `std`,
+    /// a waiter backs off on the mark ([`lock_contended`](Self::lock_contended));
+    /// elsewhere this is [`lock`](Self::lock).
     #[inline(always)]
-    pub(crate) fn try_lock(&self) -> Option<Guard<'_, T>> {
+    pub(crate) fn lock_marked(&self, held: &Held) -> Guard<'_, T> {
         cfg_if::cfg_if! {
-            if #[cfg(any(loom, feature = "std"))] {
-                match self.0.try_lock() {
-                    Ok(g) => Some(g),
-                    Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                    Err(TryLockError::WouldBlock) => None,
-                }
+            if #[cfg(all(feature = "std", not(loom)))] {
+                let g = match self.try_lock() {
+                    Some(g) => g,
+                    None => self.lock_contended(held),
+                };
+                held.set();
+                g
             } else {
-                self.0.try_lock()
+                let _ = held;
+                self.lock()
             }
         }
     }
 
-    /// The lock, which [`try_lock`](Self::try_lock) found held: with
-    /// `std`, after backing off on `held` ([`Held`]); else as
-    /// [`lock`](Self::lock).
+    /// The lock if it is free now.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[inline(always)]
+    fn try_lock(&self) -> Option<Guard<'_, T>> {
+        match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The lock, which [`try_lock`](Self::try_lock) found held: after
+    /// backing off on `held` ([`Held`]).
+    #[cfg(all(feature = "std", not(loom)))]
     #[cold]
     #[inline(never)]
-    pub(crate) fn lock_contended(&self, held: &Held) -> Guard<'_, T> {
-        #[cfg(all(feature = "std", not(loom)))]
+    fn lock_contended(&self, held: &Held) -> Guard<'_, T> {
         for doubling in 0..BACKOFF_DOUBLINGS {
             for _ in 0..1u32 << doubling {
                 core::hint::spin_loop();
@@ -85,7 +99,6 @@ impl<T> Mutex<T> {
                 }
             }
         }
-        let _ = held;
         self.lock()
     }
 
@@ -133,6 +146,22 @@ pub(crate) struct Held {
     held: core::sync::atomic::AtomicBool,
 }
 
+/// A holder's handle on the [`Held`] mark ([`Held::by_ref`]).
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) type HeldRef<'a> = &'a Held;
+
+/// A holder's handle on the [`Held`] mark: nothing without `std`.
+#[cfg(not(all(feature = "std", not(loom))))]
+#[derive(Clone, Copy)]
+pub(crate) struct HeldRef<'a>(core::marker::PhantomData<&'a Held>);
+
+#[cfg(not(all(feature = "std", not(loom))))]
+impl HeldRef<'_> {
+    /// Nothing to clear.
+    #[inline(always)]
+    pub(crate) fn clear(&self) {}
+}
+
 /// How many times a waiter doubles its wait ([`Held`]).
 #[cfg(all(feature = "std", not(loom)))]
 const BACKOFF_DOUBLINGS: u32 = 10;
@@ -145,17 +174,30 @@ impl Held {
         }
     }
 
-    /// The lock was taken.
+    /// What a lock's holder keeps to clear the mark when it lets go: a
+    /// reference with `std`, nothing elsewhere.
     #[inline(always)]
-    pub(crate) fn set(&self) {
-        #[cfg(all(feature = "std", not(loom)))]
+    pub(crate) fn by_ref(&self) -> HeldRef<'_> {
+        cfg_if::cfg_if! {
+            if #[cfg(all(feature = "std", not(loom)))] {
+                self
+            } else {
+                HeldRef(core::marker::PhantomData)
+            }
+        }
+    }
+
+    /// The lock was taken.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[inline(always)]
+    fn set(&self) {
         self.held.store(true, core::sync::atomic::Ordering::Relaxed);
     }
 
     /// The lock is about to be released.
+    #[cfg(all(feature = "std", not(loom)))]
     #[inline(always)]
     pub(crate) fn clear(&self) {
-        #[cfg(all(feature = "std", not(loom)))]
         self.held
             .store(false, core::sync::atomic::Ordering::Relaxed);
     }
