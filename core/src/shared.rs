@@ -304,6 +304,14 @@ pub trait SharedAllocator: Sync {
     fn check_invariants(&self) -> Result<(), InvariantViolation>;
 }
 
+/// A device's full list of callbacks of kind `what`.
+fn callbacks_full<E>(what: &'static str) -> Error<E> {
+    Error::CallbacksFull {
+        what,
+        capacity: crate::allocator::MAX_CALLBACKS,
+    }
+}
+
 impl<B, S, const E: usize, H, const P: usize> SharedAllocator for CachingAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
@@ -467,10 +475,7 @@ where
     ) -> SharedResult<(), B::Error> {
         self.try_with(|a| {
             a.attach_trace_tracker(tracker)
-                .map_err(|_| Error::CallbacksFull {
-                    what: "trace trackers",
-                    capacity: crate::allocator::MAX_CALLBACKS,
-                })
+                .map_err(|_| callbacks_full("trace trackers"))
         })
     }
 
@@ -480,10 +485,7 @@ where
     ) -> SharedResult<(), B::Error> {
         self.try_with(|a| {
             a.attach_out_of_memory_observer(observer)
-                .map_err(|_| Error::CallbacksFull {
-                    what: "out-of-memory observers",
-                    capacity: crate::allocator::MAX_CALLBACKS,
-                })
+                .map_err(|_| callbacks_full("out-of-memory observers"))
         })
     }
 
