@@ -222,6 +222,17 @@ pub(crate) fn remember(cause: &OomCause) {
     let _ = LAST_CAUSE.try_with(|c| c.set(Some(*cause)));
 }
 
+/// This thread's last out-of-memory's cause, as kept.
+pub(crate) fn kept() -> Option<OomCause> {
+    LAST_CAUSE.try_with(Cell::get).ok().flatten()
+}
+
+/// Put back `cause` (an observer that ran out of memory itself left its
+/// own).
+pub(crate) fn keep(cause: Option<OomCause>) {
+    let _ = LAST_CAUSE.try_with(|c| c.set(cause));
+}
+
 /// This thread's last out-of-memory had no verdict (a request refused
 /// before the allocator).
 pub(crate) fn forget() {

@@ -35,12 +35,15 @@ impl OutOfMemoryObserver for Forward {
     ) {
         // The failing thread's last cause is in place before any observer
         // runs, so an observer that asks for it gets this one (and the
-        // failing call's message is made from it).
+        // failing call's message is made from it); it is put back after
+        // them, should one have run out of memory itself.
         crate::fragmentation::remember(cause);
         crate::fragmentation::tell(report.device, cause);
+        crate::fragmentation::remember(cause);
     }
 
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
+        let mine = crate::fragmentation::kept();
         OBSERVERS.each(|f, user| {
             f(
                 device as c_int,
@@ -50,6 +53,7 @@ impl OutOfMemoryObserver for Forward {
                 user,
             )
         });
+        crate::fragmentation::keep(mine);
     }
 }
 

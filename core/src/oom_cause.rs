@@ -172,7 +172,8 @@ pub(crate) struct OomFacts {
 /// device that refused a segment it reported room for; then the first of
 /// fragmentation, pending frees, other streams, other pools and the other
 /// block size whose bytes (some of that kind, with the device's remaining
-/// headroom) would have served the request; two or more kinds together; a
+/// headroom) would have served the request (the block, or the segment
+/// when the headroom holds the block); two or more kinds together; a
 /// device whose headroom holds the block but not the segment the allocator
 /// asks for (capacity, at the segment's granularity); and else memory used
 /// outside the allocator.
@@ -180,8 +181,18 @@ pub(crate) fn classify(f: &OomFacts) -> OomCause {
     let limit = f.allowed.unwrap_or(f.device_total);
     let need = f.needed;
     let headroom = f.device_free.min(limit.saturating_sub(f.reserved_bytes));
+    // What a kind of bytes must make up with the headroom: the block; or,
+    // when the headroom holds the block already, the segment the allocator
+    // asks the device for (any cached bytes at all would "make up" a
+    // block the device could hold; only the ones that would have made room
+    // for the segment stood in the way).
+    let target = if headroom >= need {
+        f.alloc_size.max(need)
+    } else {
+        need
+    };
     // Some bytes of this kind, and with the headroom enough.
-    let with = |bytes: u64| bytes > 0 && bytes.saturating_add(headroom) >= need;
+    let with = |bytes: u64| bytes > 0 && bytes.saturating_add(headroom) >= target;
     let limit_refused = f
         .allowed
         .is_some_and(|a| f.reserved_bytes.saturating_add(f.alloc_size) > a);
@@ -246,7 +257,7 @@ impl fmt::Display for OomCause {
             OomClass::Capacity if self.live_bytes.saturating_add(self.needed) <= self.limit => {
                 write!(
                     f,
-                    "{} is left on the device, room for the {need} block but not for the {} segment the allocator asks the device for, and nothing cached would serve it",
+                    "{} is left on the device, room for the {need} block but not for the {} segment the allocator asks the device for, and what is cached would not make room for it",
                     FormatSize(self.headroom),
                     FormatSize(self.segment)
                 )
@@ -485,6 +496,35 @@ mod tests {
         assert_eq!(c.class, OomClass::Capacity);
         assert!(heapless_string(&c)
             .contains("room for the 3.00 MiB block but not for the 20.00 MiB segment"));
+        // A little cached beside it changes nothing: 1.5 MiB of small
+        // blocks and 14 MiB left still hold no 20 MiB segment.
+        for kind in 0..5 {
+            let mut f = OomFacts {
+                needed: 3 * MIB,
+                alloc_size: 20 * MIB,
+                device_free: 14 * MIB,
+                ..facts()
+            };
+            let bytes = 3 * MIB / 2;
+            match kind {
+                0 => f.free_bytes = bytes,
+                1 => f.pending_free_bytes = bytes,
+                2 => f.other_streams_bytes = bytes,
+                3 => f.private_pools_bytes = bytes,
+                _ => f.other_size_bytes = bytes,
+            }
+            assert_eq!(classify(&f).class, OomClass::Capacity, "kind {kind}");
+            // Enough of it to make room for the segment names it.
+            let mut more = f;
+            match kind {
+                0 => more.free_bytes = 6 * MIB,
+                1 => more.pending_free_bytes = 6 * MIB,
+                2 => more.other_streams_bytes = 6 * MIB,
+                3 => more.private_pools_bytes = 6 * MIB,
+                _ => more.other_size_bytes = 6 * MIB,
+            }
+            assert_ne!(classify(&more).class, OomClass::Capacity, "kind {kind}");
+        }
         // A limit that was not reached refused nothing: the device did.
         let c = classify(&OomFacts {
             allowed: Some(900 * MIB),

@@ -304,14 +304,6 @@ pub trait SharedAllocator: Sync {
     fn check_invariants(&self) -> Result<(), InvariantViolation>;
 }
 
-/// A device's full list of callbacks of kind `what`.
-fn callbacks_full<E>(what: &'static str) -> Error<E> {
-    Error::CallbacksFull {
-        what,
-        capacity: crate::allocator::MAX_CALLBACKS,
-    }
-}
-
 impl<B, S, const E: usize, H, const P: usize> SharedAllocator for CachingAllocator<B, S, E, H, P>
 where
     B: DeviceBackend,
@@ -640,5 +632,13 @@ where
                 0,
                 1,
             )))
+    }
+}
+
+/// A device's full list of callbacks of kind `what`.
+fn callbacks_full<E>(what: &'static str) -> Error<E> {
+    Error::CallbacksFull {
+        what,
+        capacity: crate::allocator::MAX_CALLBACKS,
     }
 }

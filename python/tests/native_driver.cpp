@@ -392,19 +392,40 @@ int main(int argc, char** argv) {
     EXPECT(a.checkPoolLiveAllocations(0, rewound, {}), "nothing the restore made is live");
     EXPECT(allocated() == live_before - (3 << 20), "allocated bytes %lld, expected %lld",
            (long long)allocated(), (long long)(live_before - (3 << 20)));
+    // torch never got the delta: the storages of r2 and r3 still have
+    // their deleters. Their frees are absorbed, not refused (which would
+    // throw inside a deleter and abort) nor passed on.
+    bool refused = false;
+    try {
+        a.raw_delete(r2);
+        a.raw_delete(r3);
+    } catch (const c10::Error&) {
+        refused = true;
+    }
+    EXPECT(!refused, "the stale owners' frees are absorbed");
+    EXPECT(allocated() == live_before - (3 << 20), "and free nothing (%lld)",
+           (long long)allocated());
     auto redo = a.setCheckpointPoolState(0, rewind_to);  // and it works again
     EXPECT(redo.dataptrs_allocd.size() == 2 && redo.ptrs_freed.empty(),
            "a second restore made %zu, freed %zu", redo.dataptrs_allocd.size(),
            redo.ptrs_freed.size());
-    redo.dataptrs_allocd.clear();
+    // A trace tracker that throws inside the restore, before any on_block:
+    // the pointers it freed are still recorded, and their owners' frees
+    // (redo's DataPtrs) absorbed.
+    auto before_tracker = allocated();
+    EXPECT(bad_alloc_from("trace tracker", 0, [&] { a.setCheckpointPoolState(0, rewind_to); }),
+           "a trace tracker's bad_alloc inside a restore reaches the caller");
+    EXPECT(a.checkPoolLiveAllocations(0, rewound, {}), "nothing the failed restore made is live");
+    redo.dataptrs_allocd.clear();  // a refused free here would abort (a deleter)
+    EXPECT(allocated() == before_tracker - (3 << 20), "allocated bytes %lld, expected %lld",
+           (long long)allocated(), (long long)(before_tracker - (3 << 20)));
     a.releasePool(0, rewound);
     a.releasePool(0, rewound);
     a.emptyCache(rewound);
-    (void)r3;
     EXPECT(allocated() == before, "allocated bytes back to %lld (%lld)", (long long)before,
            (long long)allocated());
     std::printf("ok a restore callback that throws std::bad_alloc: the caller gets it, what "
-                "the restore made is handed back\n");
+                "the restore made is handed back, the frees of what it freed are absorbed\n");
 
     // torch's context recorder (Python stacks) that throws: nothing is
     // allocated (the context is gathered first, as PyTorch does).

@@ -12,8 +12,9 @@
  * any stream: both verdicts are the same class, `other_size`, with the 32
  * MiB counted as other-size bytes and nowhere else. Then a request of
  * 2^60 bytes fails as an out-of-memory with no verdict of its own, and
- * must not report the 20 MiB one. Prints `ok WHAT` per check, exits 1 at
- * the first failure.
+ * must not report the 20 MiB one; and an out-of-memory observer that runs
+ * out of memory itself leaves the failing call's verdict in place. Prints
+ * `ok WHAT` per check, exits 1 at the first failure.
  */
 #include "cachealloc.h"
 #include "check.h"
@@ -46,6 +47,17 @@ static cachealloc_oom_cause verdict(int device, void *holder) {
     return c;
 }
 
+/* An out-of-memory observer that runs out of memory itself (once). */
+static int depth;
+static void allocating_observer(int device, size_t alloc_size, size_t total, size_t free_,
+                                void *user) {
+    (void)alloc_size, (void)total, (void)free_, (void)user;
+    if (depth++ == 0) {
+        CHECK(cachealloc_alloc((size_t)40 << 20, device, NULL) == NULL, "the nested request fails");
+    }
+    depth--;
+}
+
 int main(void) {
     cachealloc_oom_cause same = verdict(0, NULL);
     cachealloc_oom_cause other = verdict(1, (void *)0x1);
@@ -64,6 +76,20 @@ int main(void) {
     CHECK(rc == 1, "no verdict for a request refused before the allocator (got %d, needed %llu)",
           rc, rc == 0 ? (unsigned long long)after.needed : 0ULL);
     printf("ok a 2^60-byte request reports no verdict, not the 20 MiB one\n");
+
+    /* An observer that runs out of memory itself leaves the failing call's
+     * verdict in place, in the thread's last cause and in its message. */
+    CHECK(cachealloc_attach_oom_observer(allocating_observer, NULL) == 0, "attach");
+    void *big = cachealloc_alloc(50 * MIB, 2, NULL);
+    CHECK(big != NULL, "50 MiB on device 2");
+    CHECK(cachealloc_alloc(30 * MIB, 2, NULL) == NULL, "30 MiB more cannot fit");
+    CHECK(error_has("Tried to allocate 30.00 MiB") && error_has("cachealloc: capacity:"),
+          "the outer message, with its verdict");
+    cachealloc_oom_cause outer;
+    CHECK(cachealloc_last_oom_cause(&outer) == 0 && outer.needed == 30 * MIB,
+          "the outer request's verdict (needed %llu)", (unsigned long long)outer.needed);
+    cachealloc_free(big, 0, 2, NULL);
+    printf("ok an observer that runs out of memory itself leaves the failing call's verdict\n");
     printf("oom_verdict_test: all checks passed\n");
     return 0;
 }

@@ -125,6 +125,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     void raw_delete(void* ptr) override {
         if (ptr == nullptr) return;
+        if (absorbing_.load(std::memory_order_acquire) && absorbed(ptr)) return;
         forget_context(ptr);
         check(cachealloc_free_checked(ptr, 0, -1, nullptr), "free");
     }
@@ -411,13 +412,29 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
                 // unwinds).
                 if (!kept) cachealloc_free_checked(ptr, 0, c->device, nullptr);
             } else {
+                // Recorded even after another callback threw: its owner
+                // must be told, or its later free be absorbed (below).
                 c->self->forget_context(ptr);
-                shielded("restore on_block (freed)", [&] { c->delta.ptrs_freed.push_back(ptr); });
+                auto& freed = c->delta.ptrs_freed;
+                if (freed.size() < freed.capacity()) {
+                    freed.push_back(ptr);
+                } else {
+                    shielded("restore on_block (freed)", [&] { freed.push_back(ptr); });
+                }
             }
         };
-        check(cachealloc_restore_pool(device, state->id.first, state->id.second,
-                                      state->blocks.data(), state->blocks.size(), on_block, &ctx),
-              "setCheckpointPoolState");
+        int rc = cachealloc_restore_pool(device, state->id.first, state->id.second,
+                                         state->blocks.data(), state->blocks.size(), on_block,
+                                         &ctx);
+        if (rc == 0 && pending_exception) {
+            // The restore went through, but torch will not get the delta:
+            // the storages it would have taken the freed pointers from keep
+            // their deleters. Their frees are absorbed (raw_delete), so a
+            // stale storage's death neither frees memory it no longer owns
+            // nor aborts the process on an invalid free.
+            absorb_frees_of(ctx.delta.ptrs_freed);
+        }
+        check(rc, "setCheckpointPoolState");
         return std::move(ctx.delta);
     }
 
@@ -532,6 +549,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         if (p == nullptr) fail("getIpcDevPtr");
         return std::shared_ptr<void>(p, [h, device](void*) {
             cachealloc_close_ipc_handle(&h, device);
+            pending_exception = nullptr;  // a deleter reports nothing
         });
     }
 
@@ -622,15 +640,41 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
     // Keep `context` for the allocation at `ptr`; if that throws, the
-    // allocation is freed before the exception goes on.
+    // allocation is freed before the exception goes on (and what a
+    // callback threw during that free is dropped: the first one wins).
     void keep_context(void* ptr, std::shared_ptr<c10::GatheredContext> context, int device) {
         try {
             std::lock_guard<std::mutex> lock(mutex_);
             contexts_[ptr] = std::move(context);
         } catch (...) {
             cachealloc_free_checked(ptr, 0, device, nullptr);
+            pending_exception = nullptr;
             throw;
         }
+    }
+
+    // The next raw_delete of each of `ptrs` does nothing (a restore that
+    // failed after it freed them: see setCheckpointPoolState). If the
+    // address is handed out again meanwhile, whichever of its two frees
+    // comes first is the absorbed one and the second frees it: once, and
+    // only when both owners are done.
+    void absorb_frees_of(const std::vector<void*>& ptrs) noexcept {
+        try {
+            std::lock_guard<std::mutex> lock(mutex_);
+            for (void* p : ptrs) absorb_.insert(p);
+            absorbing_.store(!absorb_.empty(), std::memory_order_release);
+        } catch (...) {
+            // No memory to remember them: their frees will be refused as
+            // any invalid free is.
+        }
+    }
+
+    // Whether `ptr`'s free is one to absorb (and it no longer is).
+    bool absorbed(void* ptr) noexcept {
+        std::lock_guard<std::mutex> lock(mutex_);
+        bool found = absorb_.erase(ptr) != 0;
+        absorbing_.store(!absorb_.empty(), std::memory_order_release);
+        return found;
     }
 
     void forget_context(void* ptr) noexcept {
@@ -643,6 +687,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     std::atomic<bool> enabled_{true};
     std::atomic<bool> history_enabled_{false};
     std::atomic<bool> recording_context_{false};
+    std::atomic<bool> absorbing_{false};
 
     std::mutex mutex_;
     AttachedCallbacks<CA::OutOfMemoryObserver> oom_observers_;
@@ -650,6 +695,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     CA::CreateContextFn context_recorder_ = nullptr;
     CA::RecordContext when_ = CA::RecordContext::NEVER;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+    std::unordered_set<void*> absorb_;  // see absorb_frees_of
 
     std::mutex tracker_attach_mutex_;
     bool tracker_attached_ = false;
