@@ -213,7 +213,7 @@ impl<const N: usize> SegmentTable<N> {
 
     /// Slot `i`, if the table has room for it.
     fn slot(&self, i: usize) -> Option<&SegmentSlot> {
-        if i < N {
+        if i < N || N == 0 {
             return self.inline.get(i);
         }
         // Chunk k holds the slots from N << (k - 1) to N << k.
@@ -298,6 +298,9 @@ impl<const N: usize> SegmentTable<N> {
         let full = RegistryRefusal::Full {
             capacity: self.capacity(),
         };
+        if N == 0 {
+            return Err(full);
+        }
         let k = (usize::BITS - (len / N).leading_zeros()) as usize;
         let (Some(grow), Some(once)) = (self.grow, self.chunks.get(k.wrapping_sub(1))) else {
             return Err(full);
@@ -503,6 +506,13 @@ mod tests {
             let want = (k % 2 == 1).then_some(k as u32 % 5);
             assert_eq!(t.owner(b), want, "{b:#x}");
         }
+        // A table of no entries refuses every segment, growing or not.
+        let none = SegmentTable::<0>::new().with_growth(chunk);
+        assert_eq!(
+            none.insert(0, 0, 1),
+            Err(RegistryRefusal::Full { capacity: 0 })
+        );
+        assert_eq!(none.owner(0), None);
         // Without growth it is full at N.
         let fixed = SegmentTable::<3>::new();
         for b in 0..3 {
