@@ -357,7 +357,7 @@ fn check_abi_output(out: &Output, side_stream: u64) -> String {
     stdout
 }
 
-/// Issue 35's case, through the C library: the verdict on a 20 MiB request
+/// Through the C library: the verdict on a 20 MiB request
 /// that only small-pool blocks could have held is the same whichever
 /// stream holds them (and neither `other_streams` nor `mixed`), and a later
 /// too-large request does not report it.

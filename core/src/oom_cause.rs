@@ -420,16 +420,9 @@ mod tests {
     fn mixed_needs_two_kinds_of_bytes() {
         // One kind, short even with the headroom: not mixed, whatever else
         // is counted (the headroom is no kind of cached bytes).
-        for one in 0..5 {
+        for one in 0..KINDS {
             let mut f = facts();
-            let bytes = 50 * MIB;
-            match one {
-                0 => f.free_bytes = bytes,
-                1 => f.pending_free_bytes = bytes,
-                2 => f.other_streams_bytes = bytes,
-                3 => f.private_pools_bytes = bytes,
-                _ => f.other_size_bytes = bytes,
-            }
+            *kind(&mut f, one) = 50 * MIB;
             assert_ne!(classify(&f).class, OomClass::Mixed, "kind {one} alone");
         }
         // Two kinds, each short, together enough.
@@ -498,32 +491,18 @@ mod tests {
             .contains("room for the 3.00 MiB block but not for the 20.00 MiB segment"));
         // A little cached beside it changes nothing: 1.5 MiB of small
         // blocks and 14 MiB left still hold no 20 MiB segment.
-        for kind in 0..5 {
+        for k in 0..KINDS {
             let mut f = OomFacts {
                 needed: 3 * MIB,
                 alloc_size: 20 * MIB,
                 device_free: 14 * MIB,
                 ..facts()
             };
-            let bytes = 3 * MIB / 2;
-            match kind {
-                0 => f.free_bytes = bytes,
-                1 => f.pending_free_bytes = bytes,
-                2 => f.other_streams_bytes = bytes,
-                3 => f.private_pools_bytes = bytes,
-                _ => f.other_size_bytes = bytes,
-            }
-            assert_eq!(classify(&f).class, OomClass::Capacity, "kind {kind}");
+            *kind(&mut f, k) = 3 * MIB / 2;
+            assert_eq!(classify(&f).class, OomClass::Capacity, "kind {k}");
             // Enough of it to make room for the segment names it.
-            let mut more = f;
-            match kind {
-                0 => more.free_bytes = 6 * MIB,
-                1 => more.pending_free_bytes = 6 * MIB,
-                2 => more.other_streams_bytes = 6 * MIB,
-                3 => more.private_pools_bytes = 6 * MIB,
-                _ => more.other_size_bytes = 6 * MIB,
-            }
-            assert_ne!(classify(&more).class, OomClass::Capacity, "kind {kind}");
+            *kind(&mut f, k) = 6 * MIB;
+            assert_ne!(classify(&f).class, OomClass::Capacity, "kind {k}");
         }
         // A limit that was not reached refused nothing: the device did.
         let c = classify(&OomFacts {
@@ -546,6 +525,20 @@ mod tests {
             s,
             "cachealloc: fragmentation: 150.00 MiB is cached for this request's pool and stream and 10.00 MiB is left on the device, but in pieces: the largest free block is 20.00 MiB (needed 100.00 MiB)."
         );
+    }
+
+    /// How many kinds of cached bytes the facts count.
+    const KINDS: usize = 5;
+
+    /// Kind `k` of the facts' cached bytes.
+    fn kind(f: &mut OomFacts, k: usize) -> &mut u64 {
+        match k {
+            0 => &mut f.free_bytes,
+            1 => &mut f.pending_free_bytes,
+            2 => &mut f.other_streams_bytes,
+            3 => &mut f.private_pools_bytes,
+            _ => &mut f.other_size_bytes,
+        }
     }
 
     fn heapless_string(c: &OomCause) -> heapless::String<512> {

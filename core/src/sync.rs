@@ -130,17 +130,17 @@ cfg_if::cfg_if! {
 /// spin anyway, and loom's models need no hint); elsewhere it is nothing.
 ///
 /// A waiter backs off with waits that double (1, 2, 4, ... up to 512
-/// spin-loop pauses: about 25 us in all where a pause takes 24 ns),
-/// reading only this mark, and tries the lock when it looks free; after
-/// the last wait it blocks in the lock (which sleeps). The holder of a
-/// device's lock usually leaves within some tens of nanoseconds and comes
-/// back as quickly: a waiter that backs off lets it run many calls in a
-/// row with the allocator's cache lines on its core, where one that takes
-/// the lock at every release makes each call pay for moving them (and
-/// `std`'s lock, once a waiter sleeps, a wake-up call at every release;
-/// trying the lock at each wait, a write, measured slower). A holder that
-/// stays (a device malloc) costs a waiter at most these 25 us before it
-/// sleeps. (BENCHMARKS.md, "Threads".)
+/// spin-loop pauses, 1,023 in all), reading only this mark, and tries the
+/// lock when it looks free; after the last wait it blocks in the lock
+/// (which sleeps). The holder of a device's lock usually leaves within
+/// some tens of nanoseconds and comes back as quickly: a waiter that backs
+/// off lets it run many calls in a row with the allocator's cache lines on
+/// its core, where one that takes the lock at every release makes each
+/// call pay for moving them (and `std`'s lock, once a waiter sleeps, a
+/// wake-up call at every release). The waits only read the mark: trying
+/// the lock at each one is a write, which takes the line from the holder.
+/// A holder that stays (a device malloc) costs a waiter those pauses
+/// before it sleeps. (BENCHMARKS.md, "Threads".)
 pub(crate) struct Held {
     #[cfg(all(feature = "std", not(loom)))]
     held: core::sync::atomic::AtomicBool,

@@ -276,8 +276,8 @@ def oom_fraction(torch, dev):
 def fraction_readback(torch, dev):
     """torch.cuda.get_per_process_memory_fraction reads back the fraction
     set through torch, and with cachealloc installed the one set through
-    cachealloc's own function (the C library keeps it; torch once answered
-    1.0 from a C++-side copy while 0.5 was enforced)."""
+    cachealloc's own function: the C library keeps the limit, and torch's
+    getter reads it there."""
     torch.cuda.set_per_process_memory_fraction(0.5, dev)
     through_torch = torch.cuda.get_per_process_memory_fraction(dev)
     if os.environ.get("GPUCHECK_BACKEND") == "cachealloc":
