@@ -246,6 +246,19 @@ typedef struct {
 typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*);
 
 /**
+ * A trace tracker: called with every memory-history entry of every device
+ * as it is recorded, whether or not the history is on (PyTorch's
+ * `attachAllocatorTraceTracker`), and the caller's `user` pointer.
+ * Called when the rejection policy (`throw_on_cudamalloc_oom` with
+ * `per_process_memory_fraction`) refuses a request before any device call
+ * (torch 2.12's `OomRejectionObserver`): the device, the segment it would
+ * have made, the bytes reserved then, the device's total memory, and the
+ * caller's `user` pointer. Called after the device's lock is released, on
+ * the allocating thread.
+ */
+typedef void (*cachealloc_oom_rejection_observer)(int, size_t, size_t, size_t, void*);
+
+/**
  * One entry of the memory history (PyTorch's `TraceEntry`).
  */
 typedef struct {
@@ -289,11 +302,6 @@ typedef struct {
     const char *annotation;
 } cachealloc_trace_entry;
 
-/**
- * A trace tracker: called with every memory-history entry of every device
- * as it is recorded, whether or not the history is on (PyTorch's
- * `attachAllocatorTraceTracker`), and the caller's `user` pointer.
- */
 typedef void (*cachealloc_trace_tracker)(const cachealloc_trace_entry*, void*);
 
 /**
@@ -551,6 +559,10 @@ typedef struct {
      * `max_split_size` at creation, -1 when unlimited.
      */
     int64_t max_split_size;
+    /**
+     * Requests the rejection policy refused (`throw_on_cudamalloc_oom`).
+     */
+    int64_t num_oom_rejections;
 } cachealloc_device_stats;
 
 /**
@@ -809,6 +821,13 @@ int cachealloc_memcpy_async(void *dst,
 int cachealloc_attach_oom_observer(cachealloc_oom_observer observer, void *user);
 
 /**
+ * Attach a rejection observer (torch's `attachOomRejectionObserver`; at
+ * most 64). Returns 0, or -1 (NULL observer, too many).
+ */
+int cachealloc_attach_oom_rejection_observer(cachealloc_oom_rejection_observer observer,
+                                             void *user);
+
+/**
  * Attach a trace tracker, called (with `user`) with every memory-history
  * entry of every device, existing or created later, as it is recorded
  * (PyTorch's `attachAllocatorTraceTracker`): allocations, frees, segment
@@ -1022,8 +1041,11 @@ int cachealloc_get_allocator_settings(cachealloc_allocator_settings *out);
 /**
  * Call `callback(key, value, user)` for every key of
  * `torch.cuda.memory_stats()` of `device`, in its (sorted) order: the
- * same keys and values PyTorch's native allocator reports. Returns 0, or
- * -1 (NULL callback, bad device; the reason in `cachealloc_last_error()`).
+ * same keys and values PyTorch's native allocator reports, as the torch
+ * of `CACHEALLOC_TORCH_VERSION` names them (2.12 on: `num_oom_rejections`;
+ * 2.13 on: `reserved_bytes_by_private_pools.<id0>_<id1>.<pool>.<stat>`,
+ * one set per private pool). Returns 0, or -1 (NULL callback, bad device;
+ * the reason in `cachealloc_last_error()`).
  */
 int cachealloc_memory_stats(int device, cachealloc_stat_callback callback, void *user);
 

@@ -42,6 +42,28 @@ impl OutOfMemoryObserver for Forward {
         crate::fragmentation::remember(cause);
     }
 
+    fn oom_rejected_explained(
+        &self,
+        _report: &cachealloc_core::OomReport,
+        cause: &cachealloc_core::OomCause,
+    ) {
+        crate::fragmentation::remember(cause);
+    }
+
+    fn oom_rejected(&self, device: u32, alloc_size: u64, total_allocated: u64, device_total: u64) {
+        let mine = crate::fragmentation::kept();
+        REJECTION_OBSERVERS.each(|f, user| {
+            f(
+                device as c_int,
+                alloc_size as usize,
+                total_allocated as usize,
+                device_total as usize,
+                user,
+            )
+        });
+        crate::fragmentation::keep(mine);
+    }
+
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
         let mine = crate::fragmentation::kept();
         OBSERVERS.each(|f, user| {
@@ -85,6 +107,39 @@ pub extern "C" fn cachealloc_attach_oom_observer(
 /// A trace tracker: called with every memory-history entry of every device
 /// as it is recorded, whether or not the history is on (PyTorch's
 /// `attachAllocatorTraceTracker`), and the caller's `user` pointer.
+/// Called when the rejection policy (`throw_on_cudamalloc_oom` with
+/// `per_process_memory_fraction`) refuses a request before any device call
+/// (torch 2.12's `OomRejectionObserver`): the device, the segment it would
+/// have made, the bytes reserved then, the device's total memory, and the
+/// caller's `user` pointer. Called after the device's lock is released, on
+/// the allocating thread.
+#[allow(non_camel_case_types)]
+pub type cachealloc_oom_rejection_observer =
+    Option<extern "C" fn(c_int, usize, usize, usize, *mut c_void)>;
+
+static REJECTION_OBSERVERS: Callbacks<OomFn> = Callbacks::new();
+
+/// Attach a rejection observer (torch's `attachOomRejectionObserver`; at
+/// most 64). Returns 0, or -1 (NULL observer, too many).
+#[no_mangle]
+pub extern "C" fn cachealloc_attach_oom_rejection_observer(
+    observer: cachealloc_oom_rejection_observer,
+    user: *mut c_void,
+) -> c_int {
+    guard(
+        "cachealloc_attach_oom_rejection_observer",
+        -1,
+        || -> Res<c_int> {
+            let callback =
+                observer.ok_or("cachealloc_attach_oom_rejection_observer: observer is NULL")?;
+            REJECTION_OBSERVERS
+                .push(callback, user, "OOM rejection observer")
+                .map_err(|e| format!("cachealloc_attach_oom_rejection_observer: {e}"))?;
+            Ok(0)
+        },
+    )
+}
+
 #[allow(non_camel_case_types)]
 pub type cachealloc_trace_tracker =
     Option<extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void)>;

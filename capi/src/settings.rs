@@ -3,13 +3,14 @@
 //! | variable | meaning | default |
 //! | --- | --- | --- |
 //! | `CACHEALLOC_BACKEND` | `cuda`, `hip` or `mock` | `cuda` |
-//! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | `PYTORCH_CUDA_ALLOC_CONF` (on HIP: `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_CUDA_ALLOC_CONF`) |
+//! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | torch's variables in torch's order: `PYTORCH_CUDA_ALLOC_CONF`, (on HIP) `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_ALLOC_CONF`; the first set wins |
+//! | `CACHEALLOC_TORCH_VERSION` | the torch release whose decisions to take (`2.13`, `2.15.0+cu132`; `cachealloc.install()` sets it from `torch.__version__`) | the newest known (2.15) |
 //! | `CACHEALLOC_MOCK_CAPACITY` | the simulated device's size: bytes, or with a unit (`4GiB`) | unlimited |
-//! | `CACHEALLOC_SLOTS` | block slots per device to start with (88 bytes of host memory each, one per block; doubled whenever they run out) | 65536 |
+//! | `CACHEALLOC_SLOTS` | block slots per device to start with (96 bytes of host memory each, one per block; doubled whenever they run out) | 65536 |
 //! | `CACHEALLOC_HISTORY_CAPACITY` | most memory-history entries a device can keep | 131072 |
 
 use crate::error::Res;
-use cachealloc_core::Config;
+use cachealloc_core::{Config, TorchVersion};
 use std::sync::OnceLock;
 
 /// Which kind of device the process's allocators run on.
@@ -34,6 +35,8 @@ pub(crate) struct Settings {
     /// The same, NUL-terminated (`cachealloc_get_allocator_settings`).
     pub(crate) conf_c: std::ffi::CString,
     pub(crate) config: Config,
+    /// The torch release whose decisions and statistics keys are taken.
+    pub(crate) torch: TorchVersion,
     pub(crate) mock_capacity: Option<u64>,
     pub(crate) slots: usize,
     pub(crate) history: usize,
@@ -59,17 +62,34 @@ pub(crate) fn settings() -> Res<&'static Settings> {
 /// The settings from `env` (a variable's value, if set).
 fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
     let backend = backend(env("CACHEALLOC_BACKEND").as_deref())?;
+    let torch = match env("CACHEALLOC_TORCH_VERSION") {
+        Some(s) if !s.trim().is_empty() => TorchVersion::parse(&s).ok_or_else(|| {
+            format!("CACHEALLOC_TORCH_VERSION={s:?}: expected a torch version such as 2.13 or 2.15.0+cu132")
+        })?,
+        _ => TorchVersion::NEWEST,
+    };
+    // torch's order (c10's AcceleratorAllocatorConfig::instance): the first
+    // of these that is set, ours ahead of them.
     let conf_names: &[&str] = match backend {
         #[cfg(feature = "hip")]
         BackendKind::Hip => &[
             "CACHEALLOC_CONF",
-            "PYTORCH_HIP_ALLOC_CONF",
             "PYTORCH_CUDA_ALLOC_CONF",
+            "PYTORCH_HIP_ALLOC_CONF",
+            "PYTORCH_ALLOC_CONF",
         ],
-        _ => &["CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"],
+        _ => &[
+            "CACHEALLOC_CONF",
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "PYTORCH_ALLOC_CONF",
+        ],
     };
-    let conf_text = conf_names.iter().find_map(|n| env(n)).unwrap_or_default();
-    let config = Config::parse(&conf_text).map_err(|e| format!("{e} (in {conf_text:?})"))?;
+    let (conf_name, conf_text) = conf_names
+        .iter()
+        .find_map(|n| env(n).map(|v| (*n, v)))
+        .unwrap_or(("", String::new()));
+    let config = Config::parse_for(&conf_text, torch)
+        .map_err(|e| format!("{e} (in {conf_name}={conf_text:?}, read as torch {torch})"))?;
     let mock_capacity = match env("CACHEALLOC_MOCK_CAPACITY") {
         Some(s) if !s.trim().is_empty() => Some(
             cachealloc_snapshot::parse_bytes(&s)
@@ -95,6 +115,7 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         conf_c: std::ffi::CString::new(conf_text.replace('\0', " ")).unwrap_or_default(),
         conf_text,
         config,
+        torch,
         mock_capacity,
         slots,
         history: count("CACHEALLOC_HISTORY_CAPACITY", DEFAULT_HISTORY)?,
@@ -157,6 +178,56 @@ mod tests {
         .unwrap();
         assert!(s.config.expandable_segments, "CACHEALLOC_CONF wins");
         assert_eq!(s.config.max_split_size, u64::MAX);
+    }
+
+    #[test]
+    fn torchs_variables_in_torchs_order() {
+        let mock = ("CACHEALLOC_BACKEND", "mock");
+        // PYTORCH_ALLOC_CONF alone (what newer launchers set).
+        let s = with(&[
+            mock,
+            (
+                "PYTORCH_ALLOC_CONF",
+                "expandable_segments:True,large_segment_size_mb:12",
+            ),
+        ])
+        .unwrap();
+        assert!(s.config.expandable_segments);
+        assert_eq!(s.config.large_segment_size, 12 << 20);
+        // PYTORCH_CUDA_ALLOC_CONF first, as torch reads them.
+        let s = with(&[
+            mock,
+            ("PYTORCH_ALLOC_CONF", "max_split_size_mb:128"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64"),
+        ])
+        .unwrap();
+        assert_eq!(s.config.max_split_size, 64 << 20);
+        // A bad value names the key and the variable it came from.
+        let e = with(&[
+            mock,
+            ("PYTORCH_ALLOC_CONF", "throw_on_cudamalloc_oom:maybe"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("throw_on_cudamalloc_oom") && e.contains("PYTORCH_ALLOC_CONF"),
+            "{e}"
+        );
+        // The torch version decides which keys exist.
+        let conf = (
+            "PYTORCH_ALLOC_CONF",
+            "per_process_memory_fraction:0.4,throw_on_cudamalloc_oom:True",
+        );
+        assert!(with(&[mock, conf]).unwrap().config.throw_on_cudamalloc_oom);
+        let e = with(&[mock, conf, ("CACHEALLOC_TORCH_VERSION", "2.11.0+cu130")]).unwrap_err();
+        assert!(
+            e.contains("torch 2.12 added it") && e.contains("torch 2.11"),
+            "{e}"
+        );
+        let s = with(&[mock, ("CACHEALLOC_TORCH_VERSION", "2.12.1")]).unwrap();
+        assert_eq!(s.torch, TorchVersion::V2_12);
+        assert_eq!(s.config.torch_version(), TorchVersion::V2_12);
+        let e = with(&[mock, ("CACHEALLOC_TORCH_VERSION", "latest")]).unwrap_err();
+        assert!(e.contains("CACHEALLOC_TORCH_VERSION"), "{e}");
     }
 
     #[test]

@@ -17,8 +17,11 @@ pub type cachealloc_stat_callback = Option<extern "C" fn(*const c_char, i64, *mu
 
 /// Call `callback(key, value, user)` for every key of
 /// `torch.cuda.memory_stats()` of `device`, in its (sorted) order: the
-/// same keys and values PyTorch's native allocator reports. Returns 0, or
-/// -1 (NULL callback, bad device; the reason in `cachealloc_last_error()`).
+/// same keys and values PyTorch's native allocator reports, as the torch
+/// of `CACHEALLOC_TORCH_VERSION` names them (2.12 on: `num_oom_rejections`;
+/// 2.13 on: `reserved_bytes_by_private_pools.<id0>_<id1>.<pool>.<stat>`,
+/// one set per private pool). Returns 0, or -1 (NULL callback, bad device;
+/// the reason in `cachealloc_last_error()`).
 #[no_mangle]
 pub extern "C" fn cachealloc_memory_stats(
     device: c_int,
@@ -27,10 +30,16 @@ pub extern "C" fn cachealloc_memory_stats(
 ) -> c_int {
     status("cachealloc_memory_stats", || {
         let callback = callback.ok_or("cachealloc_memory_stats: callback is NULL")?;
-        let stats = on_device!(registry::device(device)?, |a| a.stats().map_err(text))?;
-        let mut keys = Vec::new();
-        stats.for_each(|key, value| keys.push((key, value)));
-        for (key, value) in keys {
+        let torch = crate::settings::settings()?.torch;
+        let d = registry::device(device)?;
+        let stats = on_device!(d, |a| a.stats().map_err(text))?;
+        let mut pools = Vec::new();
+        if torch.decisions_of() >= cachealloc_core::TorchVersion::V2_13 {
+            on_device!(d, |a| a
+                .reserved_bytes_by_private_pools(&mut |id, s| pools.push((id, *s)))
+                .map_err(text))?;
+        }
+        for (key, value) in cachealloc_snapshot::memory_stats_keys(&stats, torch, &pools) {
             let key = CString::new(key).map_err(|e| e.to_string())?;
             callback(key.as_ptr(), value, user);
         }
@@ -207,6 +216,8 @@ pub struct cachealloc_device_stats {
     pub num_device_free: i64,
     /// `max_split_size` at creation, -1 when unlimited.
     pub max_split_size: i64,
+    /// Requests the rejection policy refused (`throw_on_cudamalloc_oom`).
+    pub num_oom_rejections: i64,
 }
 
 fn stat(s: cachealloc_core::Stat) -> cachealloc_stat {
@@ -242,6 +253,7 @@ impl From<cachealloc_core::DeviceStats> for cachealloc_device_stats {
             num_device_alloc: s.num_device_alloc,
             num_device_free: s.num_device_free,
             max_split_size: s.max_split_size,
+            num_oom_rejections: s.num_oom_rejections,
         }
     }
 }

@@ -56,6 +56,10 @@ pub struct BlockSlot {
     pub(crate) seg_size: u64,
     /// The raw stream handle (the segment's allocation stream).
     pub(crate) stream: u64,
+    /// The number of the device malloc that made the block's memory,
+    /// inherited by splits: ahead of the address in the free index's order
+    /// from torch 2.12 on (`BlockOrder`); 0 under torch 2.11's order.
+    pub(crate) counter: u64,
     pub(crate) prev: u32,
     pub(crate) next: u32,
     /// Free-index treap children (cached blocks: the treap of their size
@@ -87,6 +91,7 @@ impl BlockSlot {
         aux: 0,
         seg_size: 0,
         stream: 0,
+        counter: 0,
         prev: NIL,
         next: NIL,
         left: NIL,
@@ -224,6 +229,7 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
         s.events = 0;
         s.requested = 0;
         s.aux = 0;
+        s.counter = 0;
         s.seg_size = 0;
         s.flags = Flags::IN_USE;
         s.owner = 0;
@@ -302,7 +308,7 @@ mod tests {
     #[test]
     fn slot_size() {
         std::println!("BlockSlot: {} bytes", core::mem::size_of::<BlockSlot>());
-        assert_eq!(core::mem::size_of::<BlockSlot>(), 88);
+        assert_eq!(core::mem::size_of::<BlockSlot>(), 96);
         assert_eq!(core::mem::size_of::<Option<BlockId>>(), 8);
     }
 }

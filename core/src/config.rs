@@ -11,11 +11,14 @@
 //! ```
 
 use crate::policy::{LARGE_BUFFER, ROUNDUP_INTERVALS};
+use crate::torch_version::{BlockOrder, TorchVersion};
 use core::fmt;
 
 const MIB: u64 = 1 << 20;
 
-/// The policy knobs of `PYTORCH_CUDA_ALLOC_CONF`.
+/// The settings of `PYTORCH_CUDA_ALLOC_CONF` (every key of torch 2.15's
+/// parser, and `policy`, ours), and the torch release whose decisions the
+/// allocator takes ([`Config::torch_version`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct Config {
@@ -23,7 +26,7 @@ pub struct Config {
     /// to smaller requests. `u64::MAX` (the default) means unlimited.
     pub max_split_size: u64,
     /// How much larger than an oversize request a cached oversize block may be
-    /// (`max_non_split_rounding_mb`; 20 MiB, `kLargeBuffer`, by default).
+    /// (`max_non_split_rounding_mb`; `large_segment_size` by default).
     pub max_non_split_rounding: u64,
     /// Divisions per power-of-two interval, bucket `i` covering
     /// `[2^i, 2^(i+1))` MiB; 0 or 1 is off.
@@ -40,15 +43,76 @@ pub struct Config {
     /// from pages mapped into one large reservation per stream and pool
     /// (needs a backend with virtual memory).
     pub expandable_segments: bool,
-    /// Whether the string set `expandable_segments` (PyTorch's settings
-    /// parser keeps the previous value when a new string does not).
-    pub(crate) expandable_mentioned: bool,
-    /// Whether the string set `policy` (a new string that does not keeps the
-    /// policy in force, so PyTorch's own settings strings cannot turn it off).
-    pub(crate) policy_mentioned: bool,
+    /// The segment size of the large pool for requests of 1 to 10 MiB
+    /// (`large_segment_size_mb`; 20 MiB, `kLargeBuffer`, by default). It is
+    /// also the default of `max_non_split_rounding` and the least
+    /// `max_split_size`.
+    pub large_segment_size: u64,
+    /// `per_process_memory_fraction` (1.0 by default): the memory fraction
+    /// a new allocator starts with (applied at its first segment, or by
+    /// [`crate::DeviceAllocator::apply_configured_fraction`]), and the
+    /// limit of the rejection policy.
+    pub per_process_memory_fraction: f64,
+    /// `throw_on_cudamalloc_oom` (torch 2.12 on): a request whose new
+    /// segment would take the reserved bytes over
+    /// `per_process_memory_fraction` of the device is refused before any
+    /// device call, without the release-and-retry rungs
+    /// (`num_oom_rejections`, the rejection observers).
+    pub throw_on_cudamalloc_oom: bool,
+    /// Settings of torch's that cachealloc validates, keeps and reports but
+    /// that change nothing here (the pinned host allocator's).
+    pub host: HostSettings,
+    /// The torch release whose decisions are taken (not a key of the
+    /// string: [`Config::with_torch_version`]).
+    pub(crate) torch: TorchVersion,
+    /// Its block order (kept beside it: read on every split).
+    pub(crate) order: BlockOrder,
+    /// The keys the string set (a later string keeps what it leaves out of
+    /// some of them, as PyTorch's parser does).
+    pub(crate) mentioned: Mentioned,
     /// The placement policy (`policy:pytorch`, the default, or
     /// `policy:compact`; a key of ours, not PyTorch's).
     pub policy: Policy,
+}
+
+/// torch's settings of the pinned host allocator (and the 2.15 reserve of
+/// expandable segments' address space): validated with torch's rules,
+/// kept, shown in snapshots; cachealloc has no host allocator, so they have
+/// no effect.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[non_exhaustive]
+pub struct HostSettings {
+    /// `pinned_use_cuda_host_register` (or `_hip_`).
+    pub pinned_use_host_register: bool,
+    /// `pinned_num_register_threads` (1 by default).
+    pub pinned_num_register_threads: u32,
+    /// `pinned_use_background_threads`.
+    pub pinned_use_background_threads: bool,
+    /// `pinned_reserve_segment_size_mb` (0: unset).
+    pub pinned_reserve_segment_size_mb: u64,
+    /// `pinned_free_catch_all` (torch 2.12 on).
+    pub pinned_free_catch_all: bool,
+    /// `pinned_max_round_threshold_mb` (torch 2.13 on; 0: unset).
+    pub pinned_max_round_threshold_mb: u64,
+    /// `pinned_max_cached_size_mb` (torch 2.13 on; 0: unset).
+    pub pinned_max_cached_size_mb: u64,
+    /// `expandable_segments_reserve` or `_by_class` was given (torch 2.15):
+    /// the address space torch reserves for expandable segments. cachealloc
+    /// reserves as before (see docs/torch-versions.md).
+    pub expandable_segments_reserve: bool,
+}
+
+bitflags::bitflags! {
+    /// Keys a settings string set.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub(crate) struct Mentioned: u16 {
+        const EXPANDABLE = 1;
+        const POLICY = 1 << 1;
+        const LARGE_SEGMENT = 1 << 2;
+        const NON_SPLIT_ROUNDING = 1 << 3;
+        const FRACTION = 1 << 4;
+        const THROW = 1 << 5;
+    }
 }
 
 /// Where new memory comes from and which cached blocks a request may take.
@@ -94,6 +158,8 @@ pub struct ConfigError<'a> {
     pub value: &'a str,
     /// What is wrong with it.
     pub reason: &'static str,
+    /// The bound the reason ends with, when it has one ("must be >= 20").
+    pub limit: Option<u64>,
 }
 
 impl fmt::Display for ConfigError<'_> {
@@ -102,12 +168,17 @@ impl fmt::Display for ConfigError<'_> {
         if !self.value.is_empty() {
             write!(f, " value `{}`", self.value)?;
         }
-        write!(f, ": {}", self.reason)
+        write!(f, ": {}", self.reason)?;
+        if let Some(limit) = self.limit {
+            write!(f, "{limit}")?;
+        }
+        Ok(())
     }
 }
 
 impl Config {
-    /// PyTorch's defaults: unlimited split size, no power-of-two rounding, no GC.
+    /// PyTorch's defaults: unlimited split size, no power-of-two rounding,
+    /// no GC, and the decisions of the newest torch release known.
     pub const DEFAULT: Config = Config {
         max_split_size: u64::MAX,
         max_non_split_rounding: LARGE_BUFFER,
@@ -115,8 +186,22 @@ impl Config {
         garbage_collection_threshold: 0.0,
         release_lock_on_malloc: false,
         expandable_segments: false,
-        expandable_mentioned: false,
-        policy_mentioned: false,
+        large_segment_size: LARGE_BUFFER,
+        per_process_memory_fraction: 1.0,
+        throw_on_cudamalloc_oom: false,
+        host: HostSettings {
+            pinned_use_host_register: false,
+            pinned_num_register_threads: 1,
+            pinned_use_background_threads: false,
+            pinned_reserve_segment_size_mb: 0,
+            pinned_free_catch_all: false,
+            pinned_max_round_threshold_mb: 0,
+            pinned_max_cached_size_mb: 0,
+            expandable_segments_reserve: false,
+        },
+        torch: TorchVersion::NEWEST,
+        order: BlockOrder::SizeCounterAddress,
+        mentioned: Mentioned::empty(),
         policy: Policy::PyTorch,
     };
 
@@ -133,41 +218,125 @@ impl Config {
         matches!(self.policy, Policy::Compact)
     }
 
-    /// Parse a `key:value,key:value` string. Options not mentioned take their
-    /// defaults (like PyTorch's `_set_allocator_settings`). Spaces are ignored.
+    /// The torch release whose decisions are taken.
+    pub const fn torch_version(&self) -> TorchVersion {
+        self.torch
+    }
+
+    /// The same settings with torch `version`'s decisions.
+    pub fn with_torch_version(mut self, version: TorchVersion) -> Config {
+        self.torch = version;
+        self.order = version.block_order();
+        self
+    }
+
+    /// How pools order their cached blocks (from the torch version).
+    #[inline]
+    pub const fn block_order(&self) -> BlockOrder {
+        self.order
+    }
+
+    /// Parse a `key:value,key:value` string as torch's newest release known
+    /// does ([`Config::parse_for`]).
     pub fn parse(text: &str) -> Result<Config, ConfigError<'_>> {
-        let mut c = Config::DEFAULT;
+        Config::parse_for(text, TorchVersion::NEWEST)
+    }
+
+    /// Parse a settings string as torch `version`'s parser does: its keys,
+    /// its value rules, its reasons (keys added by a later release are
+    /// refused, naming the release). Options not mentioned take their
+    /// defaults (like PyTorch's `_set_allocator_settings`). Spaces are
+    /// ignored; `True` and `False` are spelt so, as torch's tokenizer takes
+    /// no other spelling.
+    pub fn parse_for(text: &str, version: TorchVersion) -> Result<Config, ConfigError<'_>> {
+        let mut c = Config::DEFAULT.with_torch_version(version);
+        fn split(item: &str) -> Result<(&str, &str), ConfigError<'_>> {
+            match item.split_once(':') {
+                Some((k, v)) => Ok((k.trim(), v.trim())),
+                None => Err(ConfigError {
+                    key: item,
+                    value: "",
+                    reason: "expected `key:value`",
+                    limit: None,
+                }),
+            }
+        }
+        // torch reads `large_segment_size_mb` first: it is the default of
+        // `max_non_split_rounding_mb` and the bound of both split sizes.
         for item in ConfigItems::of(text) {
-            let (key, value) = match item.split_once(':') {
-                Some((k, v)) => (k.trim(), v.trim()),
-                None => {
-                    return Err(ConfigError {
-                        key: item,
-                        value: "",
-                        reason: "expected `key:value`",
-                    })
+            let (key, value) = split(item)?;
+            if key == "large_segment_size_mb" {
+                let err = |reason, limit| ConfigError {
+                    key,
+                    value,
+                    reason,
+                    limit,
+                };
+                let mb: u64 = value
+                    .parse()
+                    .map_err(|_| err("expected a whole number of MiB", None))?;
+                if mb <= MIN_LARGE_SEGMENT_MB {
+                    return Err(err(
+                        "CachingAllocator option large_segment_size_mb must be > ",
+                        Some(MIN_LARGE_SEGMENT_MB),
+                    ));
                 }
+                c.large_segment_size = mb.min(MAX_MB) * MIB;
+                c.max_non_split_rounding = c.large_segment_size;
+                c.mentioned |= Mentioned::LARGE_SEGMENT;
+            }
+        }
+        for item in ConfigItems::of(text) {
+            let (key, value) = split(item)?;
+            let err = |reason| ConfigError {
+                key,
+                value,
+                reason,
+                limit: None,
             };
-            let err = |reason| ConfigError { key, value, reason };
+            if let Some(since) = key_added_in(key) {
+                if version.decisions_of() < since {
+                    return Err(ConfigError {
+                        key,
+                        value,
+                        reason: added_later(since),
+                        limit: None,
+                    });
+                }
+            }
             match key {
+                "large_segment_size_mb" => {}
                 "max_split_size_mb" | "max_non_split_rounding_mb" => {
                     let mb: u64 = value
                         .parse()
                         .map_err(|_| err("expected a whole number of MiB"))?;
-                    if mb <= LARGE_BUFFER / MIB {
-                        return Err(err("must be greater than 20 (MiB)"));
+                    let least = c.large_segment_size / MIB;
+                    if mb < least {
+                        return Err(ConfigError {
+                            key,
+                            value,
+                            reason: if key == "max_split_size_mb" {
+                                "CachingAllocator option max_split_size_mb too small, must be >= "
+                            } else {
+                                "CachingAllocator option max_non_split_rounding_mb too small, must be >= "
+                            },
+                            limit: Some(least),
+                        });
                     }
-                    let bytes = mb.checked_mul(MIB).ok_or(err("too large"))?;
+                    let bytes = mb.min(MAX_MB) * MIB;
                     if key == "max_split_size_mb" {
                         c.max_split_size = bytes;
                     } else {
                         c.max_non_split_rounding = bytes;
+                        c.mentioned |= Mentioned::NON_SPLIT_ROUNDING;
                     }
                 }
                 "garbage_collection_threshold" => {
                     let t: f64 = value.parse().map_err(|_| err("expected a number"))?;
                     if !(t > 0.0 && t < 1.0) {
-                        return Err(err("must be between 0 and 1, exclusive"));
+                        return Err(err(
+                            "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
+                        ));
                     }
                     c.garbage_collection_threshold = t;
                 }
@@ -180,34 +349,96 @@ impl Config {
                         "compact" => Policy::Compact,
                         _ => return Err(err("expected pytorch or compact")),
                     };
-                    c.policy_mentioned = true;
+                    c.mentioned |= Mentioned::POLICY;
                 }
                 "expandable_segments" => {
-                    c.expandable_segments = match value {
-                        "False" | "false" => false,
-                        "True" | "true" => true,
-                        _ => return Err(err("expected True or False")),
-                    };
-                    c.expandable_mentioned = true;
+                    c.expandable_segments = parse_bool(value).map_err(err)?;
+                    c.mentioned |= Mentioned::EXPANDABLE;
                 }
                 "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
                     c.release_lock_on_malloc = parse_bool(value).map_err(err)?;
                 }
-                "backend" => {
-                    if value != "native" {
-                        return Err(err("only the native backend is implemented"));
+                "backend" => match value {
+                    "native" => {}
+                    "cudaMallocAsync" | "hipMallocAsync" => {
+                        return Err(err(
+                            "cachealloc is a native caching allocator; the driver's stream-ordered allocator (backend:cudaMallocAsync) is not implemented",
+                        ))
+                    }
+                    _ => {
+                        return Err(err(
+                            "Unknown allocator backend, options are native and cudaMallocAsync",
+                        ))
+                    }
+                },
+                "per_process_memory_fraction" => {
+                    let f: f64 = value.parse().map_err(|_| err("expected a number"))?;
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(err(
+                            "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+                        ));
+                    }
+                    c.per_process_memory_fraction = f;
+                    c.mentioned |= Mentioned::FRACTION;
+                }
+                "throw_on_cudamalloc_oom" => {
+                    c.throw_on_cudamalloc_oom = parse_bool(value).map_err(err)?;
+                    c.mentioned |= Mentioned::THROW;
+                }
+                "graph_capture_record_stream_reuse" => {
+                    if parse_bool(value).map_err(err)? {
+                        return Err(err(
+                            "not implemented: cachealloc keeps every block freed during a capture for the capture's end (torch's behaviour with False); reusing one within the capture needs the capture graph's dependencies (cudaStreamGetCaptureInfo, cudaGraphNodeGetDependencies), which its backends do not read yet",
+                        ));
                     }
                 }
                 "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
-                    parse_bool(value).map_err(err)?;
+                    c.host.pinned_use_host_register = parse_bool(value).map_err(err)?;
+                }
+                "pinned_use_background_threads" => {
+                    c.host.pinned_use_background_threads = parse_bool(value).map_err(err)?;
+                }
+                "pinned_free_catch_all" => {
+                    c.host.pinned_free_catch_all = parse_bool(value).map_err(err)?;
                 }
                 "pinned_num_register_threads" => {
                     let n: u64 = value.parse().map_err(|_| err("expected a number"))?;
-                    if !n.is_power_of_two() || n > 128 {
-                        return Err(err("must be a power of two up to 128"));
+                    if !n.is_power_of_two() {
+                        return Err(err("Number of register threads has to be power of 2"));
+                    }
+                    if n > MAX_REGISTER_THREADS {
+                        return Err(ConfigError {
+                            key,
+                            value,
+                            reason: "Number of register threads should be less than or equal to ",
+                            limit: Some(MAX_REGISTER_THREADS),
+                        });
+                    }
+                    c.host.pinned_num_register_threads = n as u32;
+                }
+                "pinned_reserve_segment_size_mb" => {
+                    let n: u64 = value.parse().map_err(|_| err("expected a number"))?;
+                    if n == 0 {
+                        return Err(err("Pinned reserve segment size has to be greater than 0"));
+                    }
+                    c.host.pinned_reserve_segment_size_mb = n;
+                }
+                "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" => {
+                    let n: u64 = value
+                        .parse()
+                        .map_err(|_| err("expected a whole number of MiB"))?;
+                    if key == "pinned_max_round_threshold_mb" {
+                        c.host.pinned_max_round_threshold_mb = n;
+                    } else {
+                        c.host.pinned_max_cached_size_mb = n;
                     }
                 }
-                _ => return Err(err("unknown option")),
+                "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
+                    // torch warns about a bad value and goes on with its
+                    // default; so does this parser (without the warning).
+                    c.host.expandable_segments_reserve = true;
+                }
+                _ => return Err(err(UNKNOWN_KEY)),
             }
         }
         Ok(c)
@@ -217,13 +448,74 @@ impl Config {
     pub fn divisions_for(&self, size: u64) -> u32 {
         self.roundup_power2_divisions[crate::policy::division_bucket(size)]
     }
+
+    /// What a new settings string leaves in force of this one, as PyTorch's
+    /// parser does: `expandable_segments`, `large_segment_size_mb`,
+    /// `per_process_memory_fraction` and `throw_on_cudamalloc_oom` (and
+    /// ours, `policy`) stay unless the string sets them, and so does the
+    /// torch version; `max_non_split_rounding_mb` follows the large segment
+    /// size unless set. Everything else takes the new string's value or
+    /// its default.
+    pub fn followed_by(&self, mut next: Config) -> Config {
+        if !next.mentioned.contains(Mentioned::EXPANDABLE) {
+            next.expandable_segments = self.expandable_segments;
+        }
+        if !next.mentioned.contains(Mentioned::POLICY) {
+            next.policy = self.policy;
+        }
+        if !next.mentioned.contains(Mentioned::LARGE_SEGMENT) {
+            next.large_segment_size = self.large_segment_size;
+            if !next.mentioned.contains(Mentioned::NON_SPLIT_ROUNDING) {
+                next.max_non_split_rounding = self.large_segment_size;
+            }
+        }
+        if !next.mentioned.contains(Mentioned::FRACTION) {
+            next.per_process_memory_fraction = self.per_process_memory_fraction;
+        }
+        if !next.mentioned.contains(Mentioned::THROW) {
+            next.throw_on_cudamalloc_oom = self.throw_on_cudamalloc_oom;
+        }
+        next.with_torch_version(self.torch)
+    }
+}
+
+/// The reason for a key torch does not have.
+pub const UNKNOWN_KEY: &str = "unknown option (not a key of torch's allocator config)";
+
+/// `large_segment_size_mb` must be more than this (the largest request
+/// it serves, 10 MiB, must fit).
+const MIN_LARGE_SEGMENT_MB: u64 = 10;
+/// torch clamps sizes in MiB so that the bytes fit a `size_t`.
+const MAX_MB: u64 = u64::MAX / MIB;
+/// `pinned_num_register_threads`' most.
+const MAX_REGISTER_THREADS: u64 = 128;
+
+/// The release that added a key, for keys younger than torch 2.11.
+fn key_added_in(key: &str) -> Option<TorchVersion> {
+    match key {
+        "pinned_free_catch_all" | "throw_on_cudamalloc_oom" => Some(TorchVersion::V2_12),
+        "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" => Some(TorchVersion::V2_13),
+        "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
+            Some(TorchVersion::V2_15)
+        }
+        _ => None,
+    }
+}
+
+/// The reason for a key of a later release.
+fn added_later(since: TorchVersion) -> &'static str {
+    match since.minor() {
+        12 => "not a key of this torch's allocator config (torch 2.12 added it; --torch-version selects the release)",
+        13 => "not a key of this torch's allocator config (torch 2.13 added it; --torch-version selects the release)",
+        _ => "not a key of this torch's allocator config (torch 2.15 added it; --torch-version selects the release)",
+    }
 }
 
 fn parse_bool(v: &str) -> Result<bool, &'static str> {
     match v {
-        "True" | "true" => Ok(true),
-        "False" | "false" => Ok(false),
-        _ => Err("expected True or False"),
+        "True" => Ok(true),
+        "False" => Ok(false),
+        _ => Err("Expected 'True' or 'False' (torch takes no other spelling)"),
     }
 }
 
@@ -348,53 +640,130 @@ fn parse_divisions(value: &str) -> Result<[u32; ROUNDUP_INTERVALS], &'static str
 }
 
 /// Writes the canonical string of the options that differ from the default;
-/// [`Config::parse`] of it gives the same `Config` back.
+/// [`Config::parse`] of it gives the same `Config` back (but for
+/// `expandable_segments_reserve`, of which only the mention is kept, and the
+/// torch version, which is not a key).
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut sep = "";
-        if self.max_split_size != u64::MAX {
-            write!(f, "{sep}max_split_size_mb:{}", self.max_split_size / MIB)?;
-            sep = ",";
-        }
-        if self.max_non_split_rounding != LARGE_BUFFER {
-            write!(
+        let mut first = true;
+        let mut item = |f: &mut fmt::Formatter<'_>, args: fmt::Arguments<'_>| {
+            let sep = if first { "" } else { "," };
+            first = false;
+            write!(f, "{sep}{args}")
+        };
+        if self.large_segment_size != LARGE_BUFFER
+            || self.mentioned.contains(Mentioned::LARGE_SEGMENT)
+        {
+            item(
                 f,
-                "{sep}max_non_split_rounding_mb:{}",
-                self.max_non_split_rounding / MIB
+                format_args!("large_segment_size_mb:{}", self.large_segment_size / MIB),
             )?;
-            sep = ",";
+        }
+        if self.max_split_size != u64::MAX {
+            item(
+                f,
+                format_args!("max_split_size_mb:{}", self.max_split_size / MIB),
+            )?;
+        }
+        if self.max_non_split_rounding != self.large_segment_size {
+            item(
+                f,
+                format_args!(
+                    "max_non_split_rounding_mb:{}",
+                    self.max_non_split_rounding / MIB
+                ),
+            )?;
         }
         if self.roundup_power2_divisions != [0; ROUNDUP_INTERVALS] {
-            write!(f, "{sep}roundup_power2_divisions:[")?;
+            item(f, format_args!("roundup_power2_divisions:["))?;
             for (i, d) in self.roundup_power2_divisions.iter().enumerate() {
                 write!(f, "{}{}:{}", if i == 0 { "" } else { "," }, 1u64 << i, d)?;
             }
             write!(f, "]")?;
-            sep = ",";
         }
         if self.garbage_collection_threshold != 0.0 {
-            write!(
+            item(
                 f,
-                "{sep}garbage_collection_threshold:{}",
-                self.garbage_collection_threshold
+                format_args!(
+                    "garbage_collection_threshold:{}",
+                    self.garbage_collection_threshold
+                ),
             )?;
-            sep = ",";
         }
+        let tf = |b: bool| if b { "True" } else { "False" };
         if self.release_lock_on_malloc {
-            write!(f, "{sep}release_lock_on_cudamalloc:True")?;
-            sep = ",";
+            item(f, format_args!("release_lock_on_cudamalloc:True"))?;
         }
-        if self.expandable_mentioned {
-            let v = if self.expandable_segments {
-                "True"
-            } else {
-                "False"
-            };
-            write!(f, "{sep}expandable_segments:{v}")?;
-            sep = ",";
+        if self.mentioned.contains(Mentioned::EXPANDABLE) {
+            item(
+                f,
+                format_args!("expandable_segments:{}", tf(self.expandable_segments)),
+            )?;
         }
-        if self.policy_mentioned || self.policy != Policy::PyTorch {
-            write!(f, "{sep}policy:{}", self.policy.name())?;
+        if self.per_process_memory_fraction != 1.0 || self.mentioned.contains(Mentioned::FRACTION) {
+            item(
+                f,
+                format_args!(
+                    "per_process_memory_fraction:{}",
+                    self.per_process_memory_fraction
+                ),
+            )?;
+        }
+        if self.throw_on_cudamalloc_oom || self.mentioned.contains(Mentioned::THROW) {
+            item(
+                f,
+                format_args!(
+                    "throw_on_cudamalloc_oom:{}",
+                    tf(self.throw_on_cudamalloc_oom)
+                ),
+            )?;
+        }
+        let h = &self.host;
+        let d = &Config::DEFAULT.host;
+        if h.pinned_use_host_register {
+            item(f, format_args!("pinned_use_cuda_host_register:True"))?;
+        }
+        if h.pinned_num_register_threads != d.pinned_num_register_threads {
+            item(
+                f,
+                format_args!(
+                    "pinned_num_register_threads:{}",
+                    h.pinned_num_register_threads
+                ),
+            )?;
+        }
+        if h.pinned_use_background_threads {
+            item(f, format_args!("pinned_use_background_threads:True"))?;
+        }
+        if h.pinned_reserve_segment_size_mb != 0 {
+            item(
+                f,
+                format_args!(
+                    "pinned_reserve_segment_size_mb:{}",
+                    h.pinned_reserve_segment_size_mb
+                ),
+            )?;
+        }
+        if h.pinned_free_catch_all {
+            item(f, format_args!("pinned_free_catch_all:True"))?;
+        }
+        if h.pinned_max_round_threshold_mb != 0 {
+            item(
+                f,
+                format_args!(
+                    "pinned_max_round_threshold_mb:{}",
+                    h.pinned_max_round_threshold_mb
+                ),
+            )?;
+        }
+        if h.pinned_max_cached_size_mb != 0 {
+            item(
+                f,
+                format_args!("pinned_max_cached_size_mb:{}", h.pinned_max_cached_size_mb),
+            )?;
+        }
+        if self.mentioned.contains(Mentioned::POLICY) || self.policy != Policy::PyTorch {
+            item(f, format_args!("policy:{}", self.policy.name()))?;
         }
         Ok(())
     }
@@ -422,7 +791,35 @@ mod tests {
     #[test]
     fn errors_name_the_key() {
         for (s, key) in [
-            ("max_split_size_mb:20", "max_split_size_mb"),
+            ("max_split_size_mb:19", "max_split_size_mb"),
+            ("expandable_segments:true", "expandable_segments"),
+            ("throw_on_cudamalloc_oom:maybe", "throw_on_cudamalloc_oom"),
+            (
+                "per_process_memory_fraction:1.5",
+                "per_process_memory_fraction",
+            ),
+            ("large_segment_size_mb:10", "large_segment_size_mb"),
+            (
+                "large_segment_size_mb:64,max_split_size_mb:40",
+                "max_split_size_mb",
+            ),
+            (
+                "pinned_num_register_threads:3",
+                "pinned_num_register_threads",
+            ),
+            (
+                "pinned_num_register_threads:256",
+                "pinned_num_register_threads",
+            ),
+            (
+                "pinned_reserve_segment_size_mb:0",
+                "pinned_reserve_segment_size_mb",
+            ),
+            (
+                "graph_capture_record_stream_reuse:True",
+                "graph_capture_record_stream_reuse",
+            ),
+            ("backend:cudaMallocAsync", "backend"),
             (
                 "garbage_collection_threshold:1.0",
                 "garbage_collection_threshold",
@@ -437,6 +834,93 @@ mod tests {
         }
     }
 
+    /// Every key of torch 2.15's parser, with a valid value.
+    const TORCH_2_15_KEYS: &str = "max_split_size_mb:64,max_non_split_rounding_mb:32,\
+        garbage_collection_threshold:0.6,roundup_power2_divisions:[256:1,>:4],\
+        expandable_segments:True,large_segment_size_mb:12,release_lock_on_cudamalloc:False,\
+        release_lock_on_hipmalloc:False,backend:native,pinned_use_cuda_host_register:True,\
+        pinned_use_hip_host_register:False,pinned_num_register_threads:8,\
+        pinned_use_background_threads:True,pinned_reserve_segment_size_mb:16,\
+        pinned_free_catch_all:True,pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:64,\
+        per_process_memory_fraction:0.4,throw_on_cudamalloc_oom:True,\
+        graph_capture_record_stream_reuse:False,expandable_segments_reserve:0.5,\
+        expandable_segments_reserve_by_class:[decode:40G,prefill:0.25]";
+
+    #[test]
+    fn every_key_of_torch_2_15() {
+        let c = Config::parse(TORCH_2_15_KEYS).unwrap();
+        assert_eq!(c.large_segment_size, 12 << 20);
+        assert_eq!(c.max_non_split_rounding, 32 << 20);
+        assert_eq!(c.per_process_memory_fraction, 0.4);
+        assert!(c.throw_on_cudamalloc_oom && c.expandable_segments);
+        assert!(c.host.expandable_segments_reserve && c.host.pinned_free_catch_all);
+        // The large segment size sets the default of max_non_split_rounding
+        // and the least split sizes, wherever it stands in the string.
+        let c = Config::parse("max_split_size_mb:12,large_segment_size_mb:12").unwrap();
+        assert_eq!(
+            (c.max_split_size, c.max_non_split_rounding),
+            (12 << 20, 12 << 20)
+        );
+        // torch takes 20 MiB, its default large segment, as a split size.
+        assert_eq!(
+            Config::parse("max_split_size_mb:20")
+                .unwrap()
+                .max_split_size,
+            20 << 20
+        );
+    }
+
+    #[test]
+    fn keys_of_later_releases_are_refused_by_earlier_ones() {
+        for (s, ok_from) in [
+            ("throw_on_cudamalloc_oom:True", TorchVersion::V2_12),
+            ("pinned_free_catch_all:True", TorchVersion::V2_12),
+            ("pinned_max_cached_size_mb:64", TorchVersion::V2_13),
+            ("expandable_segments_reserve:0.5", TorchVersion::V2_15),
+            ("large_segment_size_mb:12", TorchVersion::V2_11),
+        ] {
+            for v in TorchVersion::KNOWN {
+                let r = Config::parse_for(s, v);
+                assert_eq!(r.is_ok(), v >= ok_from, "{s} under torch {v}");
+                if let Err(e) = r {
+                    assert!(format!("{e}").contains("added it"), "{e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reasons_are_torchs() {
+        let msg = |s| format!("{}", Config::parse(s).unwrap_err());
+        assert_eq!(
+            msg("per_process_memory_fraction:1.5"),
+            "allocator config: option `per_process_memory_fraction` value `1.5`: per_process_memory_fraction is invalid, set it in [0.0, 1.0]"
+        );
+        assert!(msg("max_split_size_mb:19").ends_with("max_split_size_mb too small, must be >= 20"));
+        assert!(msg("large_segment_size_mb:64,max_split_size_mb:40").ends_with("must be >= 64"));
+        assert!(msg("large_segment_size_mb:10").ends_with("large_segment_size_mb must be > 10"));
+        assert!(msg("throw_on_cudamalloc_oom:maybe").contains("Expected 'True' or 'False'"));
+        assert!(msg("graph_capture_record_stream_reuse:True").contains("not implemented"));
+    }
+
+    #[test]
+    fn a_later_string_keeps_what_torch_keeps() {
+        let first = Config::parse(
+            "expandable_segments:True,large_segment_size_mb:64,max_split_size_mb:128,\
+             per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True",
+        )
+        .unwrap()
+        .with_torch_version(TorchVersion::V2_12);
+        let next = first.followed_by(Config::parse("garbage_collection_threshold:0.5").unwrap());
+        assert!(next.expandable_segments && next.throw_on_cudamalloc_oom);
+        assert_eq!(next.large_segment_size, 64 << 20);
+        assert_eq!(next.max_non_split_rounding, 64 << 20);
+        assert_eq!(next.per_process_memory_fraction, 0.5);
+        assert_eq!(next.max_split_size, u64::MAX);
+        assert_eq!(next.torch_version(), TorchVersion::V2_12);
+        assert_eq!(next.block_order(), crate::BlockOrder::RegistrationCounter);
+    }
+
     #[test]
     fn display_round_trips() {
         for s in [
@@ -447,6 +931,11 @@ mod tests {
             "expandable_segments:True,max_split_size_mb:40",
             "expandable_segments:False",
             "policy:compact,max_split_size_mb:64",
+            "expandable_segments:True,large_segment_size_mb:12",
+            "large_segment_size_mb:64,max_non_split_rounding_mb:80,max_split_size_mb:64",
+            "per_process_memory_fraction:0.4,throw_on_cudamalloc_oom:True",
+            "pinned_use_cuda_host_register:True,pinned_num_register_threads:8,pinned_use_background_threads:True",
+            "pinned_reserve_segment_size_mb:64,pinned_free_catch_all:True,pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:1024",
         ] {
             let c = Config::parse(s).unwrap();
             let text = format!("{c}");

@@ -99,6 +99,14 @@ pub struct PytorchMessage<'a>(&'a OomReport);
 impl fmt::Display for PytorchMessage<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = self.0;
+        if r.class == OomClass::Rejected {
+            return write!(
+                f,
+                "{} out of memory. Allocation was preemptively rejected because it would exceed per_process_memory_fraction limit. Requested size: {}",
+                r.platform,
+                FormatSize(r.requested)
+            );
+        }
         write!(
             f,
             "{} out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",

@@ -317,7 +317,7 @@ impl FreeIndex {
         self.use_bins = true;
         self.stream = stream;
         loop {
-            let b = index::lower_bound::<FreeKey>(slots, self.others, (stream, 0, 0));
+            let b = index::lower_bound::<FreeKey>(slots, self.others, (stream, 0, 0, 0));
             if b == NIL || slots[b as usize].stream != stream {
                 return;
             }
@@ -436,9 +436,11 @@ mod tests {
                     if r.below(4) == 0 {
                         let s = random_size(&mut r);
                         let t = random_stream(&mut r, streams);
+                        let c = r.below(4);
                         for v in [&mut a, &mut b] {
                             v[i as usize].size = s;
                             v[i as usize].stream = t;
+                            v[i as usize].counter = c;
                         }
                     }
                     ix.insert(&mut a, i);
@@ -454,14 +456,16 @@ mod tests {
                 let q = (
                     random_stream(&mut r, streams),
                     random_size(&mut r),
+                    r.below(4),
                     r.below(1 << 30),
                 );
                 for q in [
                     exact,
                     q,
-                    (exact.0, exact.1, 0),
-                    (exact.0, 0, 0),
-                    (exact.0, u64::MAX, u64::MAX),
+                    (exact.0, exact.1, 0, 0),
+                    (exact.0, exact.1, exact.2, 0),
+                    (exact.0, 0, 0, 0),
+                    (exact.0, u64::MAX, u64::MAX, u64::MAX),
                 ] {
                     check_answers(&ix, &a, root, &b, q);
                 }

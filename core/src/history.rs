@@ -319,6 +319,23 @@ pub trait OutOfMemoryObserver: Sync {
     fn out_of_memory_explained(&self, report: &crate::OomReport, cause: &crate::OomCause) {
         let _ = (report, cause);
     }
+
+    /// The rejection policy (`throw_on_cudamalloc_oom`) refused a request
+    /// before any device call (torch's `OomRejectionObserver`):
+    /// `alloc_size` the segment it would have made, `total_allocated` the
+    /// bytes reserved then, `device_total` the device's memory. Rejections
+    /// are not out-of-memory errors to the methods above: only this one is
+    /// called. Does nothing unless implemented.
+    fn oom_rejected(&self, device: u32, alloc_size: u64, total_allocated: u64, device_total: u64) {
+        let _ = (device, alloc_size, total_allocated, device_total);
+    }
+
+    /// The same rejection, whole (its report and verdict, class
+    /// [`Rejected`](crate::OomClass::Rejected)); called right before
+    /// [`oom_rejected`](Self::oom_rejected). Does nothing unless implemented.
+    fn oom_rejected_explained(&self, report: &crate::OomReport, cause: &crate::OomCause) {
+        let _ = (report, cause);
+    }
 }
 
 impl<F: Fn(u32, u64, u64, u64) + Sync> OutOfMemoryObserver for F {

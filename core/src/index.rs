@@ -24,7 +24,7 @@ pub(crate) trait Links {
 pub(crate) struct FreeKey;
 
 impl Links for FreeKey {
-    type Key = (u64, u64, u64);
+    type Key = (u64, u64, u64, u64);
     const DEFECTS: [&'static str; 6] = [
         "free index: larger than the storage (a cycle?)",
         "free index: link out of range",
@@ -35,7 +35,7 @@ impl Links for FreeKey {
     ];
     #[inline]
     fn key(s: &BlockSlot) -> Self::Key {
-        (s.stream, s.size, s.addr)
+        (s.stream, s.size, s.counter, s.addr)
     }
     #[inline]
     fn left(s: &BlockSlot) -> u32 {
@@ -475,6 +475,8 @@ mod tests {
             addr,
             size,
             stream,
+            // Numbers out of address order, as torch 2.13's are.
+            counter: (addr / 4096 * 31) % 5,
             ..BlockSlot::VACANT
         }
     }
@@ -500,7 +502,7 @@ mod tests {
                 insert::<FreeKey>(&mut slots, &mut root, i);
                 model.insert(k);
             }
-            let q = (x % 3, (x >> 8) % 60000, 0);
+            let q = (x % 3, (x >> 8) % 60000, (x >> 40) % 3, 0);
             let lb = lower_bound::<FreeKey>(&slots, root, q);
             let want = model.range(q..).next().copied();
             assert_eq!(want, (lb != NIL).then(|| FreeKey::key(&slots[lb as usize])));

@@ -91,6 +91,7 @@ pub mod stats;
 mod sync;
 #[cfg(any(test, loom, feature = "testing"))]
 pub mod testing;
+mod torch_version;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
@@ -120,3 +121,4 @@ pub use snapshot::{
     AllocatorSettings, BlockInfo, BlockState, Blocks, CacheInfo, SegmentInfo, Segments, Snapshot,
 };
 pub use stats::{DeviceStats, Stat, StatArray};
+pub use torch_version::{BlockOrder, TorchVersion};

@@ -94,6 +94,11 @@ oom_classes! {
     /// request, nor large-pool blocks a small one, and the live blocks
     /// beside them keep their segments from being released.
     OtherSize => "other_size",
+    /// The rejection policy (`throw_on_cudamalloc_oom`, torch 2.12 on)
+    /// refused it before any device call: the new segment would have taken
+    /// the reserved bytes over `per_process_memory_fraction` of the device.
+    /// No cache was released to make room.
+    Rejected => "rejected",
 }
 
 impl OomClass {
@@ -247,6 +252,20 @@ pub(crate) fn classify(f: &OomFacts) -> OomCause {
     }
 }
 
+impl OomCause {
+    /// The same figures with the rejection's class.
+    pub(crate) fn rejected(mut self) -> OomCause {
+        self.class = OomClass::Rejected;
+        self
+    }
+
+    /// The bytes reserved when a request was rejected: the limit less
+    /// the headroom (what [`classify`]'s caller puts there for a rejection).
+    fn reserved_at_rejection(&self) -> u64 {
+        self.limit.saturating_sub(self.headroom)
+    }
+}
+
 impl fmt::Display for OomCause {
     /// One sentence after PyTorch's message: "cachealloc: fragmentation:
     /// ...".
@@ -307,6 +326,13 @@ impl fmt::Display for OomCause {
                 FormatSize(self.other_streams_bytes),
                 FormatSize(self.private_pools_bytes),
                 FormatSize(self.other_size_bytes)
+            ),
+            OomClass::Rejected => write!(
+                f,
+                "throw_on_cudamalloc_oom refused a {} segment before any device call: the allocator reserves {} and may reserve {} (per_process_memory_fraction of the device); nothing cached was released to make room",
+                FormatSize(self.segment),
+                FormatSize(self.reserved_at_rejection()),
+                FormatSize(self.limit)
             ),
             OomClass::OtherSize => write!(
                 f,

@@ -92,13 +92,20 @@ pub fn round_size(size: u64, config: &Config) -> Option<u64> {
 }
 
 /// `get_allocation_size`: the device malloc size of a new segment for a
-/// rounded request. `None` on overflow.
+/// rounded request, with the default large segment size. `None` on overflow.
 #[inline]
 pub fn allocation_size(rounded: u64) -> Option<u64> {
+    allocation_size_with(rounded, LARGE_BUFFER)
+}
+
+/// `get_allocation_size` with `large_segment_size_mb` in bytes: the
+/// segment size for requests of 1 to 10 MiB.
+#[inline]
+pub fn allocation_size_with(rounded: u64, large_segment: u64) -> Option<u64> {
     if rounded <= SMALL_SIZE {
         Some(SMALL_BUFFER)
     } else if rounded < MIN_LARGE_ALLOC {
-        Some(LARGE_BUFFER)
+        Some(large_segment)
     } else {
         round_up(rounded, ROUND_LARGE)
     }

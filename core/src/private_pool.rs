@@ -9,6 +9,7 @@
 use crate::arena::BlockSlot;
 use crate::invariants::{expect, InvariantViolation};
 use crate::pool::{BlockPool, Pool, Pools};
+use crate::stats::StatArray;
 
 /// A pool's id: PyTorch's `MempoolId_t`, a pair. `(0, 0)` names the default
 /// pools; graphs make `(n, 0)`, `MemPool()` makes `(0, n)`; only identity
@@ -157,6 +158,10 @@ pub struct PoolInfo {
     pub reserved_bytes: u64,
     /// Their peak.
     pub peak_reserved_bytes: u64,
+    /// Its reserved bytes as torch 2.13's
+    /// `reserved_bytes_by_private_pools.<id>` counts them (all, small,
+    /// large; current, peak, allocated, freed).
+    pub reserved_stats: StatArray,
     /// Its options.
     pub options: PoolOptions,
 }
@@ -170,6 +175,8 @@ pub(crate) struct PrivatePool {
     /// Bytes of its segments, and their peak.
     pub(crate) reserved: u64,
     pub(crate) peak: u64,
+    /// The same as a `StatArray` (torch's `reserved_bytes_by_private_pools`).
+    pub(crate) reserved_stats: StatArray,
     pub(crate) options: PoolOptions,
     pub(crate) blocks: Pools,
 }
@@ -182,6 +189,7 @@ impl PrivatePool {
             segments: self.segments,
             reserved_bytes: self.reserved,
             peak_reserved_bytes: self.peak,
+            reserved_stats: self.reserved_stats,
             options: self.options,
         }
     }
@@ -190,12 +198,21 @@ impl PrivatePool {
 /// The private pools: `P` entries, each empty or a pool.
 pub(crate) struct PoolTable<const P: usize> {
     pools: [Option<PrivatePool>; P],
+    /// The reserved-bytes statistics of deleted pools (torch keeps them,
+    /// current 0, until a reset): the newest `P`, a ring.
+    retired: [Option<(MempoolId, StatArray)>; P],
+    /// Where the next deleted pool's statistics go.
+    retired_next: usize,
 }
 
 impl<const P: usize> PoolTable<P> {
     pub(crate) const fn new() -> Self {
         const { assert!(P < 255, "at most 254 private pools") };
-        PoolTable { pools: [None; P] }
+        PoolTable {
+            pools: [None; P],
+            retired: [None; P],
+            retired_next: 0,
+        }
     }
 
     /// The owner number of pool `id`, if it exists.
@@ -229,6 +246,7 @@ impl<const P: usize> PoolTable<P> {
             segments: 0,
             reserved: 0,
             peak: 0,
+            reserved_stats: StatArray::ZERO,
             options,
             blocks: Pools::EMPTY,
         });
@@ -238,7 +256,43 @@ impl<const P: usize> PoolTable<P> {
     /// Forget pool `owner` (it has no segment left).
     pub(crate) fn delete(&mut self, owner: u8) {
         if let Some(p) = self.pools.get_mut((owner as usize).wrapping_sub(1)) {
-            *p = None;
+            if let Some(pool) = p.take() {
+                let mut stats = pool.reserved_stats;
+                for s in stats.0.iter_mut() {
+                    s.current = 0;
+                }
+                if P > 0 {
+                    self.retired[self.retired_next % P] = Some((pool.id, stats));
+                    self.retired_next = (self.retired_next + 1) % P;
+                }
+            }
+        }
+    }
+
+    /// Every pool's reserved-bytes statistics, the live pools' then the
+    /// deleted ones kept (torch's `reserved_bytes_by_private_pools`).
+    pub(crate) fn reserved_stats(&self) -> impl Iterator<Item = (MempoolId, StatArray)> + '_ {
+        self.iter()
+            .map(|(_, p)| (p.id, p.reserved_stats))
+            .chain(self.retired.iter().flatten().copied())
+    }
+
+    /// `reset_peak_memory_stats` and `reset_accumulated_memory_stats` of the
+    /// pools' statistics.
+    pub(crate) fn reset_stats(&mut self, peak: bool, accumulated: bool) {
+        let live = self
+            .pools
+            .iter_mut()
+            .flatten()
+            .map(|p| &mut p.reserved_stats);
+        let retired = self.retired.iter_mut().flatten().map(|(_, s)| s);
+        for s in live.chain(retired) {
+            if peak {
+                s.reset_peak();
+            }
+            if accumulated {
+                s.reset_accumulated();
+            }
         }
     }
 

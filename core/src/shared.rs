@@ -40,7 +40,7 @@ use crate::pool::Pool;
 use crate::private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
 use crate::segment_table::SegmentRegistry;
 use crate::snapshot::{CacheInfo, Segments, Snapshot};
-use crate::stats::DeviceStats;
+use crate::stats::{DeviceStats, StatArray};
 
 /// A result of a [`SharedAllocator`] call.
 pub type SharedResult<T, E> = Result<T, Error<E>>;
@@ -158,6 +158,12 @@ pub trait SharedAllocator: Sync {
     fn reset_peak_allocated_bytes(&self) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::reset_accumulated_stats`].
     fn reset_accumulated_stats(&self) -> SharedResult<(), Self::BackendError>;
+    /// [`DeviceAllocator::reserved_bytes_by_private_pools`] (`f` runs under
+    /// the lock).
+    fn reserved_bytes_by_private_pools(
+        &self,
+        f: &mut dyn FnMut(MempoolId, &StatArray),
+    ) -> SharedResult<(), Self::BackendError>;
 
     // -- history, observers, snapshots -----------------------------------
 
@@ -437,6 +443,13 @@ where
 
     fn reset_peak_stats(&self) -> SharedResult<(), B::Error> {
         self.with(|a| a.reset_peak_stats())
+    }
+
+    fn reserved_bytes_by_private_pools(
+        &self,
+        f: &mut dyn FnMut(MempoolId, &StatArray),
+    ) -> SharedResult<(), B::Error> {
+        self.with(|a| a.reserved_bytes_by_private_pools(|id, s| f(id, s)))
     }
 
     fn reset_peak_allocated_bytes(&self) -> SharedResult<(), B::Error> {

@@ -11,6 +11,7 @@
 //! ```
 
 use crate::policy::Pool;
+use crate::torch_version::TorchVersion;
 
 /// One statistic: current value, peak, and the running sums of increases
 /// (`allocated`) and decreases (`freed`). Signed, like PyTorch's `Stat`.
@@ -125,7 +126,7 @@ impl StatArray {
         }
     }
 
-    fn reset_accumulated(&mut self) {
+    pub(crate) fn reset_accumulated(&mut self) {
         for s in &mut self.0 {
             s.allocated = 0;
             s.freed = 0;
@@ -163,6 +164,9 @@ pub struct DeviceStats {
     pub num_alloc_retries: i64,
     /// Out-of-memory errors raised by malloc.
     pub num_ooms: i64,
+    /// Requests the rejection policy refused (`throw_on_cudamalloc_oom`;
+    /// torch 2.12 on; not counted in `num_ooms`).
+    pub num_oom_rejections: i64,
     /// Allocations of at least `max_split_size` bytes.
     pub oversize_allocations: Stat,
     /// Segments of at least `max_split_size` bytes.
@@ -218,8 +222,25 @@ macro_rules! currents {
 }
 
 impl DeviceStats {
-    /// The number of flat keys, as in `torch.cuda.memory_stats()`.
-    pub const KEY_COUNT: usize = 122;
+    /// The number of flat keys of `torch.cuda.memory_stats()` in the newest
+    /// torch ([`Self::key_count`] for another; the keys of private pools'
+    /// reserved bytes, torch 2.13 on, come on top, one set per pool).
+    pub const KEY_COUNT: usize = 123;
+
+    /// The number of flat keys torch `version` has (122 up to 2.11; 2.12
+    /// added `num_oom_rejections`).
+    pub fn key_count(version: TorchVersion) -> usize {
+        if Self::has_oom_rejections(version) {
+            123
+        } else {
+            122
+        }
+    }
+
+    /// Whether torch `version` has the `num_oom_rejections` key.
+    pub fn has_oom_rejections(version: TorchVersion) -> bool {
+        version.decisions_of() >= TorchVersion::V2_12
+    }
 
     /// All zero; `max_split_size` as PyTorch reports it (-1 for unlimited).
     pub const fn new(max_split_size: Option<u64>) -> DeviceStats {
@@ -235,6 +256,7 @@ impl DeviceStats {
             requested_bytes: StatArray::ZERO,
             num_alloc_retries: 0,
             num_ooms: 0,
+            num_oom_rejections: 0,
             oversize_allocations: Stat::ZERO,
             oversize_segments: Stat::ZERO,
             num_sync_all_streams: 0,
@@ -247,13 +269,22 @@ impl DeviceStats {
         }
     }
 
-    /// Calls `f(key, value)` for every flat key of `torch.cuda.memory_stats()`,
-    /// in the same (sorted) order, without allocating.
-    pub fn for_each(&self, mut f: impl FnMut(&'static str, i64)) {
+    /// Calls `f(key, value)` for every flat key of `torch.cuda.memory_stats()`
+    /// of the newest torch, in the same (sorted) order, without allocating.
+    pub fn for_each(&self, f: impl FnMut(&'static str, i64)) {
+        self.for_each_of(TorchVersion::NEWEST, f)
+    }
+
+    /// [`Self::for_each`] with the keys of torch `version`.
+    pub fn for_each_of(&self, version: TorchVersion, mut f: impl FnMut(&'static str, i64)) {
         array_keys!(self, f; active, active_bytes, allocated_bytes, allocation,
                     inactive_split, inactive_split_bytes);
         scalar_keys!(self, f; max_split_size, num_alloc_retries, num_device_alloc,
-                     num_device_free, num_ooms, num_sync_all_streams);
+                     num_device_free);
+        if Self::has_oom_rejections(version) {
+            f("num_oom_rejections", self.num_oom_rejections);
+        }
+        scalar_keys!(self, f; num_ooms, num_sync_all_streams);
         single_keys!(self, f; oversize_allocations, oversize_segments);
         array_keys!(self, f; requested_bytes, reserved_bytes, segment);
     }
@@ -289,6 +320,7 @@ impl DeviceStats {
         }
         self.num_alloc_retries = 0;
         self.num_ooms = 0;
+        self.num_oom_rejections = 0;
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;

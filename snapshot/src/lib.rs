@@ -23,6 +23,7 @@
 
 mod device;
 mod dict;
+mod stats_keys;
 mod units;
 mod write;
 
@@ -31,5 +32,6 @@ pub use dict::{
     AnnotationDict, BlockDict, FragmentationDict, Frame, PoolMemoryDict, SegmentDict, SettingsDict,
     SnapshotDict, TraceDict,
 };
+pub use stats_keys::memory_stats_keys;
 pub use units::parse_bytes;
 pub use write::write_snapshot;

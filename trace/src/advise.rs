@@ -27,6 +27,9 @@ pub struct AdviseOptions {
     pub min_capacity: bool,
     /// Replays at once (0: one per core).
     pub threads: usize,
+    /// The torch release whose decisions the replays take (`None`: the
+    /// trace's, else the newest).
+    pub torch: Option<cachealloc_core::TorchVersion>,
 }
 
 /// One setting of the grid.
@@ -181,7 +184,9 @@ pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, Trac
         true,
         None,
     ));
-    for mb in split_sizes(&request_sizes(trace)?) {
+    let sizes = request_sizes(trace)?;
+    let splits = split_sizes(&sizes);
+    for &mb in &splits {
         tries.push((
             format!("max_split_size_mb:{mb}"),
             format!("no split of blocks over {mb} MiB"),
@@ -189,7 +194,35 @@ pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, Trac
             None,
         ));
     }
+    if let Some(&mb) = splits.first() {
+        // Oversize requests may take cached oversize blocks this much larger
+        // (20 MiB by default): more reuse, more slack.
+        let rounding = (2 * mb).max(64);
+        tries.push((
+            format!("max_split_size_mb:{mb},max_non_split_rounding_mb:{rounding}"),
+            format!("no split over {mb} MiB, oversize blocks reused up to {rounding} MiB larger"),
+            true,
+            None,
+        ));
+    }
+    // The segment size for requests of 1 to 10 MiB (20 MiB by default).
+    if sizes.iter().any(|&s| s > (1 << 20) && s < (10 << 20)) {
+        for mb in [12, 64] {
+            tries.push((
+                format!("large_segment_size_mb:{mb}"),
+                format!("{mb} MiB segments for requests of 1 to 10 MiB"),
+                true,
+                None,
+            ));
+        }
+    }
     if opts.capacity.is_some() {
+        tries.push((
+            "per_process_memory_fraction:0.9,throw_on_cudamalloc_oom:True".into(),
+            "refuse what would reserve over 90% of the device, before any device call (torch 2.12 on)".into(),
+            true,
+            None,
+        ));
         for t in [0.6, 0.8] {
             tries.push((
                 format!("garbage_collection_threshold:{t}"),
@@ -235,6 +268,7 @@ fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, 
         .map_err(|e| option_error(trace, format!("settings {:?}: {e}", c.conf)))?;
     let base = Options {
         config,
+        torch: opts.torch,
         conf: c.conf.clone(),
         capacity: opts.capacity,
         // Garbage collection needs a fraction: the trace's own if it has

@@ -23,6 +23,10 @@ pub struct Header {
     /// The device mallocs of the recorded run, per device, in order:
     /// (address, size) (`malloc_addresses`; empty when not recorded).
     pub malloc_addresses: MallocAddresses,
+    /// The torch release the trace was recorded with, when known
+    /// (`torch_version`): a replay takes its decisions unless told
+    /// otherwise.
+    pub torch_version: Option<cachealloc_core::TorchVersion>,
 }
 
 impl Header {

@@ -252,7 +252,16 @@ fn parse_header_fields(line: &[u8]) -> Result<Header, String> {
         None | Some(serde_json::Value::Null) => Vec::new(),
         Some(v) => malloc_addresses(v)?,
     };
+    let torch_version = match obj.get("torch_version") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(
+            v.as_str()
+                .and_then(cachealloc_core::TorchVersion::parse)
+                .ok_or("`torch_version` must be a torch version such as \"2.13\"")?,
+        ),
+    };
     Ok(Header {
+        torch_version,
         version,
         source,
         device_capacity,

@@ -142,6 +142,9 @@ impl<D: ReplayDevice> Replay<D> {
         let capacity = opts.capacity.or(header.device_capacity);
         // A recording made under a memory fraction replays under it.
         opts.memory_fraction = opts.memory_fraction.or(header.memory_fraction);
+        if let Some(v) = opts.torch.or(header.torch_version) {
+            opts.config = opts.config.with_torch_version(v);
+        }
         let slots = opts.slots;
         let real_mallocs = if opts.real_addresses {
             header.malloc_addresses.clone()

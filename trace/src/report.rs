@@ -4,7 +4,7 @@
 use crate::snapshot::Dropped;
 use cachealloc_core::{DeviceStats, OomClass, PoolInfo};
 use cachealloc_mock::RealAddressUse;
-use cachealloc_snapshot::{FragmentationDict, SnapshotDict};
+use cachealloc_snapshot::{memory_stats_keys, FragmentationDict, SnapshotDict};
 
 /// The result of a replay.
 #[non_exhaustive]
@@ -40,6 +40,11 @@ pub struct Report {
     pub device_peak_live: Vec<u64>,
     /// The private pools that exist at the end: (device, pool).
     pub pools: Vec<(u64, PoolInfo)>,
+    /// The torch release whose decisions the replay took.
+    pub torch_version: cachealloc_core::TorchVersion,
+    /// Each private pool's reserved bytes, deleted pools too (torch 2.13's
+    /// `reserved_bytes_by_private_pools`): (device, pool, statistics).
+    pub pool_reserved: Vec<(u64, cachealloc_core::MempoolId, cachealloc_core::StatArray)>,
     /// Per device, how the recorded malloc addresses were used (with
     /// `Options::real_addresses`; empty otherwise).
     pub real_addresses: Vec<(u64, RealAddressUse)>,
@@ -98,11 +103,21 @@ impl Report {
 
     /// The JSON object of the replay contract (design.md).
     pub fn to_json(&self) -> serde_json::Value {
-        let stats_json = |s: &DeviceStats| {
+        let stats_json = |device: u64, s: &DeviceStats| {
+            let pools: Vec<_> =
+                if self.torch_version.decisions_of() >= cachealloc_core::TorchVersion::V2_13 {
+                    self.pool_reserved
+                        .iter()
+                        .filter(|p| p.0 == device)
+                        .map(|p| (p.1, p.2))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
             let mut m = serde_json::Map::new();
-            s.for_each(|k, v| {
-                m.insert(k.to_string(), v.into());
-            });
+            for (k, v) in memory_stats_keys(s, self.torch_version, &pools) {
+                m.insert(k, v.into());
+            }
             serde_json::Value::Object(m)
         };
         let mut v = serde_json::json!({
@@ -113,7 +128,8 @@ impl Report {
             "events": self.events,
             "allocs": self.allocs,
             "ooms": self.ooms,
-            "memory_stats": stats_json(self.stats()),
+            "torch_version": self.torch_version.to_string(),
+            "memory_stats": stats_json(self.devices[0].0, self.stats()),
             "peak_live_bytes": self.peak_live_bytes,
             "device_peak_live_bytes": self.device_peak_live,
             "peak_reserved_bytes": self.peak_reserved_bytes,
@@ -204,7 +220,7 @@ impl Report {
                 .map(|(i, s)| {
                     (
                         i.to_string(),
-                        serde_json::json!({"memory_stats": stats_json(s)}),
+                        serde_json::json!({"memory_stats": stats_json(*i, s)}),
                     )
                 })
                 .collect();

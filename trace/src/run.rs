@@ -18,6 +18,9 @@ use std::time::Instant;
 pub struct Options {
     /// The allocator policy.
     pub config: Config,
+    /// The torch release whose decisions to take; `None`: the trace's
+    /// `torch_version`, else the config's (the newest by default).
+    pub torch: Option<cachealloc_core::TorchVersion>,
     /// The config string, as given (for reports).
     pub conf: String,
     /// Device capacity; `None`: the trace's `device_capacity`, else unlimited.
@@ -50,6 +53,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             config: Config::DEFAULT,
+            torch: None,
             conf: String::new(),
             capacity: None,
             memory_fraction: None,
@@ -141,6 +145,7 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
     let (mut parse, mut alloc) = (0f64, 0f64);
     let mut index = 0u64;
     let source = reader.header.source.clone();
+    let header_torch = reader.header.torch_version;
     for_each_chunk(reader, |p| {
         parse += p.seconds;
         if let Some(e) = &p.error {
@@ -197,6 +202,20 @@ pub fn run_reader_on<D: ReplayDevice, O: Observer<D>>(
             .devices
             .iter()
             .flat_map(|d| d.alloc.pools().map(|p| (d.index, p)))
+            .collect(),
+        torch_version: opts
+            .torch
+            .or(header_torch)
+            .unwrap_or(opts.config.torch_version()),
+        pool_reserved: r
+            .devices
+            .iter()
+            .flat_map(|d| {
+                let mut v = Vec::new();
+                d.alloc
+                    .reserved_bytes_by_private_pools(|id, s| v.push((d.index, id, *s)));
+                v
+            })
             .collect(),
         real_addresses: r
             .devices

@@ -34,6 +34,10 @@ pub struct AdviseArgs {
     /// Replays at once (default: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// The torch release whose decisions the replays take (2.11 to 2.15);
+    /// default: the trace's `torch_version`, else the newest (2.15).
+    #[arg(long, value_name = "VERSION", value_parser = super::torch_version)]
+    torch_version: Option<cachealloc_core::TorchVersion>,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -150,6 +154,7 @@ impl AdviseArgs {
             capacity: self.capacity,
             min_capacity: self.min_capacity,
             threads: self.threads,
+            torch: self.torch_version,
         };
         let bar = (!self.quiet && std::io::stderr().is_terminal()).then(|| {
             let b = ProgressBar::new(0);

@@ -5,6 +5,7 @@
 use super::options;
 use crate::progress::Progress;
 use crate::render;
+use cachealloc_core::TorchVersion;
 use cachealloc_trace::import::read_snapshot;
 use cachealloc_trace::{against, check, Options};
 use clap::Args;
@@ -26,6 +27,11 @@ pub struct CheckArgs {
     /// With --against: give the simulated device the recorded addresses.
     #[arg(long)]
     real_addresses: bool,
+    /// The torch release whose decisions to take (2.11 to 2.15: the order of
+    /// cached blocks of one size, the keys of the settings and statistics);
+    /// default: the trace's `torch_version`, else the newest (2.15).
+    #[arg(long, value_name = "VERSION", value_parser = super::torch_version)]
+    torch_version: Option<TorchVersion>,
     /// Trace files.
     #[arg(required = true)]
     traces: Vec<String>,
@@ -80,7 +86,7 @@ impl CheckArgs {
                 }
             },
         };
-        let opts = match options(&conf, None) {
+        let opts = match options(&conf, None, self.torch_version) {
             Ok(o) => Options {
                 real_addresses: self.real_addresses,
                 ..o

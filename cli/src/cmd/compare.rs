@@ -5,6 +5,7 @@ use super::{options, report_error};
 use crate::progress::Progress;
 use crate::render::{self, CompareRow};
 use cachealloc_cli::human;
+use cachealloc_core::TorchVersion;
 use cachealloc_trace::{min_capacity, run, Options, Quiet, Report, TraceError};
 use clap::Args;
 
@@ -17,6 +18,11 @@ pub struct CompareArgs {
     /// Device capacity (bytes, or with a unit).
     #[arg(long, value_parser = human::parse_bytes)]
     capacity: Option<u64>,
+    /// The torch release whose decisions to take (2.11 to 2.15: the order of
+    /// cached blocks of one size, the keys of the settings and statistics);
+    /// default: the trace's `torch_version`, else the newest (2.15).
+    #[arg(long, value_name = "VERSION", value_parser = super::torch_version)]
+    torch_version: Option<TorchVersion>,
     /// Also find the smallest capacity (to 2 MiB) that replays without an OOM, by bisection.
     #[arg(long)]
     min_capacity: bool,
@@ -36,7 +42,7 @@ impl CompareArgs {
     pub fn run(self) -> u8 {
         let mut configs = Vec::new();
         for c in &self.confs {
-            match options(c, self.capacity) {
+            match options(c, self.capacity, self.torch_version) {
                 Ok(o) => configs.push(o),
                 Err(status) => return status,
             }

@@ -2,6 +2,7 @@
 //! `torch.cuda.memory._record_memory_history`) as a trace.
 
 use cachealloc_cli::human;
+use cachealloc_core::TorchVersion;
 use cachealloc_trace::import::{
     import_rmm_log, import_with_limit, is_rmm_log, Imported, MemoryLimit,
 };
@@ -27,6 +28,10 @@ pub struct ImportArgs {
     /// The device's memory (bytes, or with a unit), for --memory-fraction.
     #[arg(long, value_parser = human::parse_bytes, requires = "memory_fraction")]
     capacity: Option<u64>,
+    /// The torch release the recording was made with: written to the trace's
+    /// header (`torch_version`), so that replays take its decisions.
+    #[arg(long, value_name = "VERSION", value_parser = super::torch_version)]
+    torch_version: Option<TorchVersion>,
 }
 
 impl ImportArgs {
@@ -59,7 +64,12 @@ impl ImportArgs {
             import_with_limit(&bytes, &name, self.conf.as_deref(), limit)
         };
         let imported = match imported {
-            Ok(i) => i,
+            Ok(mut i) => {
+                if let Some(v) = self.torch_version {
+                    i.header["torch_version"] = serde_json::json!(v.to_string());
+                }
+                i
+            }
             Err(e) => {
                 eprintln!("{}: {e}", self.snapshot);
                 return 2;

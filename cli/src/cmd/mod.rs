@@ -11,15 +11,29 @@ pub mod import;
 pub mod plot;
 pub mod replay;
 
-use cachealloc_core::Config;
+use cachealloc_core::{Config, TorchVersion};
 use cachealloc_trace::{Options, TraceError};
 
-/// Replay options with the policy of `--conf` and a capacity; a bad
-/// `--conf` is printed and gives exit status 2.
-fn options(conf: &str, capacity: Option<u64>) -> Result<Options, u8> {
-    match Config::parse(conf) {
+/// `--torch-version`.
+fn torch_version(s: &str) -> Result<TorchVersion, String> {
+    let v = TorchVersion::parse(s).ok_or_else(|| format!("{s:?}: a torch version such as 2.13"))?;
+    if !v.is_known() {
+        eprintln!(
+            "--torch-version {v}: not in cachealloc's table (2.11 to 2.15); taking torch {}'s decisions",
+            v.decisions_of()
+        );
+    }
+    Ok(v)
+}
+
+/// Replay options with the policy of `--conf` (as torch `torch`'s parser
+/// reads it; the newest's without one) and a capacity; a bad `--conf` is
+/// printed and gives exit status 2.
+fn options(conf: &str, capacity: Option<u64>, torch: Option<TorchVersion>) -> Result<Options, u8> {
+    match Config::parse_for(conf, torch.unwrap_or(TorchVersion::NEWEST)) {
         Ok(config) => Ok(Options {
             config,
+            torch,
             conf: conf.to_string(),
             capacity,
             ..Options::default()

@@ -6,6 +6,7 @@ use crate::backend::Backend;
 use crate::progress::Progress;
 use crate::render;
 use cachealloc_cli::human;
+use cachealloc_core::TorchVersion;
 use cachealloc_trace::{
     peak_event, run_on, write_snapshot, Options, Report, TraceError, TraceReader,
 };
@@ -23,13 +24,18 @@ pub struct ReplayArgs {
     /// Device capacity (bytes, or with a unit: 16GiB); default: the trace's, else unlimited.
     #[arg(long, value_parser = human::parse_bytes)]
     capacity: Option<u64>,
+    /// The torch release whose decisions to take (2.11 to 2.15: the order of
+    /// cached blocks of one size, the keys of the settings and statistics);
+    /// default: the trace's `torch_version`, else the newest (2.15).
+    #[arg(long, value_name = "VERSION", value_parser = super::torch_version)]
+    torch_version: Option<TorchVersion>,
     /// set_per_process_memory_fraction on each device (needs a capacity).
     #[arg(long)]
     memory_fraction: Option<f64>,
     /// The device.
     #[arg(long, value_enum, default_value = "mock")]
     backend: Backend,
-    /// Block metadata slots per device, fixed (88 bytes each). Without it the
+    /// Block metadata slots per device, fixed (96 bytes each). Without it the
     /// replay starts with 8192 and doubles them whenever they run out.
     #[arg(long)]
     slots: Option<usize>,
@@ -79,7 +85,7 @@ impl std::str::FromStr for SnapshotAt {
 impl ReplayArgs {
     /// Run; the exit status.
     pub fn run(self) -> u8 {
-        let opts = match options(&self.conf, self.capacity) {
+        let opts = match options(&self.conf, self.capacity, self.torch_version) {
             Ok(o) => Options {
                 memory_fraction: self.memory_fraction,
                 slots: self.slots.unwrap_or(o.slots),

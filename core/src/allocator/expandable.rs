@@ -22,6 +22,7 @@ use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr, VmError};
 use crate::error::Error;
 use crate::history::{HistoryStorage, TraceAction};
+use crate::index::{FreeKey, Links};
 use crate::policy;
 use crate::pool::Pool;
 use crate::private_pool::{block_pool, block_pool_mut};
@@ -219,11 +220,13 @@ where
             self.arena.release(i);
             return Err(e);
         }
+        let counter = self.segment_counter();
         let s = self.slot_mut(i);
         s.addr = ptr.0;
         s.size = size;
         s.seg_size = size;
         s.stream = skey;
+        s.counter = counter;
         s.owner = owner;
         s.flags
             .insert(pool.flag() | Flags::EXPANDABLE | Flags::UNMAPPED);
@@ -288,7 +291,9 @@ where
         if mapped < bsize {
             let r = self.arena.alloc().unwrap_or(NIL);
             let next = self.slot(i).next;
+            let counter = self.piece_counter(i);
             let rs = self.slot_mut(r);
+            rs.counter = counter;
             rs.addr = addr + mapped;
             rs.size = bsize - mapped;
             rs.stream = ustream;
@@ -323,7 +328,7 @@ where
         let p = self.slot(i).prev;
         if p != NIL && mergeable(self.slot(p)) {
             self.cache_remove(p);
-            self.absorb_next(p);
+            self.absorb_into_prev(p);
             b = p;
         }
         let n = self.slot(b).next;
@@ -374,7 +379,11 @@ where
         self.cache_remove(i);
         let u = if before > 0 {
             let u = self.new_piece(i, ustart, usize);
+            // torch's unmapped block is the old `Block`; the mapped piece
+            // before it the new one.
+            let fresh = self.piece_counter(i);
             let s = self.slot_mut(i);
+            s.counter = fresh;
             s.size = before;
             s.requested = 0;
             self.cache_insert(i);
@@ -395,7 +404,10 @@ where
         }
         if after > 0 {
             let a = self.new_piece(u, ustart + usize, after);
-            self.slot_mut(a).stream = stream;
+            let fresh = self.piece_counter(u);
+            let s = self.slot_mut(a);
+            s.stream = stream;
+            s.counter = fresh;
             self.cache_insert(a);
         }
         let u = self.merge_unmapped_neighbours(u, owner, pool);
@@ -407,12 +419,13 @@ where
     /// A new block `[addr, addr + size)` of the expandable segment of `at`,
     /// linked right after it (a slot is known to be free).
     fn new_piece(&mut self, at: u32, addr: u64, size: u64) -> u32 {
-        let (stream, owner, flags, next) = {
+        let (stream, owner, flags, next, counter) = {
             let s = self.slot(at);
-            (s.stream, s.owner, s.flags, s.next)
+            (s.stream, s.owner, s.flags, s.next, s.counter)
         };
         let n = self.arena.alloc().unwrap_or(NIL);
         let ns = self.slot_mut(n);
+        ns.counter = counter;
         ns.addr = addr;
         ns.size = size;
         ns.stream = stream;
@@ -437,7 +450,7 @@ where
         if p != NIL && self.slot(p).has(Flags::UNMAPPED) {
             block_pool_mut(&mut self.pools, &mut self.private, owner, pool)
                 .remove_unmapped(self.arena.slots_mut(), p);
-            self.absorb_next(p);
+            self.absorb_into_prev(p);
             b = p;
         }
         let n = self.slot(b).next;
@@ -530,10 +543,7 @@ where
     pub(super) fn expandable_best_fit(&self, owner: u8, pool: Pool, skey: u64, mut b: u32) -> u32 {
         let slots = self.arena.slots();
         let index = block_pool(&self.pools, &self.private, owner, pool);
-        let key = |i: u32| {
-            let s = &slots[i as usize];
-            (s.stream, s.size, s.addr)
-        };
+        let key = |i: u32| FreeKey::key(&slots[i as usize]);
         if self.config.maps_pages() {
             let grown = |i: u32| {
                 let s = &slots[i as usize];

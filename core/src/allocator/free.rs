@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::events::Sweep;
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
+use crate::index::{FreeKey, Links};
 use crate::pool::Pool;
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
@@ -107,7 +108,7 @@ where
         if p != NIL && self.slot(p).has(Flags::CACHED) && self.slot(p).stream == stream {
             net_bytes -= self.slot(p).size as i64;
             self.cache_remove(p);
-            self.absorb_next(p);
+            self.absorb_into_prev(p);
             self.slot_mut(p).requested = requested;
             b = p;
             net_blocks -= 1;
@@ -129,6 +130,14 @@ where
             self.count_merge(pool, net_blocks, net_bytes);
         }
         self.leave_active(pool, orig_size, requested);
+    }
+
+    /// Block `p` takes over the block after it, which torch keeps instead
+    /// (its `dst`): `p` takes its number (see `counters.rs`).
+    pub(super) fn absorb_into_prev(&mut self, p: u32) {
+        let counter = self.slot(self.slot(p).next).counter;
+        self.absorb_next(p);
+        self.slot_mut(p).counter = counter;
     }
 
     /// Block `b` takes over the block after it (which leaves its segment list
@@ -172,8 +181,10 @@ where
                 s.has(Flags::EXPANDABLE),
             )
         };
-        let key = (t.stream, t.size, t.addr);
-        let grown = (key.0, key.1 + orig_size, key.2 - orig_size);
+        let key = FreeKey::key(t);
+        // The freed block is torch's survivor: its number.
+        let counter = self.slot(i).counter;
+        let grown = (key.0, key.1 + orig_size, counter, key.3 - orig_size);
         if !self.free_index_of(n).may_resize(key.1, grown.1) {
             return false;
         }
@@ -181,13 +192,14 @@ where
         let succ = self.free_index_of(n).successor(slots, key);
         if succ != NIL && {
             let s = &slots[succ as usize];
-            (s.stream, s.size, s.addr) <= grown
+            FreeKey::key(s) <= grown
         } {
             return false;
         }
         let clock = self.free_index_of(n).gc_clock();
         let ts = self.slot_mut(n);
-        ts.addr = grown.2;
+        ts.addr = grown.3;
+        ts.counter = counter;
         ts.size = grown.1;
         ts.prev = p;
         ts.requested = requested;

@@ -17,10 +17,19 @@ use crate::backend::{DeviceBackend, DevicePtr, MallocError};
 use crate::error::{Error, OomReport};
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
-use crate::oom_cause::{classify, OomFacts};
+use crate::oom_cause::{classify, OomCause, OomClass, OomFacts};
 use crate::policy;
 use crate::pool::Pool;
 use crate::private_pool::{block_pool, block_pool_mut};
+
+/// What the rejection policy refused: the segment, the device's total and
+/// the limit (`per_process_memory_fraction` of it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rejection {
+    alloc_size: u64,
+    device_total: u64,
+    limit: u64,
+}
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -71,8 +80,8 @@ where
         } else {
             rounded
         };
-        let alloc_size =
-            policy::allocation_size(size).ok_or(Error::SizeOverflow { requested: orig })?;
+        let alloc_size = policy::allocation_size_with(size, self.config.large_segment_size)
+            .ok_or(Error::SizeOverflow { requested: orig })?;
         let mut pool = policy::pool_for(size);
         let owner = self.route(stream);
         if aligned {
@@ -100,19 +109,24 @@ where
                 self.garbage_collect_cached_blocks()?;
             }
             found = self.alloc_block(owner, pool, skey, size, alloc_size, false)?;
-            if found == NIL && owner == 0 {
+            // A rejection (`throw_on_cudamalloc_oom`) ends the ladder where
+            // it happens: no fallback pool, no release, no retry.
+            if found == NIL && self.rejected.is_none() && owner == 0 {
                 found = self.use_on_oom_fallback(pool, skey, size, aligned);
             }
-            if found == NIL && !flags.contains(MallocFlags::NO_RETRY) {
+            if found == NIL && self.rejected.is_none() && !flags.contains(MallocFlags::NO_RETRY) {
                 if !capture && self.release_available_cached_blocks(owner, pool, skey, size)? {
                     found = self.alloc_block(owner, pool, skey, size, alloc_size, false)?;
                 }
-                if found == NIL && !capture {
+                if found == NIL && self.rejected.is_none() && !capture {
                     self.release_cached_blocks()?;
                     found = self.alloc_block(owner, pool, skey, size, alloc_size, true)?;
                 }
             }
             if found == NIL {
+                if let Some(r) = self.rejected.take() {
+                    return Err(self.oom_rejected(orig, size, skey, owner, pool, r));
+                }
                 return Err(self.out_of_memory(orig, size, alloc_size, skey, owner, pool));
             }
         }
@@ -158,8 +172,8 @@ where
             block_pool_mut(&mut self.pools, &mut self.private, owner, pool).tick();
         }
         let slots = self.arena.slots();
-        let mut b =
-            block_pool(&self.pools, &self.private, owner, pool).lower_bound(slots, (skey, size, 0));
+        let mut b = block_pool(&self.pools, &self.private, owner, pool)
+            .lower_bound(slots, (skey, size, 0, 0));
         if b == NIL || slots[b as usize].stream != skey {
             return NIL;
         }
@@ -213,11 +227,26 @@ where
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
+        if self.fraction_pending {
+            self.apply_configured_fraction()?;
+        }
         if self
             .limit
             .is_some_and(|l| self.total_allocated_memory.saturating_add(alloc_size) > l)
         {
             return Ok(NIL);
+        }
+        if self.config.throw_on_cudamalloc_oom {
+            let device_total = self.device_total()?;
+            let limit = (device_total as f64 * self.config.per_process_memory_fraction) as u64;
+            if self.total_allocated_memory.saturating_add(alloc_size) > limit {
+                self.rejected = Some(Rejection {
+                    alloc_size,
+                    device_total,
+                    limit,
+                });
+                return Ok(NIL);
+            }
         }
         if self.config.maps_pages() {
             return self.alloc_expandable(owner, pool, skey, size);
@@ -243,11 +272,13 @@ where
             self.arena.release(i);
             return Err(e);
         }
+        let counter = self.segment_counter();
         let s = self.slot_mut(i);
         s.addr = ptr.0;
         s.size = alloc_size;
         s.seg_size = alloc_size;
         s.stream = skey;
+        s.counter = counter;
         s.flags.insert(pool.flag());
         s.owner = owner;
         self.segments.insert(self.arena.slots_mut(), i);
@@ -315,6 +346,77 @@ where
         };
         self.give_back(ptr, size, reserved);
         Err(Error::BackendContract { what, ptr })
+    }
+
+    /// The device's total memory (read once).
+    pub(super) fn device_total(&mut self) -> Res<u64, B> {
+        if let Some(t) = self.device_total {
+            return Ok(t);
+        }
+        let t = self.backend.mem_info().map_err(Error::Backend)?.total;
+        self.device_total = Some(t);
+        Ok(t)
+    }
+
+    /// Apply the config's `per_process_memory_fraction` as the memory
+    /// fraction, as torch does when it makes a device's allocator (done at
+    /// the first new segment; this does it now). Nothing for 1.0.
+    pub fn apply_configured_fraction(&mut self) -> Res<(), B> {
+        self.fraction_pending = false;
+        let f = self.config.per_process_memory_fraction;
+        if f < 1.0 {
+            let total = self.device_total()?;
+            self.limit = Some((f * total as f64) as u64);
+        }
+        Ok(())
+    }
+
+    /// The rejection policy's error (counted in `num_oom_rejections`, not
+    /// in `num_ooms`; no trace entry): torch's message, the verdict
+    /// `Rejected`, and a notice for the rejection observers.
+    #[cold]
+    fn oom_rejected(
+        &mut self,
+        orig: u64,
+        size: u64,
+        stream: u64,
+        owner: u8,
+        pool: Pool,
+        r: Rejection,
+    ) -> Error<B::Error> {
+        self.stats.num_oom_rejections += 1;
+        let reserved = self.total_allocated_memory;
+        let facts = self.oom_facts(owner, pool, stream, size);
+        let cause = OomCause {
+            limit: r.limit,
+            segment: r.alloc_size,
+            headroom: r.limit.saturating_sub(reserved),
+            ..classify(&OomFacts {
+                alloc_size: r.alloc_size,
+                reserved_bytes: reserved,
+                device_total: r.device_total,
+                device_free: 0,
+                allowed: Some(r.limit),
+                ..facts
+            })
+        }
+        .rejected();
+        let report = OomReport {
+            platform: B::PLATFORM,
+            device: self.backend.ordinal(),
+            requested: orig,
+            rounded: size,
+            alloc_size: r.alloc_size,
+            device_total: r.device_total,
+            device_free: 0,
+            allowed: Some(r.limit),
+            allocated: self.stats.allocated_bytes.all().current.max(0) as u64,
+            reserved,
+            private_pools: self.cached_in_private_pools(),
+            class: OomClass::Rejected,
+        };
+        self.notify_out_of_memory(&report, &cause, r.device_total);
+        Error::OutOfMemory(report)
     }
 
     /// Bytes of the cached blocks of every private pool (the OOM message's

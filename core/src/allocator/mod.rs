@@ -14,6 +14,7 @@ mod compact;
 pub use checkpoint::{CheckpointBlock, RestoreCounts};
 mod aligned;
 mod construct;
+mod counters;
 mod expandable;
 pub(super) mod fragmentation;
 mod free;
@@ -113,7 +114,7 @@ where
 ///
 /// # Capacities, and what happens when they run out
 ///
-/// - **Block slots** (`storage`, 88 bytes each): one per block, that is per
+/// - **Block slots** (`storage`, 96 bytes each): one per block, that is per
 ///   live allocation, per cached or pending free block, and at least one per
 ///   segment. A workload with `L` live allocations at its peak needs about
 ///   `2 L` plus its segments (each allocation can leave a cached remainder
@@ -172,6 +173,17 @@ pub struct DeviceAllocator<
     /// PyTorch's `total_allocated_memory`: bytes of all segments.
     total_allocated_memory: u64,
     next_allocation_id: u64,
+    /// The number the next device malloc's memory gets (torch's
+    /// registration counter; see `counters.rs`).
+    next_counter: u64,
+    /// The device's total memory, once read (the rejection policy's base).
+    device_total: Option<u64>,
+    /// `per_process_memory_fraction` of the config at creation is yet to be
+    /// applied as the memory fraction (it is at the first new segment).
+    fraction_pending: bool,
+    /// The rejection policy refused the last `alloc_block` (taken by the
+    /// ladder).
+    rejected: Option<malloc::Rejection>,
     callbacks: heapless::Vec<&'static dyn FreeMemoryCallback, MAX_CALLBACKS>,
     /// The memory history.
     history: History<H>,
@@ -396,21 +408,12 @@ where
         }
     }
 
-    /// Replace the policy (like `_set_allocator_settings`; the
-    /// `max_split_size` statistic keeps its value from creation, as in PyTorch;
-    /// a string that does not mention `expandable_segments` or `policy` keeps
-    /// the one in force).
-    pub fn set_config(&mut self, mut config: Config) {
-        if !config.expandable_mentioned {
-            // PyTorch's parser resets every knob a new string leaves out,
-            // except this one.
-            config.expandable_segments = self.config.expandable_segments;
-        }
-        if !config.policy_mentioned {
-            // Ours does the same for the policy.
-            config.policy = self.config.policy;
-        }
-        self.config = config;
+    /// Replace the settings (like `_set_allocator_settings`; the
+    /// `max_split_size` statistic keeps its value from creation, as in
+    /// PyTorch; what a string leaves out stays as [`Config::followed_by`]
+    /// says, the torch version included).
+    pub fn set_config(&mut self, config: Config) {
+        self.config = self.config.followed_by(config);
     }
 
     /// The policy in force.
@@ -426,6 +429,7 @@ where
     /// `reset_peak_memory_stats`.
     pub fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();
+        self.private.reset_stats(true, false);
     }
 
     /// Set the peak of `allocated_bytes` (every pool) to its current value,
@@ -438,6 +442,19 @@ where
     /// `reset_accumulated_memory_stats`.
     pub fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
+        self.private.reset_stats(false, true);
+    }
+
+    /// Each private pool's reserved bytes (live pools, then the deleted
+    /// ones torch still reports): torch 2.13's
+    /// `reserved_bytes_by_private_pools.<id0>_<id1>.{all,small_pool,large_pool}.*`.
+    pub fn reserved_bytes_by_private_pools(
+        &self,
+        mut f: impl FnMut(crate::MempoolId, &crate::StatArray),
+    ) {
+        for (id, s) in self.private.reserved_stats() {
+            f(id, &s);
+        }
     }
 
     /// Cached bytes and the largest cached block.

@@ -8,7 +8,7 @@ use crate::arena::BlockSlot;
 use crate::backend::DeviceBackend;
 use crate::error::OomReport;
 use crate::history::{HistoryStorage, OutOfMemoryObserver};
-use crate::oom_cause::OomCause;
+use crate::oom_cause::{OomCause, OomClass};
 
 /// An out-of-memory to tell the observers about: the report, the verdict
 /// with its bytes, and the total the observers' four-number call names
@@ -39,6 +39,13 @@ impl OomDelivery {
 /// Call `observers` with notice `n`.
 fn deliver(observers: &[&'static dyn OutOfMemoryObserver], n: &OomNotice) {
     let r = &n.report;
+    if r.class == OomClass::Rejected {
+        for o in observers {
+            o.oom_rejected_explained(r, &n.cause);
+            o.oom_rejected(r.device, r.alloc_size, r.reserved, r.device_total);
+        }
+        return;
+    }
     for o in observers {
         o.out_of_memory_explained(r, &n.cause);
         o.out_of_memory(r.device, r.alloc_size, n.device_total, r.device_free);

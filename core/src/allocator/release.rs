@@ -12,6 +12,7 @@ use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::history::HistoryStorage;
+use crate::index::{FreeKey, Links};
 use crate::pool::{FreeIndexKey, Pool};
 use crate::private_pool::block_pool;
 
@@ -50,15 +51,14 @@ where
         let slots = self.arena.slots();
         let index = block_pool(&self.pools, &self.private, owner, pool);
         match key {
-            None => index.lower_bound(slots, (0, 0, 0)),
+            None => index.lower_bound(slots, (0, 0, 0, 0)),
             Some(k) => index.successor(slots, k),
         }
     }
 
     /// The free-index key of block `i`.
     pub(super) fn key_of(&self, i: u32) -> FreeIndexKey {
-        let s = self.slot(i);
-        (s.stream, s.size, s.addr)
+        FreeKey::key(self.slot(i))
     }
 
     /// `release_available_cached_blocks`: free cached oversize segments of
@@ -80,7 +80,7 @@ where
         }
         let key = size.max(mss);
         let b = block_pool(&self.pools, &self.private, owner, pool)
-            .lower_bound(self.arena.slots(), (skey, key, 0));
+            .lower_bound(self.arena.slots(), (skey, key, 0, 0));
         // An expandable block is never released here (PyTorch's PR #134338):
         // hitting one means looking at smaller blocks instead.
         if b != NIL && self.slot(b).stream == skey && !self.slot(b).has(Flags::EXPANDABLE) {
@@ -92,13 +92,13 @@ where
         }
         let mut released = 0u64;
         let mut cur = block_pool(&self.pools, &self.private, owner, pool)
-            .predecessor(self.arena.slots(), (skey, key, 0));
+            .predecessor(self.arena.slots(), (skey, key, 0, 0));
         while released < key && cur != NIL {
             let s = self.slot(cur);
             if s.size < mss || s.stream != skey {
                 break;
             }
-            let k = (s.stream, s.size, s.addr);
+            let k = FreeKey::key(s);
             if !s.is_split() && !s.has(Flags::EXPANDABLE) {
                 released += s.size;
                 self.release_block(cur)?;

@@ -110,10 +110,13 @@ where
                 s.flags & Flags::EXPANDABLE,
             )
         };
+        // The allocation is torch's new `Block`; the remainder the old one.
+        let counter = self.piece_counter(i);
         let ns = self.slot_mut(n);
         ns.addr = addr;
         ns.size = size;
         ns.stream = stream;
+        ns.counter = counter;
         ns.owner = owner;
         ns.flags.insert(pool.flag() | expandable);
         ns.prev = prev;
@@ -146,7 +149,11 @@ where
                 s.flags & Flags::EXPANDABLE,
             )
         };
+        // The remainder is torch's old `Block` (its number); the part kept
+        // here is the new one.
+        let (old, new) = (self.slot(i).counter, self.piece_counter(i));
         let rs = self.slot_mut(r);
+        rs.counter = old;
         rs.requested = requested;
         rs.owner = owner;
         rs.addr = addr + size;
@@ -161,6 +168,7 @@ where
         let s = self.slot_mut(i);
         s.next = r;
         s.size = size;
+        s.counter = new;
     }
 
     /// Hand block `i` out: allocated, live-indexed, counted.

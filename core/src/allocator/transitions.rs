@@ -89,6 +89,7 @@ where
             p.segments += u32::from(segment);
             p.reserved += bytes;
             p.peak = p.peak.max(p.reserved);
+            p.reserved_stats.increase(pool, bytes);
         }
         self.total_allocated_memory += bytes;
         if segment {
@@ -112,6 +113,7 @@ where
         if let Some(p) = self.private.get_mut(owner) {
             p.segments -= u32::from(segment);
             p.reserved -= bytes;
+            p.reserved_stats.decrease(pool, bytes);
         }
         debug_assert!(
             self.total_allocated_memory >= bytes,

@@ -43,6 +43,8 @@ fn the_real_expandable_recording_maps_what_pytorch_mapped() {
         capacity: Some(80 << 30),
         history: 1 << 16,
         snapshot: true,
+        // Recorded with torch 2.11 or older: its block order.
+        torch: Some(cachealloc_core::TorchVersion::V2_11),
         ..Options::default()
     };
     let path = dir.join(format!("{name}.jsonl.gz"));

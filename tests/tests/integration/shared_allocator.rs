@@ -177,6 +177,14 @@ fn every_method_through_dyn_shared_allocator() {
     assert_eq!(a.pool_info(id).unwrap().map(|i| i.use_count), Some(2));
     a.empty_cache_pool(id).unwrap();
     a.release_pool(id).unwrap();
+    // torch 2.13's reserved_bytes_by_private_pools: the released pool
+    // holds its segment until an empty_cache.
+    let mut seen = Vec::new();
+    a.reserved_bytes_by_private_pools(&mut |pid, s| {
+        seen.push((pid, s.all().allocated, s.all().current))
+    })
+    .unwrap();
+    assert_eq!(seen, [(id, 2 << 20, 2 << 20)]);
     // A capture: its pool gets the capturing stream's requests.
     let g = MempoolId(2, 2);
     a.capture_begin(g, StreamFilter::stream(9)).unwrap();

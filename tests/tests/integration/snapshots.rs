@@ -37,6 +37,8 @@ fn snapshot_of(trace: &str, history: Option<usize>, capacity: Option<u64>) -> Sn
         history: history.unwrap_or(3 * events + 16),
         snapshot: true,
         capacity,
+        // Recorded with torch 2.11 or older: its block order.
+        torch: Some(cachealloc_core::TorchVersion::V2_11),
         ..Options::default()
     };
     let (report, _) = run(trace, &opts, &mut Quiet).unwrap();
@@ -155,6 +157,8 @@ fn replay_against(
         config: Config::parse(conf).unwrap(),
         conf: conf.to_string(),
         real_addresses: true,
+        // Recorded with torch 2.11 or older: its block order.
+        torch: Some(cachealloc_core::TorchVersion::V2_11),
         ..Options::default()
     };
     against(trace.to_str().unwrap(), snapshot, name, &opts)
@@ -185,6 +189,8 @@ fn a_recording_under_a_memory_fraction_imports_and_replays() {
         memory_fraction: Some(0.35),
         history: 3 * events + 16,
         snapshot: true,
+        // Recorded with torch 2.11 or older: its block order.
+        torch: Some(cachealloc_core::TorchVersion::V2_11),
         ..Options::default()
     };
     let (report, _) = run(&t, &opts, &mut Quiet).unwrap();
@@ -256,6 +262,8 @@ fn expandable_snapshots_import_and_replay_to_the_same_state() {
                 capacity,
                 history,
                 snapshot: true,
+                // Recorded with torch 2.11 or older: its block order.
+                torch: Some(cachealloc_core::TorchVersion::V2_11),
                 ..Options::default()
             };
             let (report, _) = run(&t, &opts, &mut Quiet).unwrap();
