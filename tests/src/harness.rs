@@ -44,6 +44,11 @@ pub trait Harness {
         let _ = (b, k);
         Ok(())
     }
+    /// Make the device's next malloc return `addr`; whether it can.
+    fn place_next_malloc(&self, b: &mut Self::B, addr: u64) -> bool {
+        let _ = (b, addr);
+        false
+    }
 }
 
 /// The simulated device.
@@ -78,6 +83,10 @@ impl Harness for MockHarness {
     }
     fn end_capture(&self, b: &mut MockDevice, k: u64) -> Result<(), String> {
         b.end_capture(k).map_err(|e| e.to_string())
+    }
+    fn place_next_malloc(&self, b: &mut MockDevice, addr: u64) -> bool {
+        b.place_next_malloc(addr);
+        true
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::harness::{Harness, Logged};
 use cachealloc_core::{
     Allocation, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, MempoolId, PoolOptions,
-    StreamFilter,
+    StreamFilter, TorchVersion,
 };
 use serde_json::Value;
 use std::collections::HashMap;
@@ -78,6 +78,9 @@ pub fn names_in_suite(data: &Path, suite: &str) -> std::collections::BTreeSet<St
 /// A scenario op, decoded.
 #[derive(Clone, Debug)]
 pub enum Step {
+    /// `next_malloc_at`: the device's next malloc returns this address (a
+    /// simulated device; real drivers hand out addresses in no fixed order).
+    NextMallocAt(u64),
     /// `alloc` (`must_oom`: `alloc_oom`).
     Alloc {
         name: String,
@@ -143,8 +146,22 @@ pub struct Scenario {
     pub capacity: Option<u64>,
     /// Config string in force from the start.
     pub conf: String,
+    /// The torch releases whose decisions the expectations are (setup's
+    /// `torch`: one version or a list); empty: every release known.
+    pub torch: Vec<TorchVersion>,
     /// The ops, the final `expect` last.
     pub steps: Vec<Step>,
+}
+
+impl Scenario {
+    /// The releases to run it under: its own, else every one known.
+    pub fn versions(&self) -> Vec<TorchVersion> {
+        if self.torch.is_empty() {
+            TorchVersion::KNOWN.to_vec()
+        } else {
+            self.torch.clone()
+        }
+    }
 }
 
 fn u(v: &Value) -> Result<u64, String> {
@@ -168,6 +185,16 @@ pub fn parse(v: &Value) -> Result<Scenario, String> {
         .map(s)
         .transpose()?
         .unwrap_or_default();
+    let version = |v: &Value| {
+        v.as_str()
+            .and_then(TorchVersion::parse)
+            .ok_or_else(|| format!("torch: expected a version such as \"2.13\", got {v}"))
+    };
+    let torch = match setup.and_then(|x| x.get("torch")) {
+        None => Vec::new(),
+        Some(Value::Array(vs)) => vs.iter().map(version).collect::<Result<_, _>>()?,
+        Some(v) => vec![version(v)?],
+    };
     let mut steps = Vec::new();
     for op in v["ops"].as_array().ok_or("ops must be a list")? {
         let a = op.as_array().ok_or("op must be a list")?;
@@ -190,6 +217,7 @@ pub fn parse(v: &Value) -> Result<Scenario, String> {
             },
             "empty_cache" => Step::EmptyCache,
             "set_memory_fraction" => Step::SetMemoryFraction(a[1].as_f64().ok_or("fraction")?),
+            "next_malloc_at" => Step::NextMallocAt(u(&a[1])?),
             "config" => Step::Config(s(&a[1])?),
             "reset_peak" => Step::ResetPeak,
             "pool_create" => {
@@ -230,6 +258,7 @@ pub fn parse(v: &Value) -> Result<Scenario, String> {
         name,
         capacity,
         conf,
+        torch,
         steps,
     })
 }
@@ -245,7 +274,7 @@ pub fn runnable<H: Harness>(h: &H, sc: &Scenario) -> bool {
         || sc
             .steps
             .iter()
-            .any(|s| matches!(s, Step::SetMemoryFraction(_)));
+            .any(|s| matches!(s, Step::SetMemoryFraction(_) | Step::NextMallocAt(_)));
     let needs_timing = sc
         .steps
         .iter()
@@ -273,9 +302,21 @@ pub struct Run<'h, H: Harness> {
 }
 
 impl<'h, H: Harness> Run<'h, H> {
-    /// A fresh run of `sc` on `harness` with `slots` block slots.
+    /// A fresh run of `sc` on `harness` with `slots` block slots, taking
+    /// the decisions of the first release it names (the newest if none).
     pub fn new(harness: &'h H, sc: &Scenario, slots: usize) -> Result<Self, String> {
-        let config = Config::parse(&sc.conf).map_err(|e| e.to_string())?;
+        let torch = sc.torch.first().copied().unwrap_or(TorchVersion::NEWEST);
+        Self::under(harness, sc, slots, torch)
+    }
+
+    /// [`Run::new`] under torch `torch`'s decisions.
+    pub fn under(
+        harness: &'h H,
+        sc: &Scenario,
+        slots: usize,
+        torch: TorchVersion,
+    ) -> Result<Self, String> {
+        let config = Config::parse_for(&sc.conf, torch).map_err(|e| e.to_string())?;
         let backend = harness.open(sc.capacity)?;
         Ok(Run {
             harness,
@@ -364,7 +405,17 @@ impl<'h, H: Harness> Run<'h, H> {
             Step::Sync { stream } => h.finish(&mut a.backend_mut().inner, *stream),
             Step::EmptyCache => a.empty_cache().map_err(|e| e.to_string())?,
             Step::SetMemoryFraction(f) => a.set_memory_fraction(*f).map_err(|e| e.to_string())?,
-            Step::Config(c) => a.set_config(Config::parse(c).map_err(|e| e.to_string())?),
+            Step::NextMallocAt(addr) => {
+                if !self
+                    .harness
+                    .place_next_malloc(&mut a.backend_mut().inner, *addr)
+                {
+                    return Err("next_malloc_at: this device cannot place mallocs".into());
+                }
+            }
+            Step::Config(c) => a.set_config(
+                Config::parse_for(c, a.config().torch_version()).map_err(|e| e.to_string())?,
+            ),
             Step::ResetPeak => a.reset_peak_stats(),
             Step::PoolCreate { pool, options } => {
                 let id = self.pool_id(pool);
@@ -586,8 +637,27 @@ impl<'h, H: Harness> Run<'h, H> {
 /// invariants after every op, then release everything. Returns the
 /// mismatches (empty: pass).
 pub fn run<H: Harness>(harness: &H, sc: &Scenario) -> Vec<String> {
+    let torch = sc.torch.first().copied().unwrap_or(TorchVersion::NEWEST);
+    run_under(harness, sc, torch)
+}
+
+/// [`run`] under every release the scenario names (every one known when
+/// it names none); each failure says under which.
+pub fn run_every_version<H: Harness>(harness: &H, sc: &Scenario) -> Vec<String> {
+    sc.versions()
+        .into_iter()
+        .flat_map(|v| {
+            run_under(harness, sc, v)
+                .into_iter()
+                .map(move |f| format!("torch {v}: {f}"))
+        })
+        .collect()
+}
+
+/// [`run`] under torch `torch`'s decisions.
+pub fn run_under<H: Harness>(harness: &H, sc: &Scenario, torch: TorchVersion) -> Vec<String> {
     let mut out = Vec::new();
-    let mut r = match Run::new(harness, sc, 4096) {
+    let mut r = match Run::under(harness, sc, 4096, torch) {
         Ok(r) => r,
         Err(e) => return vec![e],
     };

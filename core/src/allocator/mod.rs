@@ -373,17 +373,21 @@ where
         }
         let total = self.backend.mem_info().map_err(Error::Backend)?.total;
         self.limit = Some((fraction * total as f64) as u64);
+        // Later than the config's fraction, which torch applies at init.
+        self.fraction_pending = false;
         Ok(())
     }
 
     /// Limit reserved memory to `bytes` (a memory fraction given in bytes).
     pub fn set_memory_limit(&mut self, bytes: u64) {
         self.limit = Some(bytes);
+        self.fraction_pending = false;
     }
 
     /// Remove the memory limit (and with it garbage collection).
     pub fn clear_memory_limit(&mut self) {
         self.limit = None;
+        self.fraction_pending = false;
     }
 
     /// The memory limit, if one is set.

@@ -39,6 +39,7 @@ pub fn compact_scenario(sc: &scenario::Scenario) -> scenario::Scenario {
         name: format!("{} (policy:compact)", sc.name),
         capacity: sc.capacity,
         conf: with_compact(&sc.conf),
+        torch: sc.torch.clone(),
         steps,
     }
 }

@@ -21,7 +21,7 @@ fn all_conformance_scenarios_pass() {
     let mut failures = Vec::new();
     for v in &all {
         let sc = scenario::parse(v).expect("parse scenario");
-        let fails = scenario::run(&MockHarness, &sc);
+        let fails = scenario::run_every_version(&MockHarness, &sc);
         println!(
             "{} {}",
             if fails.is_empty() { "ok  " } else { "FAIL" },
@@ -97,6 +97,14 @@ fn all_expandable_scenarios_pass() {
     run_suite("expandable");
 }
 
+/// The scenarios that tell torch releases apart (`conformance/versions.md`:
+/// the block order of 2.11, 2.12 and 2.13 on, the rejection policy,
+/// `large_segment_size_mb`), each under the releases it names.
+#[test]
+fn all_version_scenarios_pass() {
+    run_suite("versions");
+}
+
 /// Run every scenario of one optional suite on the mock.
 fn run_suite(suite: &str) {
     let data = testdata_dir();
@@ -118,7 +126,7 @@ fn run_suite(suite: &str) {
     let mut failures = Vec::new();
     for v in &all {
         let sc = scenario::parse(v).expect("parse scenario");
-        let fails = scenario::run(&MockHarness, &sc);
+        let fails = scenario::run_every_version(&MockHarness, &sc);
         println!(
             "{} {}",
             if fails.is_empty() { "ok  " } else { "FAIL" },
