@@ -485,6 +485,14 @@ typedef struct {
 } cachealloc_stat;
 
 /**
+ * Called once per private pool (torch 2.13's
+ * `reserved_bytes_by_private_pools`): the pool's id, its reserved bytes
+ * (`[3]`: all, small pool, large pool; valid during the call only), and
+ * the caller's `user` pointer.
+ */
+typedef void (*cachealloc_pool_stats_callback)(uint64_t, uint64_t, const cachealloc_stat*, void*);
+
+/**
  * A device's statistics, PyTorch's `DeviceStats` field for field (what
  * `torch.cuda.memory_stats()` flattens into its keys). Each array is
  * indexed by PyTorch's `StatType`: 0 all pools (`"all"`), 1 the small pool
@@ -1048,6 +1056,13 @@ int cachealloc_get_allocator_settings(cachealloc_allocator_settings *out);
  * the reason in `cachealloc_last_error()`).
  */
 int cachealloc_memory_stats(int device, cachealloc_stat_callback callback, void *user);
+
+/**
+ * Call `callback` for every private pool of `device` with its reserved
+ * bytes: the live pools, then the deleted ones torch still reports
+ * (current 0). Returns 0, or -1 (NULL callback, bad device).
+ */
+int cachealloc_pool_reserved_stats(int device, cachealloc_pool_stats_callback callback, void *user);
 
 /**
  * `torch.cuda.reset_peak_memory_stats(device)`: every peak becomes its

@@ -47,6 +47,37 @@ pub extern "C" fn cachealloc_memory_stats(
     })
 }
 
+/// Called once per private pool (torch 2.13's
+/// `reserved_bytes_by_private_pools`): the pool's id, its reserved bytes
+/// (`[3]`: all, small pool, large pool; valid during the call only), and
+/// the caller's `user` pointer.
+#[allow(non_camel_case_types)]
+pub type cachealloc_pool_stats_callback =
+    Option<extern "C" fn(u64, u64, *const cachealloc_stat, *mut c_void)>;
+
+/// Call `callback` for every private pool of `device` with its reserved
+/// bytes: the live pools, then the deleted ones torch still reports
+/// (current 0). Returns 0, or -1 (NULL callback, bad device).
+#[no_mangle]
+pub extern "C" fn cachealloc_pool_reserved_stats(
+    device: c_int,
+    callback: cachealloc_pool_stats_callback,
+    user: *mut c_void,
+) -> c_int {
+    status("cachealloc_pool_reserved_stats", || {
+        let callback = callback.ok_or("cachealloc_pool_reserved_stats: callback is NULL")?;
+        let mut pools = Vec::new();
+        on_device!(registry::device(device)?, |a| a
+            .reserved_bytes_by_private_pools(&mut |id, s| pools.push((id, *s)))
+            .map_err(text))?;
+        for (id, s) in pools {
+            let arr = stat_array(s);
+            callback(id.0, id.1, arr.as_ptr(), user);
+        }
+        Ok(())
+    })
+}
+
 /// `torch.cuda.reset_peak_memory_stats(device)`: every peak becomes its
 /// current value. Returns 0, or -1.
 #[no_mangle]

@@ -132,22 +132,31 @@ def _fingerprint(parts):
     return h.hexdigest()[:16]
 
 
-#: Methods of torch's CUDAAllocator that came with a torch version: the
-#: macro allocator.cpp guards each with, set from the installed header.
-HEADER_FEATURES = {"attachOomRejectionObserver": "CACHEALLOC_TORCH_OOM_REJECTION"}
+#: Parts of torch's allocator interface that came with a torch version:
+#: (header, name, the macro allocator.cpp guards the part with), set from
+#: the installed header.
+HEADER_FEATURES = [
+    ("c10/cuda/CUDACachingAllocator.h", "attachOomRejectionObserver", "CACHEALLOC_TORCH_OOM_REJECTION"),
+    ("c10/core/CachingDeviceAllocator.h", "num_oom_rejections", "CACHEALLOC_TORCH_OOM_REJECTION_STAT"),
+    ("c10/core/CachingDeviceAllocator.h", "reserved_bytes_by_private_pools",
+     "CACHEALLOC_TORCH_POOL_RESERVED_STATS"),
+]
 
 
 def features(torch):
     """``-D`` flags saying which of ``HEADER_FEATURES`` the installed
-    torch's ``c10/cuda/CUDACachingAllocator.h`` declares."""
-    header = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include", "c10", "cuda",
-                          "CUDACachingAllocator.h")
-    try:
-        with open(header, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return []  # the header's version macros decide
-    return ["-D%s=%d" % (macro, int(name in text)) for name, macro in sorted(HEADER_FEATURES.items())]
+    torch's headers declare (none for a header that cannot be read: the
+    version macros decide)."""
+    include = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include")
+    flags = []
+    for header, name, macro in HEADER_FEATURES:
+        try:
+            with open(os.path.join(include, header), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        flags.append("-D%s=%d" % (macro, int(name in text)))
+    return flags
 
 
 def cxx_standard(torch):

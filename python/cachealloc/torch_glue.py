@@ -111,6 +111,9 @@ def install(native=True, verbose=False):
                 "cachealloc.install() must come before any CUDA use: torch has initialised CUDA "
                 "already, and cannot swap an allocator in use. Call it right after `import torch`."
             )
+        # The decisions (block order, settings keys, statistics) of the torch
+        # in this process, unless the environment names another release.
+        os.environ.setdefault("CACHEALLOC_TORCH_VERSION", torch.__version__)
         lib = _lib.lib()
         # PyTorch calls init(0) as it creates the allocator, and ignores its
         # errors: check the settings here, with a message.

@@ -79,6 +79,16 @@ std::map<std::string, int64_t> torch_keys(const CDA::DeviceStats& s) {
     out["num_device_alloc"] = s.num_device_alloc;
     out["num_device_free"] = s.num_device_free;
     out["max_split_size"] = s.max_split_size;
+#if CACHEALLOC_TORCH_OOM_REJECTION_STAT
+    out["num_oom_rejections"] = s.num_oom_rejections;
+#endif
+#if CACHEALLOC_TORCH_POOL_RESERVED_STATS
+    for (const auto& [id, a] : s.reserved_bytes_by_private_pools) {
+        array("reserved_bytes_by_private_pools." + std::to_string(id.first) + "_" +
+                  std::to_string(id.second),
+              a);
+    }
+#endif
     return out;
 }
 

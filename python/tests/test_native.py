@@ -45,6 +45,8 @@ def mock_env(extra=None):
         CACHEALLOC_BACKEND="mock",
         CACHEALLOC_MOCK_CAPACITY="1GiB",
         CACHEALLOC_CONF="max_split_size_mb:64",
+        # The keys and decisions of the torch under test (install() sets it).
+        CACHEALLOC_TORCH_VERSION=torch.__version__ if torch is not None else "",
     )
     env.update(extra or {})
     return env

@@ -30,7 +30,13 @@
 // (cachealloc/native.py) passes what it found in the installed header;
 // without it, the version decides (seen: absent in 2.11, present in 2.15).
 #ifndef CACHEALLOC_TORCH_OOM_REJECTION
-#define CACHEALLOC_TORCH_OOM_REJECTION (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 15)
+#define CACHEALLOC_TORCH_OOM_REJECTION (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 12)
+#endif
+#ifndef CACHEALLOC_TORCH_OOM_REJECTION_STAT
+#define CACHEALLOC_TORCH_OOM_REJECTION_STAT (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 12)
+#endif
+#ifndef CACHEALLOC_TORCH_POOL_RESERVED_STATS
+#define CACHEALLOC_TORCH_POOL_RESERVED_STATS (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 13)
 #endif
 
 #include <array>
@@ -62,6 +68,10 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         // One C observer forwards every final out-of-memory to torch's.
         check(cachealloc_attach_oom_observer(&CacheallocAllocator::on_oom, this),
               "attaching the out-of-memory observer");
+#if CACHEALLOC_TORCH_OOM_REJECTION
+        check(cachealloc_attach_oom_rejection_observer(&CacheallocAllocator::on_rejection, this),
+              "attaching the OOM rejection observer");
+#endif
     }
 
     // ------------------------------------------------------ allocation
@@ -184,6 +194,27 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         copy_array(d.requested_bytes, s.requested_bytes);
         d.num_alloc_retries = s.num_alloc_retries;
         d.num_ooms = s.num_ooms;
+#if CACHEALLOC_TORCH_OOM_REJECTION_STAT
+        d.num_oom_rejections = s.num_oom_rejections;
+#endif
+#if CACHEALLOC_TORCH_POOL_RESERVED_STATS
+        check(cachealloc_pool_reserved_stats(
+                  device,
+                  [](uint64_t id0, uint64_t id1, const cachealloc_stat* arr, void* user) {
+                      auto& pools = static_cast<CDA::DeviceStats*>(user)
+                                        ->reserved_bytes_by_private_pools;
+                      auto& out = pools[c10::MempoolId_t{static_cast<c10::CaptureId_t>(id0),
+                                                         static_cast<c10::CaptureId_t>(id1)}];
+                      for (size_t i = 0; i < 3; i++) {
+                          out[i].current = arr[i].current;
+                          out[i].peak = arr[i].peak;
+                          out[i].allocated = arr[i].allocated;
+                          out[i].freed = arr[i].freed;
+                      }
+                  },
+                  &d),
+              "pool_reserved_stats");
+#endif
         copy_stat(d.oversize_allocations, s.oversize_allocations);
         copy_stat(d.oversize_segments, s.oversize_segments);
         d.num_sync_all_streams = s.num_sync_all_streams;
@@ -512,11 +543,13 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
 #if CACHEALLOC_TORCH_OOM_REJECTION
-    // Observers of allocations refused before any device call (torch's
-    // throw_on_cudamalloc_oom policy). cachealloc has no such policy yet,
-    // so it refuses nothing this way and there is nothing to tell them:
-    // they are not kept.
-    void attachOomRejectionObserver(CA::OomRejectionObserver) override {}
+    // Observers of allocations the rejection policy (throw_on_cudamalloc_oom)
+    // refused before any device call: called once the device's lock is
+    // released, on the allocating thread.
+    void attachOomRejectionObserver(CA::OomRejectionObserver observer) override {
+        TORCH_CHECK(rejection_observers_.add(std::move(observer)), "cachealloc: ",
+                    rejection_observers_.capacity, " OOM rejection observers are attached already");
+    }
 #endif
 
     void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override {
@@ -616,6 +649,25 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         });
     }
 
+#if CACHEALLOC_TORCH_OOM_REJECTION
+    // torch runs these on a thread of their own and logs what they throw
+    // instead of passing it on; so does this (the allocation fails with the
+    // rejection's OutOfMemoryError either way).
+    static void on_rejection(int device, size_t alloc_size, size_t total_allocated,
+                             size_t device_total, void* user) {
+        auto* self = static_cast<CacheallocAllocator*>(user);
+        self->rejection_observers_.each([&](const CA::OomRejectionObserver& o) {
+            try {
+                o(device, alloc_size, total_allocated, device_total);
+            } catch (const std::exception& e) {
+                TORCH_WARN("Exception in OOM rejection observer: ", e.what());
+            } catch (...) {
+                TORCH_WARN("Unknown exception in OOM rejection observer");
+            }
+        });
+    }
+#endif
+
     static void on_trace(const cachealloc_trace_entry* e, void* user) {
         auto* self = static_cast<CacheallocAllocator*>(user);
         if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) return;  // annotations
@@ -691,6 +743,9 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     std::mutex mutex_;
     AttachedCallbacks<CA::OutOfMemoryObserver> oom_observers_;
+#if CACHEALLOC_TORCH_OOM_REJECTION
+    AttachedCallbacks<CA::OomRejectionObserver> rejection_observers_;
+#endif
     AttachedCallbacks<CA::AllocatorTraceTracker> trackers_;
     CA::CreateContextFn context_recorder_ = nullptr;
     CA::RecordContext when_ = CA::RecordContext::NEVER;
