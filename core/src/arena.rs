@@ -229,7 +229,7 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
         s.events = 0;
         s.requested = 0;
         s.aux = 0;
-        s.counter = 0;
+        // (`counter` is set by every caller: see allocator/counters.rs.)
         s.seg_size = 0;
         s.flags = Flags::IN_USE;
         s.owner = 0;

@@ -23,8 +23,15 @@ pub(crate) trait Links {
 /// The links and key of a pool's free index: (stream, size, address).
 pub(crate) struct FreeKey;
 
+/// The last part of a free-index key: the block's counter, then its
+/// address, as one number (one comparison instead of two).
+#[inline(always)]
+pub(crate) const fn tie(counter: u64, addr: u64) -> u128 {
+    ((counter as u128) << 64) | addr as u128
+}
+
 impl Links for FreeKey {
-    type Key = (u64, u64, u64, u64);
+    type Key = (u64, u64, u128);
     const DEFECTS: [&'static str; 6] = [
         "free index: larger than the storage (a cycle?)",
         "free index: link out of range",
@@ -35,7 +42,7 @@ impl Links for FreeKey {
     ];
     #[inline]
     fn key(s: &BlockSlot) -> Self::Key {
-        (s.stream, s.size, s.counter, s.addr)
+        (s.stream, s.size, tie(s.counter, s.addr))
     }
     #[inline]
     fn left(s: &BlockSlot) -> u32 {
@@ -502,7 +509,7 @@ mod tests {
                 insert::<FreeKey>(&mut slots, &mut root, i);
                 model.insert(k);
             }
-            let q = (x % 3, (x >> 8) % 60000, (x >> 40) % 3, 0);
+            let q = (x % 3, (x >> 8) % 60000, tie((x >> 40) % 3, 0));
             let lb = lower_bound::<FreeKey>(&slots, root, q);
             let want = model.range(q..).next().copied();
             assert_eq!(want, (lb != NIL).then(|| FreeKey::key(&slots[lb as usize])));

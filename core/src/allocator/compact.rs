@@ -321,7 +321,7 @@ where
     pub(super) fn large_remnant(&self, owner: u8, skey: u64, size: u64) -> u32 {
         let slots = self.arena.slots();
         let b = block_pool(&self.pools, &self.private, owner, Pool::Large)
-            .lower_bound(slots, (skey, size, 0, 0));
+            .lower_bound(slots, (skey, size, 0));
         match slots.get(b as usize) {
             Some(s) if s.stream == skey && s.size < COMPACT_PAGE => b,
             _ => NIL,
@@ -344,11 +344,11 @@ where
         let slots = self.arena.slots();
         let index = block_pool(&self.pools, &self.private, owner, pool);
         let mut best = NIL;
-        let mut at = index.lower_bound(slots, (0, 0, 0, 0));
+        let mut at = index.lower_bound(slots, (0, 0, 0));
         while let Some(first) = slots.get(at as usize) {
             let t = first.stream;
             if t != skey {
-                let b = index.lower_bound(slots, (t, size, 0, 0));
+                let b = index.lower_bound(slots, (t, size, 0));
                 if let Some(s) = slots.get(b as usize).filter(|s| s.stream == t) {
                     let fits = !self.refuses_oversize(size, s.size);
                     let better = slots
@@ -363,7 +363,7 @@ where
             if t == u64::MAX {
                 break;
             }
-            at = index.lower_bound(slots, (t + 1, 0, 0, 0));
+            at = index.lower_bound(slots, (t + 1, 0, 0));
         }
         if best == NIL {
             return Ok(NIL);

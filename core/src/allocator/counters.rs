@@ -39,16 +39,17 @@ where
         }
     }
 
-    /// The number of a new block carved from block `parent`'s memory:
-    /// the next number under torch 2.12, else the parent's.
-    #[inline]
-    pub(super) fn piece_counter(&mut self, parent: u32) -> u64 {
+    /// The number of a new block carved from the memory of a block whose
+    /// number is `parent`: the next number under torch 2.12, else the
+    /// parent's.
+    #[inline(always)]
+    pub(super) fn piece_counter(&mut self, parent: u64) -> u64 {
         if self.config.block_order() == BlockOrder::RegistrationCounter {
             let c = self.next_counter;
             self.next_counter += 1;
             c
         } else {
-            self.slot(parent).counter
+            parent
         }
     }
 }

@@ -291,7 +291,7 @@ where
         if mapped < bsize {
             let r = self.arena.alloc().unwrap_or(NIL);
             let next = self.slot(i).next;
-            let counter = self.piece_counter(i);
+            let counter = self.piece_counter(self.slot(i).counter);
             let rs = self.slot_mut(r);
             rs.counter = counter;
             rs.addr = addr + mapped;
@@ -381,7 +381,7 @@ where
             let u = self.new_piece(i, ustart, usize);
             // torch's unmapped block is the old `Block`; the mapped piece
             // before it the new one.
-            let fresh = self.piece_counter(i);
+            let fresh = self.piece_counter(self.slot(i).counter);
             let s = self.slot_mut(i);
             s.counter = fresh;
             s.size = before;
@@ -404,7 +404,7 @@ where
         }
         if after > 0 {
             let a = self.new_piece(u, ustart + usize, after);
-            let fresh = self.piece_counter(u);
+            let fresh = self.piece_counter(self.slot(u).counter);
             let s = self.slot_mut(a);
             s.stream = stream;
             s.counter = fresh;

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::events::Sweep;
 use crate::history::HistoryStorage;
 use crate::history::TraceAction;
-use crate::index::{FreeKey, Links};
+use crate::index::{tie, FreeKey, Links};
 use crate::pool::Pool;
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
@@ -134,19 +134,32 @@ where
 
     /// Block `p` takes over the block after it, which torch keeps instead
     /// (its `dst`): `p` takes its number (see `counters.rs`).
+    #[inline]
     pub(super) fn absorb_into_prev(&mut self, p: u32) {
-        let counter = self.slot(self.slot(p).next).counter;
-        self.absorb_next(p);
-        self.slot_mut(p).counter = counter;
+        self.absorb::<true>(p);
     }
 
     /// Block `b` takes over the block after it (which leaves its segment list
     /// and its slot).
+    #[inline]
     pub(super) fn absorb_next(&mut self, b: u32) {
+        self.absorb::<false>(b);
+    }
+
+    /// Block `b` takes over the block after it, and with `NUMBER` its
+    /// number.
+    #[inline(always)]
+    fn absorb<const NUMBER: bool>(&mut self, b: u32) {
         let n = self.slot(b).next;
-        let (nsize, nnext) = (self.slot(n).size, self.slot(n).next);
+        let (nsize, nnext, ncounter) = {
+            let ns = self.slot(n);
+            (ns.size, ns.next, ns.counter)
+        };
         let bs = self.slot_mut(b);
         bs.size += nsize;
+        if NUMBER {
+            bs.counter = ncounter;
+        }
         bs.next = nnext;
         if nnext != NIL {
             self.slot_mut(nnext).prev = b;
@@ -172,19 +185,20 @@ where
         if !t.has(Flags::CACHED) || t.stream != self.slot(i).stream {
             return false;
         }
-        let (pool, orig_size, requested, expandable) = {
+        let (pool, orig_size, requested, expandable, counter) = {
             let s = self.slot(i);
             (
                 Pool::of(s.flags),
                 s.size,
                 s.requested,
                 s.has(Flags::EXPANDABLE),
+                // The freed block is torch's survivor: its number.
+                s.counter,
             )
         };
         let key = FreeKey::key(t);
-        // The freed block is torch's survivor: its number.
-        let counter = self.slot(i).counter;
-        let grown = (key.0, key.1 + orig_size, counter, key.3 - orig_size);
+        let new_addr = t.addr - orig_size;
+        let grown = (key.0, key.1 + orig_size, tie(counter, new_addr));
         if !self.free_index_of(n).may_resize(key.1, grown.1) {
             return false;
         }
@@ -198,7 +212,7 @@ where
         }
         let clock = self.free_index_of(n).gc_clock();
         let ts = self.slot_mut(n);
-        ts.addr = grown.3;
+        ts.addr = new_addr;
         ts.counter = counter;
         ts.size = grown.1;
         ts.prev = p;

@@ -172,8 +172,8 @@ where
             block_pool_mut(&mut self.pools, &mut self.private, owner, pool).tick();
         }
         let slots = self.arena.slots();
-        let mut b = block_pool(&self.pools, &self.private, owner, pool)
-            .lower_bound(slots, (skey, size, 0, 0));
+        let mut b =
+            block_pool(&self.pools, &self.private, owner, pool).lower_bound(slots, (skey, size, 0));
         if b == NIL || slots[b as usize].stream != skey {
             return NIL;
         }

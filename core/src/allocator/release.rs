@@ -51,7 +51,7 @@ where
         let slots = self.arena.slots();
         let index = block_pool(&self.pools, &self.private, owner, pool);
         match key {
-            None => index.lower_bound(slots, (0, 0, 0, 0)),
+            None => index.lower_bound(slots, (0, 0, 0)),
             Some(k) => index.successor(slots, k),
         }
     }
@@ -80,7 +80,7 @@ where
         }
         let key = size.max(mss);
         let b = block_pool(&self.pools, &self.private, owner, pool)
-            .lower_bound(self.arena.slots(), (skey, key, 0, 0));
+            .lower_bound(self.arena.slots(), (skey, key, 0));
         // An expandable block is never released here (PyTorch's PR #134338):
         // hitting one means looking at smaller blocks instead.
         if b != NIL && self.slot(b).stream == skey && !self.slot(b).has(Flags::EXPANDABLE) {
@@ -92,7 +92,7 @@ where
         }
         let mut released = 0u64;
         let mut cur = block_pool(&self.pools, &self.private, owner, pool)
-            .predecessor(self.arena.slots(), (skey, key, 0, 0));
+            .predecessor(self.arena.slots(), (skey, key, 0));
         while released < key && cur != NIL {
             let s = self.slot(cur);
             if s.size < mss || s.stream != skey {

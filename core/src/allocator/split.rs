@@ -10,6 +10,7 @@ use crate::history::HistoryStorage;
 use crate::history::TraceAction;
 use crate::policy;
 use crate::pool::Pool;
+use crate::torch_version::BlockOrder;
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -99,7 +100,7 @@ where
     /// cached block `i`; `i` keeps the remainder and its place in the index.
     fn split_in_place(&mut self, i: u32, n: u32, size: u64, pool: Pool) {
         let clock = self.free_index_of(i).gc_clock();
-        let (addr, stream, prev, bsize, owner, expandable) = {
+        let (addr, stream, prev, bsize, owner, expandable, parent) = {
             let s = self.slot(i);
             (
                 s.addr,
@@ -108,10 +109,11 @@ where
                 s.size,
                 s.owner,
                 s.flags & Flags::EXPANDABLE,
+                s.counter,
             )
         };
         // The allocation is torch's new `Block`; the remainder the old one.
-        let counter = self.piece_counter(i);
+        let counter = self.piece_counter(parent);
         let ns = self.slot_mut(n);
         ns.addr = addr;
         ns.size = size;
@@ -137,7 +139,7 @@ where
     /// request: in PyTorch the remainder is the old block object, which a
     /// snapshot shows.
     pub(super) fn split_off_remainder(&mut self, i: u32, r: u32, size: u64, pool: Pool) {
-        let (addr, stream, next, bsize, requested, owner, expandable) = {
+        let (addr, stream, next, bsize, requested, owner, expandable, old) = {
             let s = self.slot(i);
             (
                 s.addr,
@@ -147,11 +149,15 @@ where
                 s.requested,
                 s.owner,
                 s.flags & Flags::EXPANDABLE,
+                s.counter,
             )
         };
         // The remainder is torch's old `Block` (its number); the part kept
-        // here is the new one.
-        let (old, new) = (self.slot(i).counter, self.piece_counter(i));
+        // here is the new one (a number of its own under torch 2.12).
+        if self.config.block_order() == BlockOrder::RegistrationCounter {
+            let fresh = self.piece_counter(old);
+            self.slot_mut(i).counter = fresh;
+        }
         let rs = self.slot_mut(r);
         rs.counter = old;
         rs.requested = requested;
@@ -168,7 +174,6 @@ where
         let s = self.slot_mut(i);
         s.next = r;
         s.size = size;
-        s.counter = new;
     }
 
     /// Hand block `i` out: allocated, live-indexed, counted.
