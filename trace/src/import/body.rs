@@ -78,6 +78,8 @@ pub struct Body<'a> {
     pub events: Vec<Timed>,
     /// Garbage collection may free segments before a device malloc.
     gc: bool,
+    /// The recorded settings (which cached block a request could take).
+    config: cachealloc_core::Config,
 }
 
 impl<'a> Body<'a> {
@@ -101,6 +103,7 @@ impl<'a> Body<'a> {
             reserved,
             burst: None,
             gc: false,
+            config: cachealloc_core::Config::DEFAULT,
             facts: DeviceFacts {
                 peak_reserved: reserved,
                 ..DeviceFacts::default()
@@ -114,6 +117,46 @@ impl<'a> Body<'a> {
     pub fn with_garbage_collection(mut self, gc: bool) -> Self {
         self.gc = gc;
         self
+    }
+
+    /// The recorded settings (the rounding and oversize rules say which
+    /// freed segment could have served a request).
+    pub fn with_config(mut self, config: cachealloc_core::Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Whether a segment freed in the burst starting at `entries[i]` could
+    /// have served the request its device malloc was for (the next `alloc`
+    /// or `oom`): then the allocator never reached its release-and-retry
+    /// rung, and the burst was the program's `empty_cache`. A cached whole
+    /// segment serves a request of its pool and stream that it holds,
+    /// under the oversize rules.
+    fn burst_could_have_served(&self, entries: &[PtEntry], i: usize) -> bool {
+        let burst_len = entries[i..]
+            .iter()
+            .take_while(|n| n.action == "segment_free")
+            .count();
+        let Some(request) = entries[i + burst_len..]
+            .iter()
+            .find(|n| n.action == "alloc" || n.action == "oom")
+        else {
+            return false;
+        };
+        let Some(rounded) = policy::round_size(request.size, &self.config) else {
+            return false;
+        };
+        let small = rounded <= policy::SMALL_SIZE;
+        let mss = self.config.max_split_size;
+        entries[i..i + burst_len].iter().any(|f| {
+            let seg = f.size;
+            f.stream == request.stream
+                && (seg == policy::SMALL_BUFFER) == small
+                && seg >= rounded
+                && !((rounded < mss && seg >= mss)
+                    || (rounded >= mss
+                        && seg >= rounded.saturating_add(self.config.max_non_split_rounding)))
+        })
     }
 
     fn emit(&mut self, e: &PtEntry, event: Event) {
@@ -213,6 +256,11 @@ impl<'a> Body<'a> {
                         .is_some_and(|n| {
                             matches!(n.action.as_str(), "segment_alloc" | "segment_map" | "oom")
                         });
+                    // A retry's release comes only after the cache failed the
+                    // request: a burst that frees a segment that would have
+                    // served it is the program's empty_cache.
+                    let ends_in_malloc =
+                        ends_in_malloc && (self.gc || !self.burst_could_have_served(entries, i));
                     if !ends_in_malloc {
                         self.facts.empty_caches += 1;
                         self.emit(e, Event::EmptyCache);

@@ -203,7 +203,8 @@ pub fn import_with_limit(
                     })
             });
         let mut body = body::Body::new(d, &streams, w.live, initial.reserved(), &mut next_pending)
-            .with_garbage_collection(config.garbage_collection_threshold > 0.0 && under_limit);
+            .with_garbage_collection(config.garbage_collection_threshold > 0.0 && under_limit)
+            .with_config(config);
         for i in 0..usable.len() {
             body.entry(usable, i, &mut next_id)
                 .map_err(|e| format!("device {d}: {e}"))?;
