@@ -273,6 +273,68 @@ def oom_fraction(torch, dev):
     return [float(n), float(again.sum().item())]
 
 
+def mid_sizes(torch, dev):
+    """Tensors of 2 to 9 MiB (the requests a large_segment_size_mb segment
+    serves), every other one freed, then more of them: run with
+    large_segment_size_mb:12."""
+    held, total = [], 0.0
+    for i in range(48):
+        held.append(torch.ones((2 + i % 8) * MIB, dtype=torch.uint8, device=dev))
+    for t in held[::2]:
+        total += float(t.sum().item())
+    del held[::2]
+    for i in range(24):
+        held.append(torch.ones((3 + i % 5) * MIB, dtype=torch.uint8, device=dev))
+    total += sum(float(t.sum().item()) for t in held)
+    return [total]
+
+
+def config_fraction(torch, dev):
+    """Issue 36's recording: under per_process_memory_fraction:0.05 (the
+    setting, applied when the allocator starts), 256 MiB tensors until one
+    runs out of memory, all freed, empty_cache, a 64 MiB tensor and its
+    sum; twice."""
+    out = []
+    for _ in range(2):
+        held = []
+        try:
+            for _ in range(10000):
+                held.append(torch.empty(256 * MIB, dtype=torch.uint8, device=dev))
+        except torch.OutOfMemoryError:
+            pass
+        out.append(float(len(held)))
+        del held
+        torch.cuda.empty_cache()
+        t = torch.ones(64 * MIB, dtype=torch.uint8, device=dev)
+        out.append(float(t.sum().item()))
+        del t
+    return out
+
+
+def rejection(torch, dev):
+    """throw_on_cudamalloc_oom:True (torch 2.12 on): a request beyond the
+    device is refused before any device call (num_oom_rejections, no
+    device malloc, no num_ooms) with torch's message, and the process goes
+    on. The torch here may be older: cachealloc takes 2.12's decisions
+    (CACHEALLOC_TORCH_VERSION), and checks itself."""
+    small = torch.ones(MIB, dtype=torch.uint8, device=dev)
+    before = torch.cuda.memory_stats(0).get("num_device_alloc", 0)
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device=dev)
+        raise RuntimeError("a 1 PiB tensor was allocated")
+    except torch.OutOfMemoryError as e:
+        msg = str(e)
+    if "preemptively rejected" not in msg:
+        raise RuntimeError("not the rejection's message: %s" % msg.splitlines()[0])
+    import cachealloc
+
+    s = dict(cachealloc.memory_stats(0))
+    if (s.get("num_oom_rejections"), s.get("num_ooms"), s.get("num_device_alloc")) != (1, 0, before):
+        raise RuntimeError("rejections %s, ooms %s, device mallocs %s (before %s)" % (
+            s.get("num_oom_rejections"), s.get("num_ooms"), s.get("num_device_alloc"), before))
+    return [float(small.sum().item()), 1.0]
+
+
 def fraction_readback(torch, dev):
     """torch.cuda.get_per_process_memory_fraction reads back the fraction
     set through torch, and with cachealloc installed the one set through
@@ -375,6 +437,11 @@ WORKLOADS = [
     ("mlp_expandable", mlp, "expandable_segments:True", None, None),
     ("transformer_expandable", transformer, "expandable_segments:True", None, None),
     ("graph_expandable", graph, "expandable_segments:True", None, None),
+    ("mid_sizes_large_segment", mid_sizes, "large_segment_size_mb:12", None, None),
+    ("config_fraction", config_fraction, "per_process_memory_fraction:0.05", None, None),
+    ("rejection", rejection, "throw_on_cudamalloc_oom:True", None,
+     "torch 2.11 has no throw_on_cudamalloc_oom (its native run fails at the setting); "
+     "cachealloc's run checks itself under 2.12's decisions"),
 ]
 
 
@@ -410,10 +477,9 @@ def worker(name, backend):
             import cachealloc
 
             own = dict(cachealloc.memory_stats(0))
-            # Keys of newer torch versions cachealloc has no counter for
-            # (num_oom_rejections, torch 2.15) must be 0, as torch reports them.
-            differ = sorted(k for k in set(own) | set(line["stats"])
-                            if own.get(k, 0) != line["stats"].get(k))
+            # Every key torch reports, as cachealloc reports it (cachealloc
+            # may name more: the keys of a later torch it was told to take).
+            differ = sorted(k for k in line["stats"] if own.get(k, 0) != line["stats"][k])
             if differ:
                 line["ok"] = False
                 line["error"] = "torch.cuda.memory_stats() differs from cachealloc.memory_stats() in %s" % differ[:5]
@@ -433,6 +499,8 @@ def run_one(name, backend, conf, timeout):
     if backend == "cachealloc":
         env["CACHEALLOC_BACKEND"] = "cuda"
         env["CACHEALLOC_CONF"] = conf
+        if name == "rejection":
+            env.setdefault("CACHEALLOC_TORCH_VERSION", "2.12")
     elif conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--backend", backend]
