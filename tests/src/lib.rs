@@ -115,8 +115,16 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// Every flat stat key and value, as the oracle prints them.
 pub fn stats_map(stats: &DeviceStats) -> serde_json::Map<String, serde_json::Value> {
+    stats_map_of(stats, cachealloc_core::TorchVersion::NEWEST)
+}
+
+/// [`stats_map`] with the keys of torch `version`.
+pub fn stats_map_of(
+    stats: &DeviceStats,
+    version: cachealloc_core::TorchVersion,
+) -> serde_json::Map<String, serde_json::Value> {
     let mut m = serde_json::Map::new();
-    stats.for_each(|k, v| {
+    stats.for_each_of(version, |k, v| {
         m.insert(k.to_string(), v.into());
     });
     m

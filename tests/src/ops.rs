@@ -270,9 +270,20 @@ pub fn replay_checked(case: &Case, check_every: u64) -> Result<Replayed, String>
 /// [`replay_checked`] with a memory history of `history` entries per device
 /// and, when it is not 0, a snapshot at the end (in the report).
 pub fn replay_with(case: &Case, check_every: u64, history: usize) -> Result<Replayed, String> {
+    replay_as(case, check_every, history, None)
+}
+
+/// [`replay_with`] taking torch `torch`'s decisions (the newest if `None`).
+pub fn replay_as(
+    case: &Case,
+    check_every: u64,
+    history: usize,
+    torch: Option<cachealloc_core::TorchVersion>,
+) -> Result<Replayed, String> {
     let config = Config::parse(&case.conf).map_err(|e| e.to_string())?;
     let opts = Options {
         config,
+        torch,
         conf: case.conf.clone(),
         capacity: case.capacity,
         memory_fraction: case.memory_fraction,

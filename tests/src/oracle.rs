@@ -22,9 +22,24 @@ pub struct Job {
 /// The model's `memory_stats` (device 0) for each job, in order, run in one
 /// Python process through `tests/oracle_batch.py`.
 pub fn run_batch(data: &Path, jobs: &[Job], scratch: &Path) -> Result<Vec<ModelStats>, String> {
+    run_batch_as(data, jobs, scratch, None)
+}
+
+/// [`run_batch`] with the model taking torch `torch`'s decisions
+/// (`PYTORCH_SIM_TORCH_VERSION`; the model's default, the newest, if `None`).
+pub fn run_batch_as(
+    data: &Path,
+    jobs: &[Job],
+    scratch: &Path,
+    torch: Option<&str>,
+) -> Result<Vec<ModelStats>, String> {
     let list = write_jobs(jobs, scratch)?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oracle_batch.py");
-    let out = Command::new("python3")
+    let mut cmd = Command::new("python3");
+    if let Some(v) = torch {
+        cmd.env("PYTORCH_SIM_TORCH_VERSION", v);
+    }
+    let out = cmd
         .arg(&script)
         .arg(data.join("oracle"))
         .arg(&list)

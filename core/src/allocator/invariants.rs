@@ -12,6 +12,7 @@ use crate::invariants::{ensure, expect, fail, InvariantViolation};
 use crate::pool::Pool;
 use crate::private_pool::block_pool;
 use crate::stats::DeviceStats;
+use crate::torch_version::BlockOrder;
 
 /// What the walk over the segments counts.
 struct Tally<const P: usize> {
@@ -359,6 +360,7 @@ where
                     b.stream as i64,
                 )?;
             }
+            self.check_counter(cur, b, head.counter)?;
             self.check_block(cur, b, &mut c, t)?;
             c.addr = c.addr.wrapping_add(b.size);
             c.prev = cur;
@@ -369,6 +371,23 @@ where
             Some(h),
             head.end_of_segment() as i64,
             c.addr as i64,
+        )
+    }
+
+    /// A block's number, as the torch version's rules give it
+    /// (`counters.rs`): none under 2.11's order, its segment's from 2.13 on,
+    /// one already handed out under 2.12.
+    fn check_counter(&self, i: u32, b: &BlockSlot, head: u64) -> Result<(), InvariantViolation> {
+        let (want, got) = match self.config.block_order() {
+            BlockOrder::SizeAddress => (0, b.counter),
+            BlockOrder::RegistrationCounter => (0, u64::from(b.counter >= self.next_counter)),
+            _ => (head, b.counter),
+        };
+        expect(
+            "block number (torch's registration counter)",
+            Some(i),
+            want as i64,
+            got as i64,
         )
     }
 

@@ -159,3 +159,71 @@ fn batch_driver_matches_the_models_command_line() {
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+/// The same agreement under the other releases' decisions, on fewer cases:
+/// torch 2.12 numbers every block (its order differs from the others' on
+/// any sequence that splits), 2.11 orders by address.
+#[test]
+fn core_agrees_with_the_reference_model_under_each_release() {
+    if testdata_part("oracle/pytorch_sim.py").is_none() {
+        return;
+    }
+    let seed = env_u64("CACHEALLOC_DIFF_SEED").unwrap_or(36);
+    let n = env_u64("CACHEALLOC_DIFF_RELEASE_CASES").unwrap_or(150);
+    let data = testdata_dir();
+    for (name, version) in [
+        ("2.12", cachealloc_core::TorchVersion::V2_12),
+        ("2.11", cachealloc_core::TorchVersion::V2_11),
+    ] {
+        let scratch = std::env::temp_dir().join(format!(
+            "cachealloc-diff-{}-{seed}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let cases: Vec<ops::Case> = (0..n)
+            .map(|k| ops::generate(seed.wrapping_add(k.wrapping_mul(0x9E37_79B9))))
+            .collect();
+        let jobs: Vec<oracle::Job> = cases
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                let path = scratch.join(format!("case-{k}.jsonl"));
+                ops::write_trace(c, &path).unwrap();
+                oracle::Job {
+                    path,
+                    conf: c.conf.clone(),
+                    capacity: None,
+                    memory_fraction: c.memory_fraction,
+                }
+            })
+            .collect();
+        let theirs = oracle::run_batch_as(&data, &jobs, &scratch, Some(name)).unwrap();
+        let mut failures = Vec::new();
+        for (c, model) in cases.iter().zip(&theirs) {
+            let Ok(model) = model else { continue };
+            match ops::replay_as(c, 1, 0, Some(version)) {
+                Ok(ours) => {
+                    let d = oracle::diff(
+                        &cachealloc_tests::stats_map_of(ours.alloc().stats(), version),
+                        model,
+                    );
+                    if !d.is_empty() {
+                        failures.push(format!(
+                            "torch {name}, case seed {}: {}",
+                            c.seed,
+                            d.join("; ")
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!("torch {name}, case seed {}: {e}", c.seed)),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&scratch);
+        assert!(
+            failures.is_empty(),
+            "{} of {n} cases differ:\n{}",
+            failures.len(),
+            failures[..failures.len().min(5)].join("\n")
+        );
+    }
+}

@@ -90,6 +90,27 @@ fn block_state() {
 }
 
 #[test]
+fn block_numbers() {
+    // torch 2.13 on (the default): every piece carries its segment's number.
+    let (mut t, k) = rich();
+    t.slot_mut(k.c).counter += 1;
+    assert_named(broken(&t), "block number");
+    // torch 2.11: no number at all.
+    let (mut t, k) = rich();
+    t.config = t.config.with_torch_version(crate::TorchVersion::V2_11);
+    for i in [k.a, k.b, k.c, k.d, k.x] {
+        t.slot_mut(i).counter = 0;
+    }
+    let tail = t.slot(k.d).next;
+    t.slot_mut(tail).counter = 0;
+    let tail = t.slot(k.x).next;
+    t.slot_mut(tail).counter = 0;
+    t.check_invariants().expect("no numbers under 2.11");
+    t.slot_mut(k.b).counter = 3;
+    assert_named(broken(&t), "block number");
+}
+
+#[test]
 fn free_index() {
     let (mut t, k) = rich();
     t.pools
