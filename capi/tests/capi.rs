@@ -124,6 +124,8 @@ fn program(exe: &Path, backend: &str) -> Command {
         "CACHEALLOC_CONF",
         "PYTORCH_CUDA_ALLOC_CONF",
         "PYTORCH_HIP_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+        "CACHEALLOC_TORCH_VERSION",
         "CACHEALLOC_SLOTS",
         "CACHEALLOC_HISTORY_CAPACITY",
         "CACHEALLOC_MOCK_CAPACITY",
@@ -485,19 +487,68 @@ int main(int argc, char **argv) {
     .expect("write");
     let exe = dir.join("bad");
     compile(&src, &exe, false);
-    for (backend, conf, expected) in [
-        ("mock", "bogus:1", "bogus"),
-        ("mock", "max_split_size_mb:x", "max_split_size_mb"),
-        ("tpu", "", "CACHEALLOC_BACKEND"),
+    for (backend, var, conf, expected) in [
+        ("mock", "CACHEALLOC_CONF", "bogus:1", "bogus"),
+        (
+            "mock",
+            "CACHEALLOC_CONF",
+            "max_split_size_mb:x",
+            "max_split_size_mb",
+        ),
+        ("tpu", "CACHEALLOC_CONF", "", "CACHEALLOC_BACKEND"),
+        // torch's newest variable, read when the others are unset; the
+        // message names the key and the variable.
+        (
+            "mock",
+            "PYTORCH_ALLOC_CONF",
+            "throw_on_cudamalloc_oom:maybe",
+            "throw_on_cudamalloc_oom",
+        ),
+        (
+            "mock",
+            "PYTORCH_ALLOC_CONF",
+            "throw_on_cudamalloc_oom:maybe",
+            "PYTORCH_ALLOC_CONF",
+        ),
     ] {
         let out = run(
-            program(&exe, backend)
-                .env("CACHEALLOC_CONF", conf)
-                .arg(expected),
-            &format!("CACHEALLOC_BACKEND={backend} CACHEALLOC_CONF={conf}"),
+            program(&exe, backend).env(var, conf).arg(expected),
+            &format!("CACHEALLOC_BACKEND={backend} {var}={conf}"),
         );
         print!("{}", String::from_utf8_lossy(&out.stdout));
     }
+    // A torch 2.14 launch string there is taken.
+    let ok = dir.join("ok.c");
+    std::fs::write(
+        &ok,
+        r#"#include "cachealloc.h"
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    void *p = cachealloc_alloc(3 << 20, 0, NULL);
+    if (p == NULL) { printf("%s\n", cachealloc_last_error()); return 1; }
+    cachealloc_allocator_settings s;
+    if (cachealloc_get_allocator_settings(&s) != 0) return 1;
+    printf("settings: %s\n", s.last_allocator_settings);
+    if (!strstr(s.last_allocator_settings, "large_segment_size_mb:12")) return 1;
+    cachealloc_free(p, 0, 0, NULL);
+    return 0;
+}
+"#,
+    )
+    .expect("write");
+    let exe = dir.join("ok");
+    compile(&ok, &exe, false);
+    let conf = "expandable_segments:True,large_segment_size_mb:12,per_process_memory_fraction:0.4,\
+                throw_on_cudamalloc_oom:True,pinned_max_cached_size_mb:64,graph_capture_record_stream_reuse:False";
+    let out = run(
+        program(&exe, "mock")
+            .env("CACHEALLOC_MOCK_CAPACITY", "1GiB")
+            .env("CACHEALLOC_TORCH_VERSION", "2.14.1")
+            .env("PYTORCH_ALLOC_CONF", conf),
+        "a torch 2.14 string in PYTORCH_ALLOC_CONF",
+    );
+    print!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
 // -------------------------------------------------------------------- C++
