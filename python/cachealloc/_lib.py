@@ -21,6 +21,8 @@ LIBRARY_NAME = "libcachealloc.so"
 
 #: ``typedef void (*cachealloc_stat_callback)(const char*, int64_t, void*)``
 STAT_CALLBACK = ctypes.CFUNCTYPE(None, c_char_p, c_int64, c_void_p)
+#: cachealloc_pool_reserved_stats: pool id, its `cachealloc_stat[3]`, user.
+POOL_STATS_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, c_void_p, c_void_p)
 
 #: ``typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*)``
 OOM_OBSERVER = ctypes.CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_void_p)
@@ -82,6 +84,7 @@ PROTOTYPES = {
     "cachealloc_record_history_ex": (c_int, [c_int, c_int, c_size_t, c_int, ctypes.c_uint32]),
     "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),
     "cachealloc_attach_oom_observer": (c_int, [OOM_OBSERVER, c_void_p]),
+    "cachealloc_attach_oom_rejection_observer": (c_int, [OOM_OBSERVER, c_void_p]),
     # The structures' functions (used by the C++ allocator for torch) take
     # pointers to structures this package does not mirror.
     "cachealloc_attach_trace_tracker": (c_int, [c_void_p, c_void_p]),
@@ -109,6 +112,7 @@ PROTOTYPES = {
     "cachealloc_snapshot_walk": (c_int, [c_int, c_int, c_void_p, c_void_p]),
     "cachealloc_get_allocator_settings": (c_int, [c_void_p]),
     "cachealloc_memory_stats": (c_int, [c_int, STAT_CALLBACK, c_void_p]),
+    "cachealloc_pool_reserved_stats": (c_int, [c_int, POOL_STATS_CALLBACK, c_void_p]),
     "cachealloc_reset_peak_stats": (c_int, [c_int]),
     "cachealloc_reset_accumulated_stats": (c_int, [c_int]),
     "cachealloc_empty_cache": (c_int, [c_int]),

@@ -354,6 +354,30 @@ def attach_oom_observer(observer):
     _OBSERVERS.append(fn)
 
 
+def attach_oom_rejection_observer(observer):
+    """Call ``observer(device, alloc_size, total_allocated, device_total)``
+    for every request the rejection policy refuses before any device call
+    (``throw_on_cudamalloc_oom:True``, torch 2.12 on; torch's
+    ``attachOomRejectionObserver``): the segment it would have made, the
+    bytes reserved then, the device's memory. It runs on the allocating
+    thread once the device's lock is released; what it raises is printed.
+    The allocation then fails with torch's message ("... preemptively
+    rejected ..."). There is no detach."""
+    if not callable(observer):
+        raise TypeError("cachealloc: the observer must be callable")
+
+    def trampoline(device, alloc_size, total_allocated, device_total, _user):
+        try:
+            observer(device, alloc_size, total_allocated, device_total)
+        except BaseException as e:  # never unwind into the library
+            print("cachealloc: the OOM rejection observer raised %r" % (e,), file=sys.stderr)
+
+    fn = _lib.OOM_OBSERVER(trampoline)
+    _lib.check(_lib.lib().cachealloc_attach_oom_rejection_observer(fn, None),
+               "cachealloc_attach_oom_rejection_observer")
+    _OBSERVERS.append(fn)
+
+
 # memory_summary, in the layout of torch.cuda.memory_summary.
 
 _WIDTH = 75

@@ -113,7 +113,9 @@ def install(native=True, verbose=False):
             )
         # The decisions (block order, settings keys, statistics) of the torch
         # in this process, unless the environment names another release.
-        os.environ.setdefault("CACHEALLOC_TORCH_VERSION", torch.__version__)
+        version = getattr(torch, "__version__", "")
+        if version:
+            os.environ.setdefault("CACHEALLOC_TORCH_VERSION", str(version))
         lib = _lib.lib()
         # PyTorch calls init(0) as it creates the allocator, and ignores its
         # errors: check the settings here, with a message.

@@ -97,7 +97,7 @@ def stat_keys():
             for part in ["allocated", "current", "freed", "peak"]:
                 keys.append("%s.%s.%s" % (stat, pool, part))
     keys += ["max_split_size", "num_alloc_retries", "num_device_alloc", "num_device_free",
-             "num_ooms", "num_sync_all_streams"]
+             "num_oom_rejections", "num_ooms", "num_sync_all_streams"]  # torch 2.12 on
     for stat in ["oversize_allocations", "oversize_segments"]:
         for part in ["allocated", "current", "freed", "peak"]:
             keys.append("%s.%s" % (stat, part))
@@ -461,6 +461,32 @@ class OutOfMemory(unittest.TestCase):
         self.assertEqual(mine[0][1], 2 * GiB)
         self.assertEqual(mine[0][2], GiB)
 
+
+    def test_the_rejection_policy_tells_its_observers(self):
+        # throw_on_cudamalloc_oom (torch 2.12 on): settings are read once per
+        # process, so in a child of its own.
+        code = r"""
+import cachealloc
+from cachealloc import _lib
+seen = []
+cachealloc.attach_oom_rejection_observer(lambda *a: seen.append(a))
+cachealloc.attach_oom_observer(lambda *a: seen.append(("oom",) + a))
+lib = _lib.lib()
+assert lib.cachealloc_alloc(2 << 30, 0, None) is None
+msg = _lib.last_error()
+assert "preemptively rejected because it would exceed per_process_memory_fraction" in msg, msg
+s = cachealloc.memory_stats(0)
+assert (s["num_oom_rejections"], s["num_ooms"], s["num_device_alloc"]) == (1, 0, 0), s
+assert seen == [(0, 2 << 30, 0, 1 << 30)], seen
+print("ok: rejected, observed")
+"""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   CACHEALLOC_BACKEND="mock", CACHEALLOC_MOCK_CAPACITY="1GiB",
+                   CACHEALLOC_CONF="throw_on_cudamalloc_oom:True")
+        env.pop("CACHEALLOC_TORCH_VERSION", None)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("ok: rejected, observed", r.stdout)
 
     def test_the_cause_names_the_class_and_the_bytes(self):
         alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
