@@ -20,6 +20,10 @@ pub fn replay_summary(r: &Report) {
         }
     );
     println!(
+        "  torch           {} (its decisions: --torch-version chooses)",
+        r.torch_version
+    );
+    println!(
         "  capacity        {}",
         r.capacity.map_or("unlimited".to_string(), human::bytes)
     );
