@@ -75,10 +75,12 @@ pub struct Config {
     pub policy: Policy,
 }
 
-/// torch's settings of the pinned host allocator (and the 2.15 reserve of
-/// expandable segments' address space): validated with torch's rules,
-/// kept, shown in snapshots; cachealloc has no host allocator, so they have
-/// no effect.
+/// torch's settings of the pinned host allocator: validated with torch's
+/// rules, kept, shown in snapshots; cachealloc has no host allocator, so
+/// they have no effect. (torch 2.15's `expandable_segments_reserve` and
+/// `_by_class`, the address space reserved for expandable segments, are
+/// accepted as torch accepts them, a bad value included, and not kept:
+/// cachealloc reserves as before; the settings string shows them.)
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 #[non_exhaustive]
 pub struct HostSettings {
@@ -96,10 +98,6 @@ pub struct HostSettings {
     pub pinned_max_round_threshold_mb: u64,
     /// `pinned_max_cached_size_mb` (torch 2.13 on; 0: unset).
     pub pinned_max_cached_size_mb: u64,
-    /// `expandable_segments_reserve` or `_by_class` was given (torch 2.15):
-    /// the address space torch reserves for expandable segments. cachealloc
-    /// reserves as before (see docs/torch-versions.md).
-    pub expandable_segments_reserve: bool,
 }
 
 bitflags::bitflags! {
@@ -197,7 +195,6 @@ impl Config {
             pinned_free_catch_all: false,
             pinned_max_round_threshold_mb: 0,
             pinned_max_cached_size_mb: 0,
-            expandable_segments_reserve: false,
         },
         torch: TorchVersion::NEWEST,
         order: BlockOrder::SizeCounterAddress,
@@ -435,8 +432,8 @@ impl Config {
                 }
                 "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
                     // torch warns about a bad value and goes on with its
-                    // default; so does this parser (without the warning).
-                    c.host.expandable_segments_reserve = true;
+                    // default; so does this parser (without the warning),
+                    // and it changes nothing here.
                 }
                 _ => return Err(err(UNKNOWN_KEY)),
             }
@@ -639,10 +636,9 @@ fn parse_divisions(value: &str) -> Result<[u32; ROUNDUP_INTERVALS], &'static str
     Ok(out)
 }
 
-/// Writes the canonical string of the options that differ from the default;
-/// [`Config::parse`] of it gives the same `Config` back (but for
-/// `expandable_segments_reserve`, of which only the mention is kept, and the
-/// torch version, which is not a key).
+/// Writes the canonical string of the options that differ from the default
+/// (or that a later string would keep); [`Config::parse`] of it gives the
+/// same `Config` back (the torch version aside: it is not a key).
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
@@ -665,7 +661,9 @@ impl fmt::Display for Config {
                 format_args!("max_split_size_mb:{}", self.max_split_size / MIB),
             )?;
         }
-        if self.max_non_split_rounding != self.large_segment_size {
+        if self.max_non_split_rounding != self.large_segment_size
+            || self.mentioned.contains(Mentioned::NON_SPLIT_ROUNDING)
+        {
             item(
                 f,
                 format_args!(
@@ -853,7 +851,7 @@ mod tests {
         assert_eq!(c.max_non_split_rounding, 32 << 20);
         assert_eq!(c.per_process_memory_fraction, 0.4);
         assert!(c.throw_on_cudamalloc_oom && c.expandable_segments);
-        assert!(c.host.expandable_segments_reserve && c.host.pinned_free_catch_all);
+        assert!(c.host.pinned_free_catch_all);
         // The large segment size sets the default of max_non_split_rounding
         // and the least split sizes, wherever it stands in the string.
         let c = Config::parse("max_split_size_mb:12,large_segment_size_mb:12").unwrap();
@@ -936,6 +934,11 @@ mod tests {
             "per_process_memory_fraction:0.4,throw_on_cudamalloc_oom:True",
             "pinned_use_cuda_host_register:True,pinned_num_register_threads:8,pinned_use_background_threads:True",
             "pinned_reserve_segment_size_mb:64,pinned_free_catch_all:True,pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:1024",
+            // Found by the conf fuzz target: a reserve (bad value and all)
+            // and a rounding equal to its default.
+            "expandable_segments_reserve:1]",
+            "max_non_split_rounding_mb:20",
+            "large_segment_size_mb:20,pinned_num_register_threads:1,pinned_max_cached_size_mb:0",
         ] {
             let c = Config::parse(s).unwrap();
             let text = format!("{c}");
