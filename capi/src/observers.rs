@@ -51,32 +51,25 @@ impl OutOfMemoryObserver for Forward {
     }
 
     fn oom_rejected(&self, device: u32, alloc_size: u64, total_allocated: u64, device_total: u64) {
-        let mine = crate::fragmentation::kept();
-        REJECTION_OBSERVERS.each(|f, user| {
-            f(
-                device as c_int,
-                alloc_size as usize,
-                total_allocated as usize,
-                device_total as usize,
-                user,
-            )
-        });
-        crate::fragmentation::keep(mine);
+        tell(
+            &REJECTION_OBSERVERS,
+            device,
+            [alloc_size, total_allocated, device_total],
+        );
     }
 
     fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
-        let mine = crate::fragmentation::kept();
-        OBSERVERS.each(|f, user| {
-            f(
-                device as c_int,
-                alloc_size as usize,
-                device_total as usize,
-                device_free as usize,
-                user,
-            )
-        });
-        crate::fragmentation::keep(mine);
+        tell(&OBSERVERS, device, [alloc_size, device_total, device_free]);
     }
+}
+
+/// Call every observer of `list` with the device and its three numbers;
+/// the thread's own last out-of-memory cause is kept across them (an
+/// observer's calls may set another).
+fn tell(list: &Callbacks<OomFn>, device: u32, [a, b, c]: [u64; 3]) {
+    let mine = crate::fragmentation::kept();
+    list.each(|f, user| f(device as c_int, a as usize, b as usize, c as usize, user));
+    crate::fragmentation::keep(mine);
 }
 
 /// Attach an out-of-memory observer, called (with `user`) on every final

@@ -332,6 +332,24 @@ def caching_allocator_delete(ptr):
 _OBSERVERS = []  # the ctypes callbacks attached: they must live as long as the process
 
 
+def _attach(c_function, what, observer):
+    """Attach ``observer`` (called with four numbers) through the C
+    function ``c_function``; what it raises is printed, never unwound into
+    the library."""
+    if not callable(observer):
+        raise TypeError("cachealloc: the observer must be callable")
+
+    def trampoline(device, a, b, c, _user):
+        try:
+            observer(device, a, b, c)
+        except BaseException as e:  # never unwind into the library
+            print("cachealloc: the %s raised %r" % (what, e), file=sys.stderr)
+
+    fn = _lib.OOM_OBSERVER(trampoline)
+    _lib.check(getattr(_lib.lib(), c_function)(fn, None), c_function)
+    _OBSERVERS.append(fn)
+
+
 def attach_oom_observer(observer):
     """Call ``observer(device, alloc_size, device_total, device_free)`` at every
     final out-of-memory of any device, before the failing allocation returns
@@ -340,18 +358,7 @@ def attach_oom_observer(observer):
     so it may call cachealloc, on that device too: read ``memory_stats``,
     ``record_annotation``, take a ``snapshot``, free memory. There is no
     detach."""
-    if not callable(observer):
-        raise TypeError("cachealloc: the observer must be callable")
-
-    def trampoline(device, alloc_size, device_total, device_free, _user):
-        try:
-            observer(device, alloc_size, device_total, device_free)
-        except BaseException as e:  # never unwind into the library
-            print("cachealloc: the out-of-memory observer raised %r" % (e,), file=sys.stderr)
-
-    fn = _lib.OOM_OBSERVER(trampoline)
-    _lib.check(_lib.lib().cachealloc_attach_oom_observer(fn, None), "cachealloc_attach_oom_observer")
-    _OBSERVERS.append(fn)
+    _attach("cachealloc_attach_oom_observer", "out-of-memory observer", observer)
 
 
 def attach_oom_rejection_observer(observer):
@@ -363,19 +370,7 @@ def attach_oom_rejection_observer(observer):
     thread once the device's lock is released; what it raises is printed.
     The allocation then fails with torch's message ("... preemptively
     rejected ..."). There is no detach."""
-    if not callable(observer):
-        raise TypeError("cachealloc: the observer must be callable")
-
-    def trampoline(device, alloc_size, total_allocated, device_total, _user):
-        try:
-            observer(device, alloc_size, total_allocated, device_total)
-        except BaseException as e:  # never unwind into the library
-            print("cachealloc: the OOM rejection observer raised %r" % (e,), file=sys.stderr)
-
-    fn = _lib.OOM_OBSERVER(trampoline)
-    _lib.check(_lib.lib().cachealloc_attach_oom_rejection_observer(fn, None),
-               "cachealloc_attach_oom_rejection_observer")
-    _OBSERVERS.append(fn)
+    _attach("cachealloc_attach_oom_rejection_observer", "OOM rejection observer", observer)
 
 
 # memory_summary, in the layout of torch.cuda.memory_summary.
