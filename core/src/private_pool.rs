@@ -240,6 +240,12 @@ impl<const P: usize> PoolTable<P> {
     /// A new pool with `use_count` 1 in a free entry; its owner number.
     pub(crate) fn create(&mut self, id: MempoolId, options: PoolOptions) -> Option<u8> {
         let k = self.pools.iter().position(Option::is_none)?;
+        // A pool made again under a deleted one's id reports its own figures.
+        for r in self.retired.iter_mut() {
+            if r.is_some_and(|(rid, _)| rid == id) {
+                *r = None;
+            }
+        }
         self.pools[k] = Some(PrivatePool {
             id,
             use_count: 1,

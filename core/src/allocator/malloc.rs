@@ -362,12 +362,13 @@ where
     /// fraction, as torch does when it makes a device's allocator (done at
     /// the first new segment; this does it now). Nothing for 1.0.
     pub fn apply_configured_fraction(&mut self) -> Res<(), B> {
-        self.fraction_pending = false;
         let f = self.config.per_process_memory_fraction;
         if f < 1.0 {
+            // (A failed read of the device's memory leaves it pending.)
             let total = self.device_total()?;
             self.limit = Some((f * total as f64) as u64);
         }
+        self.fraction_pending = false;
         Ok(())
     }
 

@@ -98,3 +98,27 @@ fn settling_after_the_capture_returns_the_block() {
     assert_eq!(t.stats().active.all().current, before);
     t.check_invariants().unwrap();
 }
+
+/// torch 2.13's `reserved_bytes_by_private_pools`: a deleted pool keeps its
+/// figures with current 0; a pool made again under its id reports its own.
+#[test]
+fn reserved_bytes_of_deleted_pools() {
+    let mut t = tiny();
+    t.create_pool(M, crate::PoolOptions::NONE).unwrap();
+    t.begin_allocate_to_pool(M, StreamFilter::stream(3))
+        .unwrap();
+    let a = t.malloc(4096, 3).unwrap().handle.unwrap();
+    t.end_allocate_to_pool(M).unwrap();
+    t.free(a).unwrap();
+    t.release_pool(M).unwrap();
+    t.release_pool(M).unwrap();
+    t.empty_cache().unwrap();
+    let seen = |t: &Tiny| {
+        let mut v = std::vec::Vec::new();
+        t.reserved_bytes_by_private_pools(|id, s| v.push((id, s.all().current, s.all().allocated)));
+        v
+    };
+    assert_eq!(seen(&t), [(M, 0, 2 << 20)]);
+    t.create_pool(M, crate::PoolOptions::NONE).unwrap();
+    assert_eq!(seen(&t), [(M, 0, 0)]);
+}
