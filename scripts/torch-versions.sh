@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs python/tests/test_native.py (the native C++ allocator, on the simulated
 # device) against each released torch, one venv each with the CUDA wheel from
-# the package index. Not part of .ci/run (about 5 minutes and 4.6 GB a venv on a
-# first run, seconds after).
+# the package index. Not part of .ci/run: a first run downloads a torch wheel
+# for each venv (several GB each).
 #
 #   scripts/torch-versions.sh                 # every version below
 #   scripts/torch-versions.sh 2.13.0 2.15.0   # just these

@@ -171,7 +171,6 @@ mod tests {
             conf_text: String::new(),
             conf_c: Default::default(),
             config: Config::DEFAULT,
-            torch: cachealloc_core::TorchVersion::NEWEST,
             mock_capacity: None,
             slots: 8,
             history: 0,

@@ -34,9 +34,9 @@ pub(crate) struct Settings {
     pub(crate) conf_text: String,
     /// The same, NUL-terminated (`cachealloc_get_allocator_settings`).
     pub(crate) conf_c: std::ffi::CString,
+    /// The settings, with the torch release whose decisions and
+    /// statistics keys are taken (`config.torch_version()`).
     pub(crate) config: Config,
-    /// The torch release whose decisions and statistics keys are taken.
-    pub(crate) torch: TorchVersion,
     pub(crate) mock_capacity: Option<u64>,
     pub(crate) slots: usize,
     pub(crate) history: usize,
@@ -115,7 +115,6 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         conf_c: std::ffi::CString::new(conf_text.replace('\0', " ")).unwrap_or_default(),
         conf_text,
         config,
-        torch,
         mock_capacity,
         slots,
         history: count("CACHEALLOC_HISTORY_CAPACITY", DEFAULT_HISTORY)?,
@@ -224,7 +223,6 @@ mod tests {
             "{e}"
         );
         let s = with(&[mock, ("CACHEALLOC_TORCH_VERSION", "2.12.1")]).unwrap();
-        assert_eq!(s.torch, TorchVersion::V2_12);
         assert_eq!(s.config.torch_version(), TorchVersion::V2_12);
         let e = with(&[mock, ("CACHEALLOC_TORCH_VERSION", "latest")]).unwrap_err();
         assert!(e.contains("CACHEALLOC_TORCH_VERSION"), "{e}");

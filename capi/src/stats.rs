@@ -30,7 +30,7 @@ pub extern "C" fn cachealloc_memory_stats(
 ) -> c_int {
     status("cachealloc_memory_stats", || {
         let callback = callback.ok_or("cachealloc_memory_stats: callback is NULL")?;
-        let torch = crate::settings::settings()?.torch;
+        let torch = crate::settings::settings()?.config.torch_version();
         let d = registry::device(device)?;
         let stats = on_device!(d, |a| a.stats().map_err(text))?;
         let mut pools = Vec::new();

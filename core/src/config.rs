@@ -934,8 +934,8 @@ mod tests {
             "per_process_memory_fraction:0.4,throw_on_cudamalloc_oom:True",
             "pinned_use_cuda_host_register:True,pinned_num_register_threads:8,pinned_use_background_threads:True",
             "pinned_reserve_segment_size_mb:64,pinned_free_catch_all:True,pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:1024",
-            // Found by the conf fuzz target: a reserve (bad value and all)
-            // and a rounding equal to its default.
+            // A reserve (a bad value too: torch only warns) changes nothing,
+            // and a rounding set to its default is still printed.
             "expandable_segments_reserve:1]",
             "max_non_split_rounding_mb:20",
             "large_segment_size_mb:20,pinned_num_register_threads:1,pinned_max_cached_size_mb:0",

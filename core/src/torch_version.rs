@@ -48,15 +48,6 @@ impl BlockOrder {
     pub const fn uses_counter(self) -> bool {
         !matches!(self, BlockOrder::SizeAddress)
     }
-
-    /// The comparator's name in torch's source.
-    pub const fn comparator(self) -> &'static str {
-        match self {
-            BlockOrder::SizeAddress => "BlockComparatorSize",
-            BlockOrder::RegistrationCounter => "BlockComparatorRegistrationCounter",
-            BlockOrder::SizeCounterAddress => "BlockComparatorSizeCounterAddress",
-        }
-    }
 }
 
 impl TorchVersion {
@@ -140,12 +131,6 @@ impl TorchVersion {
         } else {
             BlockOrder::SizeAddress
         }
-    }
-
-    /// Whether `memory_reserved()` counts the reserved bytes of CUDA-graph
-    /// pools (torch 2.14 on, pytorch#186809).
-    pub fn reserved_counts_graph_pools(self) -> bool {
-        self.decisions_of() >= TorchVersion::V2_14
     }
 }
 

@@ -290,10 +290,9 @@ def mid_sizes(torch, dev):
 
 
 def config_fraction(torch, dev):
-    """Issue 36's recording: under per_process_memory_fraction:0.05 (the
-    setting, applied when the allocator starts), 256 MiB tensors until one
-    runs out of memory, all freed, empty_cache, a 64 MiB tensor and its
-    sum; twice."""
+    """Under per_process_memory_fraction:0.05 (the setting, applied when
+    the allocator starts): 256 MiB tensors until one runs out of memory,
+    all freed, empty_cache, a 64 MiB tensor and its sum; twice."""
     out = []
     for _ in range(2):
         held = []

@@ -240,22 +240,21 @@ fn a_recording_under_a_memory_fraction_imports_and_replays() {
 /// peak and final runs, block for block, on an unlimited device and on a
 /// 3 GiB one (unmaps, out-of-memory errors); a warm start (a ring buffer
 /// that dropped the oldest entries) is refused, saying why.
-/// Issue 36's recording, made on the simulated device: under a memory
-/// fraction of 0.05 of an H200, 256 MiB tensors until one runs out of
-/// memory, all freed, `empty_cache`, a 64 MiB tensor and a reduction (a
-/// 2 MiB small segment), freed; twice. The `empty_cache` shows in the
-/// history only as segment frees before the 64 MiB tensor's device malloc,
-/// which an out-of-memory retry also makes; it is an `empty_cache` because
-/// a freed 256 MiB segment would have served that request from the cache.
-/// (Read as a retry, the replay kept the 256 MiB segments and served the
-/// 64 MiB tensor from one of them: 53 device mallocs against 56, 51 frees
-/// against 54.)
+/// A recording made on the simulated device: under a memory fraction of
+/// 0.05 of an H200, 256 MiB tensors until one runs out of memory, all
+/// freed, `empty_cache`, a 64 MiB tensor and a reduction (a 2 MiB small
+/// segment), freed; twice. The `empty_cache` shows in the history only as
+/// segment frees before the 64 MiB tensor's device malloc, which an
+/// out-of-memory retry also makes; it must be read as an `empty_cache`,
+/// because a freed 256 MiB segment would have served that request from the
+/// cache (read as a retry, the replay keeps the 256 MiB segments and serves
+/// the 64 MiB tensor from one of them).
 #[test]
 fn a_fraction_recording_with_empty_cache_replays_block_for_block() {
     use std::fmt::Write as _;
     let dir = scratch("fraction-empty-cache");
     let mut t = String::from(
-        r#"{"format":"cachealloc-trace","version":1,"source":"issue 36 point 8","device_capacity":139810037760,"memory_fraction":0.05}"#,
+        r#"{"format":"cachealloc-trace","version":1,"source":"256 MiB until out of memory under a fraction, empty_cache, 64 MiB; twice","device_capacity":139810037760,"memory_fraction":0.05}"#,
     );
     t.push('\n');
     let mut id = 0u64;
