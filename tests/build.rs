@@ -1,6 +1,6 @@
 //! Builds the stub drivers (`stubs/`): `libcuda.so.1` and
-//! `libamdhip64.so.5` (symbol versions `hip_4.2` and, for the virtual-memory
-//! calls, `hip_5.1`, as the real library has them), shared libraries that a
+//! `libamdhip64.so.5` (each symbol at the version the real library gives it:
+//! `hip_4.2` to `hip_5.1`, see `stubs/hip.map`), shared libraries that a
 //! test loads in place of a real driver by putting their folder first on
 //! `LD_LIBRARY_PATH` in a child process. The folder is passed to the crate
 //! as `CACHEALLOC_STUB_DIR` (empty where the stubs cannot be built: not Linux).

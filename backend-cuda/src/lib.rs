@@ -25,7 +25,11 @@
 //! still makes (`cuMemAlloc`, the page-mapping calls, `cuMemGetInfo`) run
 //! in relaxed capture mode (`cuThreadExchangeStreamCaptureMode`), as
 //! PyTorch's `cudaMallocMaybeCapturing` does, so that they cannot
-//! invalidate the capture.
+//! invalidate the capture. For `graph_capture_record_stream_reuse:True` the
+//! backend reads the graph a capture builds (`src/graph.rs`:
+//! `cuStreamGetCaptureInfo_v2`, `cuGraphNodeGetDependencies`), as PyTorch
+//! does to hand out again, within the capture, a block freed after other
+//! streams used it.
 //!
 //! Sharing memory with other processes and between devices (`src/ipc.rs`):
 //! `cuIpcGetMemHandle`, `cuIpcOpenMemHandle_v2` (lazy peer access, as
@@ -47,6 +51,7 @@
 
 mod capture;
 mod conv;
+mod graph;
 mod ipc;
 mod vmm;
 
@@ -118,6 +123,8 @@ pub struct CudaBackend {
     /// A stream capture is under way on the device (the allocator said so):
     /// device mallocs, page maps and memory info run in relaxed capture mode.
     capturing: bool,
+    /// Free markers and what the walks of the captures' graphs found.
+    graph: cachealloc_capture_graph::CaptureGraph<CudaStream>,
 }
 
 // SAFETY: the primary context may be made current on any thread
@@ -157,6 +164,7 @@ impl CudaBackend {
             vmm: vmm::driver_has_vmm(),
             peers: Vec::new(),
             capturing: false,
+            graph: cachealloc_capture_graph::CaptureGraph::default(),
         })
     }
 
@@ -377,9 +385,34 @@ impl DeviceBackend for CudaBackend {
     }
 
     /// Device mallocs, page maps and memory info run in relaxed capture
-    /// mode while a capture is under way (see `src/capture.rs`).
+    /// mode while a capture is under way (see `src/capture.rs`); when the
+    /// last capture ends, what the graph walks found goes.
     fn set_capture_underway(&mut self, underway: bool) {
         self.capturing = underway;
+        if !underway {
+            self.graph.captures_ended();
+        }
+    }
+
+    const CAPTURE_GRAPH: bool = true;
+
+    fn capture_free_marker(
+        &mut self,
+        streams: &mut dyn Iterator<Item = CudaStream>,
+    ) -> Result<Option<u32>, CudaError> {
+        self.graph_free_marker(streams)
+    }
+
+    fn capture_walk(&mut self, stream: CudaStream) -> Result<bool, CudaError> {
+        self.graph_walk(stream)
+    }
+
+    fn capture_marker_reached(&mut self, stream: CudaStream, marker: u32) -> bool {
+        self.graph.reached(stream, marker)
+    }
+
+    fn capture_marker_drop(&mut self, marker: u32) {
+        self.graph.drop_marker(marker);
     }
 
     /// Microseconds since the Unix epoch (what PyTorch's history records).

@@ -70,6 +70,8 @@ pub struct HipBackend {
     /// A stream capture is under way on the device (the allocator said so):
     /// device mallocs, page maps and memory info run in relaxed capture mode.
     pub(crate) capturing: bool,
+    /// Free markers and what the walks of the captures' graphs found.
+    pub(crate) graph: cachealloc_capture_graph::CaptureGraph<HipStream>,
 }
 
 /// The number of HIP devices (0 when the runtime reports `hipErrorNoDevice`).
@@ -96,6 +98,7 @@ impl HipBackend {
             pages: BTreeMap::new(),
             unreleased: Vec::new(),
             capturing: false,
+            graph: cachealloc_capture_graph::CaptureGraph::default(),
         })
     }
 
@@ -270,9 +273,34 @@ impl DeviceBackend for HipBackend {
     }
 
     /// Device mallocs, page maps and memory info run in relaxed capture
-    /// mode while a capture is under way (see `src/capture.rs`).
+    /// mode while a capture is under way (see `src/capture.rs`); when the
+    /// last capture ends, what the graph walks found goes.
     fn set_capture_underway(&mut self, underway: bool) {
         self.capturing = underway;
+        if !underway {
+            self.graph.captures_ended();
+        }
+    }
+
+    const CAPTURE_GRAPH: bool = true;
+
+    fn capture_free_marker(
+        &mut self,
+        streams: &mut dyn Iterator<Item = HipStream>,
+    ) -> Result<Option<u32>, HipError> {
+        self.graph_free_marker(streams)
+    }
+
+    fn capture_walk(&mut self, stream: HipStream) -> Result<bool, HipError> {
+        self.graph_walk(stream)
+    }
+
+    fn capture_marker_reached(&mut self, stream: HipStream, marker: u32) -> bool {
+        self.graph.reached(stream, marker)
+    }
+
+    fn capture_marker_drop(&mut self, marker: u32) {
+        self.graph.drop_marker(marker);
     }
 
     /// Microseconds since the Unix epoch (what PyTorch's history records).

@@ -18,6 +18,10 @@
 //! graph) is under way, `hipMalloc`, the page-mapping calls and
 //! `hipMemGetInfo` run in relaxed capture mode
 //! (`hipThreadExchangeStreamCaptureMode`), so that they cannot invalidate it.
+//! For `graph_capture_record_stream_reuse:True` the backend reads the graph
+//! a capture builds (`hipStreamGetCaptureInfo_v2`,
+//! `hipGraphNodeGetDependencies`), as PyTorch does to hand out again, within
+//! the capture, a block freed after other streams used it.
 //!
 //! The FFI sits behind the cargo feature `rocm` (off by default), because
 //! building it needs the HIP headers and `libamdhip64`: on Debian
@@ -31,6 +35,8 @@ mod backend;
 mod capture;
 #[cfg(feature = "rocm")]
 mod conv;
+#[cfg(feature = "rocm")]
+mod graph;
 #[cfg(feature = "rocm")]
 mod ipc;
 #[cfg(feature = "rocm")]

@@ -9,7 +9,8 @@
 //!   conformance suite with every scenario and no leaks, no device,
 //!   another thread, the caller's device restored, a failure at every
 //!   runtime call, the capture rules and a graph capture as
-//!   torch.cuda.graph makes it, the symbol inventory (the binary binds
+//!   torch.cuda.graph makes it, the free markers and walks of a capture's
+//!   graph, the symbol inventory (the binary binds
 //!   every HIP symbol at start, so a missing one stops the child outright);
 //! - on a real GPU (`real_device_conformance`, ignored unless asked for
 //!   with `-- --ignored real_device`): the conformance suite, leaving out
@@ -169,6 +170,15 @@ fn stub_a_runtime_without_devices_is_no_device() {
         }
     );
     stub_suite::assert_clean(&s, "no device");
+}
+
+#[test]
+#[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
+fn stub_capture_graph_markers() {
+    if let Some(s) = child_stub(StubKind::Hip, "stub_capture_graph_markers") {
+        cachealloc_tests::stub_capture::capture_graph_markers::<Hip>(&s);
+        cachealloc_tests::stub_capture::graph_reuse_like_torch::<Hip>(&s);
+    }
 }
 
 #[test]

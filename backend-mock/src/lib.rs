@@ -47,6 +47,7 @@
 mod calls;
 mod capture;
 mod events;
+mod graph;
 mod machine;
 mod memory;
 
@@ -62,6 +63,7 @@ use cachealloc_core::{
 use calls::Calls;
 use capture::Captures;
 use events::Streams;
+use graph::Graphs;
 use memory::Memory;
 use std::fmt;
 
@@ -178,6 +180,8 @@ pub struct MockDevice {
     copies: Vec<MockCopy>,
     /// Stream captures under way.
     captures: Captures,
+    /// The graphs they build.
+    graphs: Graphs,
 }
 
 /// A device-to-device copy the mock queued (it moves no data).
@@ -217,6 +221,7 @@ impl MockDevice {
             peers: Vec::new(),
             copies: Vec::new(),
             captures: Captures::default(),
+            graphs: Graphs::default(),
         }
     }
 
@@ -383,6 +388,7 @@ impl MockDevice {
     /// invalidate it (see `capture.rs`).
     pub fn begin_capture(&mut self, stream: u64, mode: CaptureMode) -> Result<(), MockError> {
         if self.captures.begin(stream, mode) {
+            self.graphs.begin(stream);
             Ok(())
         } else {
             Err(MockError::CaptureState { stream })
@@ -392,6 +398,7 @@ impl MockDevice {
     /// End the capture of `stream` (`cuStreamEndCapture`): an error if a
     /// refused call invalidated it ([`MockError::CaptureInvalidated`]).
     pub fn end_capture(&mut self, stream: u64) -> Result<(), MockError> {
+        self.graphs.end(stream);
         match self.captures.end(stream) {
             None => Err(MockError::CaptureState { stream }),
             Some(Some(by)) => Err(MockError::CaptureInvalidated { by }),
@@ -402,6 +409,30 @@ impl MockDevice {
     /// Whether `stream` is capturing.
     pub fn is_capturing(&self, stream: u64) -> bool {
         self.captures.is_capturing(stream)
+    }
+
+    /// Work (a kernel) queued on `stream`: a node of its capture's graph if
+    /// it captures, depending on the stream's terminal nodes.
+    pub fn launch(&mut self, stream: u64) {
+        self.graphs.launch(stream);
+    }
+
+    /// `stream` waits for the work queued on `from` so far (an event
+    /// recorded on `from`, waited for on `stream`): in a capture, `from`'s
+    /// terminal nodes become `stream`'s too, and a stream outside a capture
+    /// joins `from`'s (a fork).
+    pub fn capture_join(&mut self, stream: u64, from: u64) {
+        self.graphs.join(stream, from);
+    }
+
+    /// Whether `stream` takes part in a capture (began one or joined one).
+    pub fn in_capture_graph(&self, stream: u64) -> bool {
+        self.graphs.is_capturing(stream)
+    }
+
+    /// Free markers the allocator made and has not dropped.
+    pub fn live_free_markers(&self) -> usize {
+        self.graphs.markers()
     }
 
     /// Calls refused so far because a stream was capturing.
@@ -601,6 +632,30 @@ impl DeviceBackend for MockDevice {
     /// relaxed mode" from now on (see [`MockDevice::begin_capture`]).
     fn set_capture_underway(&mut self, underway: bool) {
         self.captures.set_relaxed(underway);
+        if !underway {
+            self.graphs.forget_walks();
+        }
+    }
+
+    const CAPTURE_GRAPH: bool = true;
+
+    fn capture_free_marker(
+        &mut self,
+        streams: &mut dyn Iterator<Item = u64>,
+    ) -> Result<Option<u32>, MockError> {
+        Ok(self.graphs.free_marker(streams))
+    }
+
+    fn capture_walk(&mut self, stream: u64) -> Result<bool, MockError> {
+        Ok(self.graphs.walk(stream))
+    }
+
+    fn capture_marker_reached(&mut self, stream: u64, marker: u32) -> bool {
+        self.graphs.reached(stream, marker)
+    }
+
+    fn capture_marker_drop(&mut self, marker: u32) {
+        self.graphs.drop_marker(marker);
     }
 
     const NAME: &'static str = "the simulated device";

@@ -422,7 +422,8 @@ typedef struct {
      */
     size_t max_split_size;
     /**
-     * PyTorch's pinned-memory setting (host memory is not cachealloc's): 1.
+     * PyTorch's pinned-memory setting as set (host memory is not
+     * cachealloc's: it changes nothing).
      */
     size_t pinned_num_register_threads;
     /**
@@ -435,11 +436,11 @@ typedef struct {
      */
     int release_lock_on_malloc;
     /**
-     * PyTorch's `pinned_use_cuda_host_register`: 0.
+     * PyTorch's `pinned_use_cuda_host_register` as set (it changes nothing).
      */
     int pinned_use_host_register;
     /**
-     * PyTorch's `graph_capture_record_stream_reuse`: 0.
+     * PyTorch's `graph_capture_record_stream_reuse`.
      */
     int graph_capture_record_stream_reuse;
     /**

@@ -22,7 +22,7 @@
 //! Settings come from the environment (see `settings.rs`):
 //! `CACHEALLOC_BACKEND=cuda|hip|mock` (default `cuda`), `CACHEALLOC_CONF`
 //! (else `PYTORCH_CUDA_ALLOC_CONF`), `CACHEALLOC_MOCK_CAPACITY` (`4GiB`),
-//! `CACHEALLOC_SLOTS` (block slots a device starts with, 96 bytes of host
+//! `CACHEALLOC_SLOTS` (block slots a device starts with, 88 bytes of host
 //! memory each, doubled whenever they run out; default 65536) and `CACHEALLOC_HISTORY_CAPACITY` (default
 //! 131072 entries).
 //!

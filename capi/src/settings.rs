@@ -6,7 +6,7 @@
 //! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | torch's variables in torch's order: `PYTORCH_CUDA_ALLOC_CONF`, (on HIP) `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_ALLOC_CONF`; the first set wins |
 //! | `CACHEALLOC_TORCH_VERSION` | the torch release whose decisions to take (`2.13`, `2.15.0+cu132`; `cachealloc.install()` sets it from `torch.__version__`) | the newest known (2.15) |
 //! | `CACHEALLOC_MOCK_CAPACITY` | the simulated device's size: bytes, or with a unit (`4GiB`) | unlimited |
-//! | `CACHEALLOC_SLOTS` | block slots per device to start with (96 bytes of host memory each, one per block; doubled whenever they run out) | 65536 |
+//! | `CACHEALLOC_SLOTS` | block slots per device to start with (88 bytes of host memory each, one per block; doubled whenever they run out) | 65536 |
 //! | `CACHEALLOC_HISTORY_CAPACITY` | most memory-history entries a device can keep | 131072 |
 
 use crate::error::Res;

@@ -288,16 +288,17 @@ pub struct cachealloc_allocator_settings {
     pub garbage_collection_threshold: f64,
     /// `max_split_size` in bytes; SIZE_MAX when unlimited.
     pub max_split_size: usize,
-    /// PyTorch's pinned-memory setting (host memory is not cachealloc's): 1.
+    /// PyTorch's pinned-memory setting as set (host memory is not
+    /// cachealloc's: it changes nothing).
     pub pinned_num_register_threads: usize,
     /// `expandable_segments`.
     pub expandable_segments: c_int,
     /// `release_lock_on_cudamalloc` as in force: 0 (the device's lock is
     /// held through a device malloc, whatever the settings asked for).
     pub release_lock_on_malloc: c_int,
-    /// PyTorch's `pinned_use_cuda_host_register`: 0.
+    /// PyTorch's `pinned_use_cuda_host_register` as set (it changes nothing).
     pub pinned_use_host_register: c_int,
-    /// PyTorch's `graph_capture_record_stream_reuse`: 0.
+    /// PyTorch's `graph_capture_record_stream_reuse`.
     pub graph_capture_record_stream_reuse: c_int,
     /// `roundup_power2_divisions` by interval (the first `1 << i` MiB
     /// interval at index i; 0: no rounding there).
@@ -331,11 +332,11 @@ pub unsafe extern "C" fn cachealloc_get_allocator_settings(
         let settings = cachealloc_allocator_settings {
             garbage_collection_threshold: c.garbage_collection_threshold,
             max_split_size: usize::try_from(c.max_split_size).unwrap_or(usize::MAX),
-            pinned_num_register_threads: 1,
+            pinned_num_register_threads: c.host.pinned_num_register_threads as _,
             expandable_segments: c_int::from(c.expandable_segments),
             release_lock_on_malloc: 0,
-            pinned_use_host_register: 0,
-            graph_capture_record_stream_reuse: 0,
+            pinned_use_host_register: c_int::from(c.host.pinned_use_host_register),
+            graph_capture_record_stream_reuse: c_int::from(c.graph_capture_record_stream_reuse),
             roundup_power2_divisions: divisions,
             last_allocator_settings: s.conf_c.as_ptr(),
         };

@@ -75,7 +75,7 @@ pub fn replay_summary(r: &Report) {
     let used: u64 = r.slots.iter().map(|s| u64::from(s.1)).sum();
     let had: u64 = r.slots.iter().map(|s| u64::from(s.2)).sum();
     println!(
-        "  block slots     {} used of {} ({} of host metadata at 96 bytes each)",
+        "  block slots     {} used of {} ({} of host metadata at 88 bytes each)",
         human::count(used),
         human::count(had),
         human::bytes(used * 88)

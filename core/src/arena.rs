@@ -56,21 +56,25 @@ pub struct BlockSlot {
     pub(crate) seg_size: u64,
     /// The raw stream handle (the segment's allocation stream).
     pub(crate) stream: u64,
-    /// The number of the device malloc that made the block's memory,
-    /// inherited by splits: ahead of the address in the free index's order
-    /// from torch 2.12 on (`BlockOrder`); 0 under torch 2.11's order.
-    pub(crate) counter: u64,
+    /// torch's registration counter: the block's number, ahead of the
+    /// address in the free index's order from torch 2.12 on (`BlockOrder`;
+    /// 0 under torch 2.11's). torch's is an `int32_t`: this is its bit
+    /// pattern, ordered as signed (see `index::tie`), so that a number past
+    /// `i32::MAX` wraps and sorts first, as it does there.
+    pub(crate) counter: u32,
     pub(crate) prev: u32,
     pub(crate) next: u32,
-    /// Free-index treap children (cached blocks: the treap of their size
-    /// class, or of the other streams).
+    /// Free-index treap children while the block is cached (the treap of
+    /// its size class, or of the other streams). A block is never cached
+    /// and allocated or parked at once, so the other states reuse the two:
+    /// `left` is the next slot of the live-pointer hash chain (allocated) or
+    /// of the deferred list (parked), [`hash_next`](Self::hash_next); `right`
+    /// is a parked block's free marker (`allocator/capture.rs`).
     pub(crate) left: u32,
     pub(crate) right: u32,
     /// Segment-index treap children (head blocks).
     pub(crate) seg_left: u32,
     pub(crate) seg_right: u32,
-    /// Live-pointer hash: next slot in this block's chain.
-    pub(crate) hash_next: u32,
     /// Live-pointer hash: head of bucket number `this slot's index`.
     pub(crate) hash_head: u32,
     pub(crate) generation: u32,
@@ -98,7 +102,6 @@ impl BlockSlot {
         right: NIL,
         seg_left: NIL,
         seg_right: NIL,
-        hash_next: NIL,
         hash_head: NIL,
         generation: 1,
         events: 0,
@@ -108,6 +111,19 @@ impl BlockSlot {
 
     pub(crate) fn has(&self, f: Flags) -> bool {
         self.flags.contains(f)
+    }
+
+    /// The next slot in the live-pointer hash chain (allocated blocks) or
+    /// the deferred list (parked blocks): `left`, which only a cached block
+    /// uses for the free index.
+    #[inline(always)]
+    pub(crate) fn hash_next(&self) -> u32 {
+        self.left
+    }
+
+    #[inline(always)]
+    pub(crate) fn set_hash_next(&mut self, next: u32) {
+        self.left = next;
     }
 
     pub(crate) fn is_split(&self) -> bool {
@@ -225,7 +241,6 @@ impl<S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>> Arena<S> {
         s.right = NIL;
         s.seg_left = NIL;
         s.seg_right = NIL;
-        s.hash_next = NIL;
         s.events = 0;
         s.requested = 0;
         s.aux = 0;
@@ -308,7 +323,7 @@ mod tests {
     #[test]
     fn slot_size() {
         std::println!("BlockSlot: {} bytes", core::mem::size_of::<BlockSlot>());
-        assert_eq!(core::mem::size_of::<BlockSlot>(), 96);
+        assert_eq!(core::mem::size_of::<BlockSlot>(), 88);
         assert_eq!(core::mem::size_of::<Option<BlockId>>(), 8);
     }
 }

@@ -430,4 +430,48 @@ pub trait DeviceBackend {
     fn synchronize_stream(&mut self, _stream: Self::Stream) -> Result<(), Self::Error> {
         Ok(())
     }
+
+    // ------------------------------------------ capture graphs (optional)
+
+    /// Whether the backend reads the graph a capture is building
+    /// (`cudaStreamGetCaptureInfo`, `cudaGraphNodeGetDependencies`), which
+    /// `graph_capture_record_stream_reuse:True` needs: PyTorch's proof that
+    /// a block freed during a capture, used by other streams, may be handed
+    /// out again within it. A backend without it keeps the defaults below,
+    /// and an allocator configured for the reuse refuses to start on it.
+    const CAPTURE_GRAPH: bool = false;
+
+    /// PyTorch's `record_free_markers`: the current terminal nodes of the
+    /// capture of every stream in `streams` (a freed block's allocation
+    /// stream and the streams that used it), kept by the backend under a new
+    /// marker number (never [`NO_MARKER`]). `None` when one of the streams
+    /// is not capturing (the block then waits for the capture's end).
+    fn capture_free_marker(
+        &mut self,
+        _streams: &mut dyn Iterator<Item = Self::Stream>,
+    ) -> Result<Option<u32>, Self::Error> {
+        Ok(None)
+    }
+
+    /// PyTorch's `update_visited`: add to `stream`'s record of its capture's
+    /// nodes those that precede (or are) the stream's current terminal
+    /// nodes, by a walk up the dependencies. `false` when the stream is not
+    /// capturing or has no terminal node (nothing can be reused).
+    fn capture_walk(&mut self, _stream: Self::Stream) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
+
+    /// Whether every node of `marker` is among those [`capture_walk`](Self::capture_walk)
+    /// found for `stream`: all later work on the stream runs after the
+    /// block's last uses.
+    fn capture_marker_reached(&mut self, _stream: Self::Stream, _marker: u32) -> bool {
+        false
+    }
+
+    /// Forget `marker` (its block was reused, or settled after the capture).
+    fn capture_marker_drop(&mut self, _marker: u32) {}
 }
+
+/// The marker number no marker has: a parked block without one waits for
+/// the capture's end.
+pub const NO_MARKER: u32 = u32::MAX;

@@ -59,6 +59,13 @@ pub struct Config {
     /// device call, without the release-and-retry rungs
     /// (`num_oom_rejections`, the rejection observers).
     pub throw_on_cudamalloc_oom: bool,
+    /// `graph_capture_record_stream_reuse`: a block freed during a capture
+    /// after other streams used it may be handed out again within the
+    /// capture once the capture graph shows all later work on its stream
+    /// runs after those uses (PyTorch's `free_safe_blocks_in_capture`);
+    /// without it such a block waits for the capture's end. Needs a backend
+    /// that reads capture graphs ([`crate::DeviceBackend::CAPTURE_GRAPH`]).
+    pub graph_capture_record_stream_reuse: bool,
     /// Settings of torch's that cachealloc validates, keeps and reports but
     /// that change nothing here (the pinned host allocator's).
     pub host: HostSettings,
@@ -110,6 +117,7 @@ bitflags::bitflags! {
         const NON_SPLIT_ROUNDING = 1 << 3;
         const FRACTION = 1 << 4;
         const THROW = 1 << 5;
+        const REUSE = 1 << 6;
     }
 }
 
@@ -187,6 +195,7 @@ impl Config {
         large_segment_size: LARGE_BUFFER,
         per_process_memory_fraction: 1.0,
         throw_on_cudamalloc_oom: false,
+        graph_capture_record_stream_reuse: false,
         host: HostSettings {
             pinned_use_host_register: false,
             pinned_num_register_threads: 1,
@@ -383,11 +392,8 @@ impl Config {
                     c.mentioned |= Mentioned::THROW;
                 }
                 "graph_capture_record_stream_reuse" => {
-                    if parse_bool(value).map_err(err)? {
-                        return Err(err(
-                            "not implemented: cachealloc keeps every block freed during a capture for the capture's end (torch's behaviour with False); reusing one within the capture needs the capture graph's dependencies (cudaStreamGetCaptureInfo, cudaGraphNodeGetDependencies), which its backends do not read yet",
-                        ));
-                    }
+                    c.graph_capture_record_stream_reuse = parse_bool(value).map_err(err)?;
+                    c.mentioned |= Mentioned::REUSE;
                 }
                 "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
                     c.host.pinned_use_host_register = parse_bool(value).map_err(err)?;
@@ -441,6 +447,20 @@ impl Config {
         Ok(c)
     }
 
+    /// Whether any interval rounds to divisions (`roundup_power2_divisions`
+    /// above 1 somewhere).
+    #[inline]
+    pub const fn rounds_to_divisions(&self) -> bool {
+        let mut k = 0;
+        while k < ROUNDUP_INTERVALS {
+            if self.roundup_power2_divisions[k] > 1 {
+                return true;
+            }
+            k += 1;
+        }
+        false
+    }
+
     /// The divisions that apply to a size.
     pub fn divisions_for(&self, size: u64) -> u32 {
         self.roundup_power2_divisions[crate::policy::division_bucket(size)]
@@ -471,6 +491,9 @@ impl Config {
         }
         if !next.mentioned.contains(Mentioned::THROW) {
             next.throw_on_cudamalloc_oom = self.throw_on_cudamalloc_oom;
+        }
+        if !next.mentioned.contains(Mentioned::REUSE) {
+            next.graph_capture_record_stream_reuse = self.graph_capture_record_stream_reuse;
         }
         next.with_torch_version(self.torch)
     }
@@ -716,6 +739,15 @@ impl fmt::Display for Config {
                 ),
             )?;
         }
+        if self.graph_capture_record_stream_reuse || self.mentioned.contains(Mentioned::REUSE) {
+            item(
+                f,
+                format_args!(
+                    "graph_capture_record_stream_reuse:{}",
+                    tf(self.graph_capture_record_stream_reuse)
+                ),
+            )?;
+        }
         let h = &self.host;
         let d = &Config::DEFAULT.host;
         if h.pinned_use_host_register {
@@ -814,7 +846,7 @@ mod tests {
                 "pinned_reserve_segment_size_mb",
             ),
             (
-                "graph_capture_record_stream_reuse:True",
+                "graph_capture_record_stream_reuse:true",
                 "graph_capture_record_stream_reuse",
             ),
             ("backend:cudaMallocAsync", "backend"),
@@ -898,7 +930,14 @@ mod tests {
         assert!(msg("large_segment_size_mb:64,max_split_size_mb:40").ends_with("must be >= 64"));
         assert!(msg("large_segment_size_mb:10").ends_with("large_segment_size_mb must be > 10"));
         assert!(msg("throw_on_cudamalloc_oom:maybe").contains("Expected 'True' or 'False'"));
-        assert!(msg("graph_capture_record_stream_reuse:True").contains("not implemented"));
+        let reuse = Config::parse("graph_capture_record_stream_reuse:True").unwrap();
+        assert!(reuse.graph_capture_record_stream_reuse);
+        let later = reuse.followed_by(Config::parse("max_split_size_mb:40").unwrap());
+        assert!(
+            later.graph_capture_record_stream_reuse,
+            "a later string keeps it"
+        );
+        assert_eq!(format!("{reuse}"), "graph_capture_record_stream_reuse:True");
     }
 
     #[test]

@@ -92,6 +92,20 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
             .map_err(|_| Error::StreamUsesFull { capacity: E })
     }
 
+    /// The streams remembered for `slot`.
+    pub(crate) fn uses_of(&self, slot: u32) -> impl Iterator<Item = B::Stream> + '_ {
+        self.uses
+            .iter()
+            .filter(move |u| u.slot == slot)
+            .map(|u| u.stream)
+    }
+
+    /// Forget every stream remembered for `slot` (the capture graph showed
+    /// their work done before anything later on the block's stream).
+    pub(crate) fn drop_uses(&mut self, slot: u32) {
+        self.uses.retain(|u| u.slot != slot);
+    }
+
     /// Forget the streams recorded on `slot` during a capture (their work
     /// joined the capture's end); whether any use is left.
     pub(crate) fn drop_capture_uses(&mut self, slot: u32) -> bool {

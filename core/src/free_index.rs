@@ -440,7 +440,7 @@ mod tests {
                         for v in [&mut a, &mut b] {
                             v[i as usize].size = s;
                             v[i as usize].stream = t;
-                            v[i as usize].counter = c;
+                            v[i as usize].counter = c as u32;
                         }
                     }
                     ix.insert(&mut a, i);
@@ -456,7 +456,7 @@ mod tests {
                 let q = (
                     random_stream(&mut r, streams),
                     random_size(&mut r),
-                    index::tie(r.below(4), r.below(1 << 30)),
+                    index::tie(r.below(4) as u32, r.below(1 << 30)),
                 );
                 for q in [
                     exact,

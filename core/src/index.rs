@@ -23,11 +23,12 @@ pub(crate) trait Links {
 /// The links and key of a pool's free index: (stream, size, address).
 pub(crate) struct FreeKey;
 
-/// The last part of a free-index key: the block's counter, then its
-/// address, as one number (one comparison instead of two).
+/// The last part of a free-index key: the block's counter (torch's
+/// `int32_t`, ordered as signed), then its address, as one number (one
+/// comparison instead of two).
 #[inline(always)]
-pub(crate) const fn tie(counter: u64, addr: u64) -> u128 {
-    ((counter as u128) << 64) | addr as u128
+pub(crate) const fn tie(counter: u32, addr: u64) -> u128 {
+    (((counter ^ 0x8000_0000) as u128) << 64) | addr as u128
 }
 
 impl Links for FreeKey {
@@ -483,7 +484,7 @@ mod tests {
             size,
             stream,
             // Numbers out of address order, as torch 2.13's are.
-            counter: (addr / 4096 * 31) % 5,
+            counter: ((addr / 4096 * 31) % 5) as u32,
             ..BlockSlot::VACANT
         }
     }
@@ -509,7 +510,7 @@ mod tests {
                 insert::<FreeKey>(&mut slots, &mut root, i);
                 model.insert(k);
             }
-            let q = (x % 3, (x >> 8) % 60000, tie((x >> 40) % 3, 0));
+            let q = (x % 3, (x >> 8) % 60000, tie(((x >> 40) % 3) as u32, 0));
             let lb = lower_bound::<FreeKey>(&slots, root, q);
             let want = model.range(q..).next().copied();
             assert_eq!(want, (lb != NIL).then(|| FreeKey::key(&slots[lb as usize])));

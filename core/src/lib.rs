@@ -102,6 +102,7 @@ pub use allocator::{
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{
     DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
+    NO_MARKER,
 };
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError, ConfigItems, Policy};

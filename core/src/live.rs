@@ -28,7 +28,7 @@ impl LiveIndex {
     #[inline]
     pub(crate) fn insert(&mut self, slots: &mut [BlockSlot], i: u32) {
         let b = bucket(slots[i as usize].addr, usable(slots)) as usize;
-        slots[i as usize].hash_next = slots[b].hash_head;
+        slots[i as usize].set_hash_next(slots[b].hash_head);
         slots[b].hash_head = i;
         self.len += 1;
     }
@@ -37,21 +37,21 @@ impl LiveIndex {
     #[inline]
     pub(crate) fn remove(&mut self, slots: &mut [BlockSlot], i: u32) {
         let b = bucket(slots[i as usize].addr, usable(slots)) as usize;
-        let next = slots[i as usize].hash_next;
+        let next = slots[i as usize].hash_next();
         let mut cur = slots[b].hash_head;
         if cur == i {
             slots[b].hash_head = next;
         } else {
             while cur != NIL {
-                let n = slots[cur as usize].hash_next;
+                let n = slots[cur as usize].hash_next();
                 if n == i {
-                    slots[cur as usize].hash_next = next;
+                    slots[cur as usize].set_hash_next(next);
                     break;
                 }
                 cur = n;
             }
         }
-        slots[i as usize].hash_next = NIL;
+        slots[i as usize].set_hash_next(NIL);
         self.len -= 1;
     }
 
@@ -68,7 +68,7 @@ impl LiveIndex {
             if s.addr == addr {
                 return cur;
             }
-            cur = s.hash_next;
+            cur = s.hash_next();
         }
         NIL
     }
@@ -117,7 +117,7 @@ impl LiveIndex {
                     b as i64,
                     bucket(s.addr, buckets) as i64,
                 )?;
-                cur = s.hash_next;
+                cur = s.hash_next();
             }
         }
         expect(

@@ -91,6 +91,15 @@ pub fn round_size(size: u64, config: &Config) -> Option<u64> {
     round_up(size, MIN_BLOCK_SIZE)
 }
 
+/// [`round_size`] when no interval rounds to divisions.
+#[inline]
+pub fn round_size_plain(size: u64) -> Option<u64> {
+    if size < MIN_BLOCK_SIZE {
+        return Some(MIN_BLOCK_SIZE);
+    }
+    round_up(size, MIN_BLOCK_SIZE)
+}
+
 /// `get_allocation_size`: the device malloc size of a new segment for a
 /// rounded request, with the default large segment size. `None` on overflow.
 #[inline]

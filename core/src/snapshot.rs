@@ -259,15 +259,17 @@ pub struct AllocatorSettings {
     pub config: Config,
     /// Expandable segments.
     pub expandable_segments: bool,
-    /// PyTorch's pinned-memory setting (host memory is not ours: 1).
+    /// PyTorch's pinned-memory setting, as the settings set it (host memory
+    /// is not ours: it changes nothing).
     pub pinned_num_register_threads: u32,
     /// PyTorch's `release_lock_on_cudamalloc` as in force: false whatever
     /// the settings asked for (the device's lock is held through a device
     /// malloc; `Config::release_lock_on_malloc` keeps what was asked).
     pub release_lock_on_cudamalloc: bool,
-    /// PyTorch's pinned-memory setting (false).
+    /// PyTorch's pinned-memory setting, as the settings set it (it changes
+    /// nothing here).
     pub pinned_use_cuda_host_register: bool,
-    /// PyTorch's `graph_capture_record_stream_reuse` (false).
+    /// PyTorch's `graph_capture_record_stream_reuse`.
     pub graph_capture_record_stream_reuse: bool,
 }
 
@@ -280,10 +282,10 @@ impl AllocatorSettings {
         AllocatorSettings {
             config,
             expandable_segments: config.expandable_segments,
-            pinned_num_register_threads: 1,
+            pinned_num_register_threads: config.host.pinned_num_register_threads,
             release_lock_on_cudamalloc: false,
-            pinned_use_cuda_host_register: false,
-            graph_capture_record_stream_reuse: false,
+            pinned_use_cuda_host_register: config.host.pinned_use_host_register,
+            graph_capture_record_stream_reuse: config.graph_capture_record_stream_reuse,
         }
     }
 }

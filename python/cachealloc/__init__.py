@@ -45,7 +45,7 @@ CACHEALLOC_MOCK_CAPACITY
     the simulated device's size, in bytes or with a unit (``4GiB``);
     unlimited by default.
 CACHEALLOC_SLOTS
-    block slots a device starts with (96 bytes of host memory each, doubled
+    block slots a device starts with (88 bytes of host memory each, doubled
     whenever they run out; default 65536).
 CACHEALLOC_HISTORY_CAPACITY
     most memory-history entries kept per device (default 131072).

@@ -184,6 +184,22 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     fn set_capture_underway(&mut self, underway: bool) {
         self.inner.set_capture_underway(underway)
     }
+    const CAPTURE_GRAPH: bool = B::CAPTURE_GRAPH;
+    fn capture_free_marker(
+        &mut self,
+        streams: &mut dyn Iterator<Item = B::Stream>,
+    ) -> Result<Option<u32>, B::Error> {
+        self.inner.capture_free_marker(streams)
+    }
+    fn capture_walk(&mut self, stream: B::Stream) -> Result<bool, B::Error> {
+        self.inner.capture_walk(stream)
+    }
+    fn capture_marker_reached(&mut self, stream: B::Stream, marker: u32) -> bool {
+        self.inner.capture_marker_reached(stream, marker)
+    }
+    fn capture_marker_drop(&mut self, marker: u32) {
+        self.inner.capture_marker_drop(marker)
+    }
     const PLATFORM: &'static str = B::PLATFORM;
     const NAME: &'static str = B::NAME;
     const VIRTUAL_MEMORY: bool = B::VIRTUAL_MEMORY;

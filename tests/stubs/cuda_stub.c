@@ -257,6 +257,20 @@ STUB_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
     return cu(stub_op_graph_destroy("cuGraphDestroy", graph, 0));
 }
 
+typedef void *CUgraphNode;
+typedef uint64_t cuuint64_t;
+
+/* The stream's capture: status (CUstreamCaptureStatus), id, graph, and its
+ * terminal nodes (valid until the next call on the stream). */
+STUB_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, cuuint64_t *id, CUgraph *graph,
+                                               const CUgraphNode **deps, size_t *num) {
+    return cu(stub_op_capture_info("cuStreamGetCaptureInfo_v2", stream, status, id, graph, deps, num));
+}
+
+STUB_EXPORT CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *num) {
+    return cu(stub_op_node_deps("cuGraphNodeGetDependencies", node, deps, num));
+}
+
 /* ------------------------------------------------ virtual memory (VMM) */
 
 typedef unsigned long long CUmemGenericAllocationHandle;

@@ -216,6 +216,21 @@ STUB_EXPORT hipError_t hipGraphDestroy(hipGraph_t graph) {
     return hip(stub_op_graph_destroy("hipGraphDestroy", graph, 0));
 }
 
+/* The stream's capture: status (hipStreamCaptureStatus), id, graph, and
+ * its terminal nodes (valid until the next call on the stream). */
+STUB_EXPORT hipError_t hipStreamGetCaptureInfo_v2(hipStream_t stream, int *status, unsigned long long *id,
+                                                  hipGraph_t *graph, const hipGraphNode_t **deps, size_t *num) {
+    uint64_t capture = 0;
+    stub_status s = stub_op_capture_info("hipStreamGetCaptureInfo_v2", stream, status, id ? &capture : NULL,
+                                         graph, deps, num);
+    if (s == ST_OK && id) *id = capture;
+    return hip(s);
+}
+
+STUB_EXPORT hipError_t hipGraphNodeGetDependencies(hipGraphNode_t node, hipGraphNode_t *deps, size_t *num) {
+    return hip(stub_op_node_deps("hipGraphNodeGetDependencies", node, deps, num));
+}
+
 /* ------------------------------------------------ virtual memory (VMM) */
 
 typedef void *hipMemGenericAllocationHandle_t;

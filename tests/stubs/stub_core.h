@@ -43,6 +43,15 @@
  *   a blocking stream captures, waiting across a capture's boundary);
  *   ending an invalidated capture fails with "capture invalidated" and
  *   gives no graph; graphs instantiate and launch;
+ * - the graph a capture builds, as far as a reader of it sees: each piece
+ *   of work captured on a stream (a memset, a copy, a graph launch) is a
+ *   node that depends on the stream's terminal nodes (those its next work
+ *   will follow) and becomes its only terminal node; an event recorded in
+ *   a capture keeps the recording stream's terminal nodes, and a stream
+ *   that waits for it adds them to its own (one that joins the capture by
+ *   that wait starts with them); a capture's id, graph (made when it
+ *   begins, handed out when it ends valid) and a stream's terminal nodes
+ *   can be read, and a node's dependencies, until its graph is destroyed;
  * - fault injection by call name (or any call) and index;
  * - counters of what is still alive, read through `cachealloc_stub_counters`.
  *
@@ -75,8 +84,13 @@
 #define STUB_CONTEXT_BASE 0x30000000ull
 #define STUB_PHYSICAL_BASE 0x40000000ull
 #define STUB_GRAPH_BASE 0x50000000ull
+#define STUB_NODE_BASE 0x60000000ull
 #define STUB_GRANULARITY (2ull << 20)
 #define STUB_HANDLE_STEP 0x10ull
+/* The most dependencies a graph node has, and the most terminal nodes a
+ * stream (or an event) keeps: a capture with more parallel branches than
+ * this is beyond the stub, which then aborts. */
+#define STUB_MAX_DEPS 16
 
 /* What the tests read back. Field order is the Rust side's `StubCounters`. */
 typedef struct {
@@ -129,12 +143,30 @@ typedef struct {
     int capture_origin;       /* it began the capture (others joined) */
     uint64_t capture_seq;     /* work queued on it in the capture */
     int unjoined;             /* joined the capture, not joined back since */
+    long capture_graph;       /* the graph its capture builds */
+    int nterminals;           /* its next captured work depends on these nodes */
+    long terminals[STUB_MAX_DEPS];
+    /* The terminal nodes' handles as the capture-info call last returned
+     * them: on the heap, so that the array stays where it is when the
+     * stream table grows, until the next such call on the stream. */
+    void **terminal_out;
 } stub_stream;
 
-/* A graph (from an ended capture) or an instantiated one. */
+/* A graph (begun by a capture, or from an ended one) or an instantiated
+ * one. */
 typedef struct {
     int live, exec;
+    int capturing; /* a capture builds it: it cannot be destroyed yet */
 } stub_graph;
+
+/* A node of a graph a capture built: work captured on a stream. It lives
+ * as long as its graph. */
+typedef struct {
+    uint64_t capture_id;
+    long graph;
+    int ndeps;
+    long deps[STUB_MAX_DEPS];
+} stub_node;
 
 typedef struct {
     uint64_t addr, size;
@@ -158,6 +190,8 @@ typedef struct {
     uint64_t stream_epoch, device_epoch;
     uint64_t capture_id; /* last recorded inside this capture (0: outside) */
     uint64_t capture_seq; /* the stream's capture_seq when recorded */
+    int nterminals;       /* in a capture: the stream's terminal nodes then */
+    long terminals[STUB_MAX_DEPS];
 } stub_event;
 
 typedef struct {
@@ -203,6 +237,8 @@ static stub_call_count stub_call_counts[64];
 static size_t stub_ncall_counts;
 static stub_graph *stub_graphs;
 static size_t stub_ngraphs, stub_cap_graphs;
+static stub_node *stub_nodes;
+static size_t stub_nnodes, stub_cap_nodes;
 static uint64_t stub_calls, stub_injected, stub_bad_handles;
 static uint64_t stub_capture_ids, stub_capture_violations;
 static __thread int stub_current = -1; /* this thread's device, -1: none */
@@ -256,10 +292,12 @@ static void stub_reset_locked(int devices, uint64_t capacity) {
         stub_dev[d].ctx_refs = 0;
     }
     stub_initialized = 0;
+    for (size_t i = 0; i < stub_nstreams; i++) free(stub_streams[i].terminal_out);
     stub_nallocs = stub_nstreams = stub_nevents = 0;
     stub_nreservations = stub_nphysicals = stub_nmappings = 0;
     stub_nimports = 0;
     stub_ngraphs = 0;
+    stub_nnodes = 0;
     stub_capture_violations = 0;
     memset(stub_peer_enabled, 0, sizeof(stub_peer_enabled));
     memset(stub_peer_denied, 0, sizeof(stub_peer_denied));
@@ -405,7 +443,7 @@ static void *stub_stream_create_locked(int device, int blocking) {
 
 static void *stub_event_create_locked(int device) {
     STUB_GROW(stub_events, stub_nevents, stub_cap_events);
-    stub_events[stub_nevents] = (stub_event){1, 0, 0, device, 0, 0, 0, 0, 0};
+    stub_events[stub_nevents] = (stub_event){.live = 1, .device = device};
     return stub_handle(STUB_EVENT_BASE, stub_nevents++);
 }
 
@@ -418,6 +456,7 @@ static void stub_event_record_locked(long e, long s, int device) {
     ev->stream_epoch = stub_stream_epoch(s);
     ev->device_epoch = stub_dev[device].device_epoch;
     ev->capture_id = 0;
+    ev->nterminals = 0;
 }
 
 static void stub_stream_sync_locked(long s) {
@@ -599,6 +638,36 @@ static stub_status stub_enqueue_locked(long s, int device) {
     return ST_OK;
 }
 
+/* Add node `n` to the terminal set `set` of `*count` nodes. */
+static void stub_terminal_add(long *set, int *count, long n) {
+    for (int i = 0; i < *count; i++)
+        if (set[i] == n) return;
+    if (*count == STUB_MAX_DEPS) {
+        fprintf(stderr, "stub driver: more than %d terminal nodes in a capture\n", STUB_MAX_DEPS);
+        abort();
+    }
+    set[(*count)++] = n;
+}
+
+/* Work (not an event record or a wait) queued on stream `s` of `device`,
+ * as `stub_enqueue_locked`; captured, it is a new node of the capture's
+ * graph that depends on the stream's terminal nodes and becomes the only
+ * one. */
+static stub_status stub_work_locked(long s, int device) {
+    stub_status r = stub_enqueue_locked(s, device);
+    if (r != ST_OK || s < 0 || stub_streams[s].capture != STUB_CAPTURE_ACTIVE) return r;
+    stub_stream *st = &stub_streams[s];
+    STUB_GROW(stub_nodes, stub_nnodes, stub_cap_nodes);
+    stub_node *n = &stub_nodes[stub_nnodes];
+    n->capture_id = st->capture_id;
+    n->graph = st->capture_graph;
+    n->ndeps = st->nterminals;
+    memcpy(n->deps, st->terminals, sizeof n->deps);
+    st->terminals[0] = (long)stub_nnodes++;
+    st->nterminals = 1;
+    return ST_OK;
+}
+
 /* Take the lock and count the call; ST_INJECTED (lock released) if a
  * planted failure fires. */
 static stub_status stub_begin(const char *name) {
@@ -706,7 +775,7 @@ static stub_status stub_op_memset(const char *name, uint64_t addr, uint64_t n, v
     if (!stub_accessible(addr, n)) return stub_end(ST_INVALID_VALUE);
     long s = stub_stream_of(stream, dev);
     if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
-    return stub_end(stub_enqueue_locked(s, dev));
+    return stub_end(stub_work_locked(s, dev));
 }
 
 /* A stream; `flags` bit 0 is the drivers' non-blocking flag. */
@@ -726,6 +795,8 @@ static stub_status stub_op_stream_destroy(const char *name, void *stream) {
     if (s < 0) return stub_end(ST_BAD_HANDLE);
     if (stub_in_capture(s)) return stub_end(ST_ILLEGAL_STATE);
     stub_streams[s].live = 0;
+    free(stub_streams[s].terminal_out);
+    stub_streams[s].terminal_out = NULL;
     return stub_end(ST_OK);
 }
 
@@ -780,8 +851,11 @@ static stub_status stub_op_event_record(const char *name, void *event, void *str
     if (c != ST_OK) return stub_end(c);
     stub_event_record_locked(e, s, sdev);
     if (stub_in_capture(s)) { /* a graph node */
-        stub_events[e].capture_id = stub_streams[s].capture_id;
-        stub_events[e].capture_seq = stub_streams[s].capture_seq;
+        stub_event *ev = &stub_events[e];
+        ev->capture_id = stub_streams[s].capture_id;
+        ev->capture_seq = stub_streams[s].capture_seq;
+        ev->nterminals = stub_streams[s].nterminals;
+        memcpy(ev->terminals, stub_streams[s].terminals, sizeof ev->terminals);
     }
     return stub_end(ST_OK);
 }
@@ -813,6 +887,9 @@ static stub_status stub_op_stream_wait(const char *name, void *stream, void *eve
         if (stub_streams[s].capture_origin && from >= 0 && from != s &&
             stub_events[e].capture_seq == stub_streams[from].capture_seq)
             stub_streams[from].unjoined = 0;
+        /* Its next work follows the event's nodes too. */
+        for (int i = 0; i < stub_events[e].nterminals; i++)
+            stub_terminal_add(stub_streams[s].terminals, &stub_streams[s].nterminals, stub_events[e].terminals[i]);
     } else if (id != 0 && s >= 0) {
         /* Join the capture of the stream the event was recorded on. */
         if (from >= 0 && stub_streams[from].capture_id == id && stub_in_capture(from)) {
@@ -824,6 +901,9 @@ static stub_status stub_op_stream_wait(const char *name, void *stream, void *eve
             st->capture_origin = 0;
             st->capture_seq = 0;
             st->unjoined = 1;
+            st->capture_graph = stub_streams[from].capture_graph;
+            st->nterminals = stub_events[e].nterminals;
+            memcpy(st->terminals, stub_events[e].terminals, sizeof st->terminals);
         }
     }
     return stub_end(ST_OK);
@@ -1120,13 +1200,20 @@ static stub_status stub_op_memcpy(const char *name, uint64_t dst, uint64_t src, 
     if (n > 0 && (!stub_accessible(dst, n) || !stub_accessible(src, n))) return stub_end(ST_INVALID_VALUE);
     long s = stub_stream_of(stream, dev);
     if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
-    return stub_end(stub_enqueue_locked(s, dev));
+    return stub_end(stub_work_locked(s, dev));
 }
 
 /* ------------------------------------------------- stream capture, graphs */
 
+/* A new graph (or, with `exec`, an instantiated one): its index. */
+static long stub_graph_create_locked(int exec) {
+    STUB_GROW(stub_graphs, stub_ngraphs, stub_cap_graphs);
+    stub_graphs[stub_ngraphs] = (stub_graph){.live = 1, .exec = exec};
+    return (long)stub_ngraphs++;
+}
+
 /* Begin capturing `stream` in `mode` (not the legacy stream, not one that
- * captures already). */
+ * captures already), into a new graph. */
 static stub_status stub_op_begin_capture(const char *name, void *stream, int mode) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
@@ -1143,20 +1230,17 @@ static stub_status stub_op_begin_capture(const char *name, void *stream, int mod
     st->capture_origin = 1;
     st->capture_seq = 0;
     st->unjoined = 0;
+    st->capture_graph = stub_graph_create_locked(0);
+    stub_graphs[st->capture_graph].capturing = 1;
+    st->nterminals = 0;
     return stub_end(ST_OK);
-}
-
-/* A new graph (or, with `exec`, an instantiated one). */
-static void *stub_graph_create_locked(int exec) {
-    STUB_GROW(stub_graphs, stub_ngraphs, stub_cap_graphs);
-    stub_graphs[stub_ngraphs] = (stub_graph){1, exec};
-    return stub_handle(STUB_GRAPH_BASE, stub_ngraphs++);
 }
 
 /* End the capture begun on `stream`: the graph in `*graph`, or NULL and
  * ST_CAPTURE_INVALIDATED (the capture was invalidated) or
  * ST_CAPTURE_UNJOINED (a stream that joined it has work the origin did not
- * wait for); every stream of the capture stops capturing. */
+ * wait for), the graph then gone with its nodes; every stream of the
+ * capture stops capturing. */
 static stub_status stub_op_end_capture(const char *name, void *stream, void **graph) {
     STUB_BEGIN(name);
     STUB_DEVICE(dev);
@@ -1176,8 +1260,12 @@ static stub_status stub_op_end_capture(const char *name, void *stream, void **gr
             stub_streams[i].capture = STUB_CAPTURE_NONE;
             stub_streams[i].capture_origin = 0;
             stub_streams[i].unjoined = 0;
+            stub_streams[i].nterminals = 0;
         }
-    *graph = invalidated || unjoined ? NULL : stub_graph_create_locked(0);
+    stub_graph *g = &stub_graphs[st->capture_graph];
+    g->capturing = 0;
+    g->live = !invalidated && !unjoined;
+    *graph = g->live ? stub_handle(STUB_GRAPH_BASE, (size_t)st->capture_graph) : NULL;
     return stub_end(invalidated ? ST_CAPTURE_INVALIDATED : unjoined ? ST_CAPTURE_UNJOINED : ST_OK);
 }
 
@@ -1220,7 +1308,7 @@ static stub_status stub_op_graph_instantiate(const char *name, void **exec, void
     if (r != ST_OK) return stub_end(r);
     if (!exec) return stub_end(ST_INVALID_VALUE);
     if (stub_graph_of(graph, 0) < 0) return stub_end(ST_BAD_HANDLE);
-    *exec = stub_graph_create_locked(1);
+    *exec = stub_handle(STUB_GRAPH_BASE, (size_t)stub_graph_create_locked(1));
     return stub_end(ST_OK);
 }
 
@@ -1231,17 +1319,85 @@ static stub_status stub_op_graph_launch(const char *name, void *exec, void *stre
     if (stub_graph_of(exec, 1) < 0) return stub_end(ST_BAD_HANDLE);
     long s = stub_stream_of(stream, dev);
     if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
-    return stub_end(stub_enqueue_locked(s, dev));
+    return stub_end(stub_work_locked(s, dev));
 }
 
-/* Destroy a graph (`exec`: an instantiated one). */
+/* Destroy a graph (`exec`: an instantiated one), and its nodes; not one a
+ * capture still builds. */
 static stub_status stub_op_graph_destroy(const char *name, void *graph, int exec) {
     STUB_BEGIN(name);
     stub_status r = stub_ready_locked();
     if (r != ST_OK) return stub_end(r);
     long g = stub_graph_of(graph, exec);
     if (g < 0) return stub_end(ST_BAD_HANDLE);
+    if (stub_graphs[g].capturing) return stub_end(ST_ILLEGAL_STATE);
     stub_graphs[g].live = 0;
+    return stub_end(ST_OK);
+}
+
+/* The capture `stream` is part of: its status (STUB_CAPTURE_*) in
+ * `*status`; while it is part of one, the capture's id, its graph and, in
+ * `*deps` (`*num` of them, NULL when none), the stream's terminal nodes,
+ * an array valid until the next such call on the stream; else zeros. The
+ * other outputs may be NULL. (The legacy stream never captures.) */
+static stub_status stub_op_capture_info(const char *name, void *stream, int *status, uint64_t *id, void **graph,
+                                        void *const **deps, size_t *num) {
+    STUB_BEGIN(name);
+    STUB_DEVICE(dev);
+    if (!status) return stub_end(ST_INVALID_VALUE);
+    long s = stub_stream_of(stream, dev);
+    if (s == STUB_BAD_STREAM) return stub_end(ST_BAD_HANDLE);
+    if (!stub_in_capture(s)) {
+        *status = STUB_CAPTURE_NONE;
+        if (id) *id = 0;
+        if (graph) *graph = NULL;
+        if (deps) *deps = NULL;
+        if (num) *num = 0;
+        return stub_end(ST_OK);
+    }
+    stub_stream *st = &stub_streams[s];
+    *status = st->capture;
+    if (id) *id = st->capture_id;
+    if (graph) *graph = stub_handle(STUB_GRAPH_BASE, (size_t)st->capture_graph);
+    if (deps) {
+        if (!st->terminal_out && !(st->terminal_out = calloc(STUB_MAX_DEPS, sizeof(void *)))) abort();
+        for (int i = 0; i < st->nterminals; i++)
+            st->terminal_out[i] = stub_handle(STUB_NODE_BASE, (size_t)st->terminals[i]);
+        *deps = st->nterminals ? st->terminal_out : NULL;
+    }
+    if (num) *num = (size_t)st->nterminals;
+    return stub_end(ST_OK);
+}
+
+/* The node of a handle, while its graph lives, or -1. */
+static long stub_node_of(const void *h) {
+    long i = stub_index(h, STUB_NODE_BASE, stub_nnodes);
+    if (i < 0 || !stub_graphs[stub_nodes[i].graph].live) {
+        stub_bad_handles++;
+        return -1;
+    }
+    return i;
+}
+
+/* The nodes `node` depends on: with `deps` NULL, their number in `*num`;
+ * else up to `*num` of them in `deps` (slots past the last NULL), and in
+ * `*num` how many were written. An unknown node is an invalid value. */
+static stub_status stub_op_node_deps(const char *name, void *node, void **deps, size_t *num) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (!num) return stub_end(ST_INVALID_VALUE);
+    long n = stub_node_of(node);
+    if (n < 0) return stub_end(ST_INVALID_VALUE);
+    const stub_node *nd = &stub_nodes[n];
+    size_t have = (size_t)nd->ndeps;
+    if (!deps) {
+        *num = have;
+        return stub_end(ST_OK);
+    }
+    size_t k = *num < have ? *num : have;
+    for (size_t i = 0; i < *num; i++) deps[i] = i < k ? stub_handle(STUB_NODE_BASE, (size_t)nd->deps[i]) : NULL;
+    *num = k;
     return stub_end(ST_OK);
 }
 

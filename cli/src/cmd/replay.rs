@@ -35,7 +35,7 @@ pub struct ReplayArgs {
     /// The device.
     #[arg(long, value_enum, default_value = "mock")]
     backend: Backend,
-    /// Block metadata slots per device, fixed (96 bytes each). Without it the
+    /// Block metadata slots per device, fixed (88 bytes each). Without it the
     /// replay starts with 8192 and doubles them whenever they run out.
     #[arg(long)]
     slots: Option<usize>,

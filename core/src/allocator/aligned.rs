@@ -33,7 +33,7 @@ where
     /// Slots for an aligned request: a new segment, the cut-off low end and
     /// the split-off remainder.
     pub(super) fn reserve_aligned_slots(&self) -> Res<(), B> {
-        if self.arena.available() < 3 + self.config.maps_pages() as u32 {
+        if self.arena.available() < 3 + self.shape.maps_pages as u32 {
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),
             });

@@ -7,10 +7,21 @@
 //! `empty_cache`: the streams recorded during the capture are forgotten
 //! (their work joined the capture's end), events are recorded on the others,
 //! and a block with none left returns to its pool at once.
+//!
+//! With `graph_capture_record_stream_reuse:True` a parked block may return
+//! sooner, during the capture: its free marker (the capture's terminal nodes
+//! on its stream and on every stream that used it, when all of them capture)
+//! is kept in its slot's `right` link, and a `malloc` on the block's stream
+//! hands it back to its pool once every node of the marker precedes the
+//! stream's current terminal nodes, so all work queued on the stream from
+//! then on runs after the block's last uses (PyTorch's
+//! `free_safe_blocks_in_capture`). The backend reads the graph
+//! ([`DeviceBackend::capture_walk`]); no event is queried.
 
 use super::{DeviceAllocator, Res};
 use crate::arena::{BlockSlot, Flags, NIL};
-use crate::backend::DeviceBackend;
+use crate::backend::{DeviceBackend, NO_MARKER};
+use crate::error::Error;
 use crate::history::HistoryStorage;
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
@@ -45,16 +56,20 @@ where
     }
 
     /// Park the freed block `i` (its stream uses kept) until no capture is
-    /// under way.
-    pub(super) fn defer(&mut self, i: u32) {
+    /// under way, or until its free `marker` is reached.
+    pub(super) fn defer(&mut self, i: u32, marker: u32) {
         let tail = self.deferred.tail;
+        if marker != NO_MARKER {
+            self.deferred.marked += 1;
+        }
         let s = self.slot_mut(i);
         s.flags.insert(Flags::DEFERRED);
-        s.hash_next = NIL;
+        s.set_hash_next(NIL);
+        s.right = marker;
         if tail == NIL {
             self.deferred.head = i;
         } else {
-            self.slot_mut(tail).hash_next = i;
+            self.slot_mut(tail).set_hash_next(i);
         }
         self.deferred.tail = i;
         self.deferred.len += 1;
@@ -83,19 +98,96 @@ where
             } else {
                 0
             };
-            let next = self.slot(i).hash_next;
+            let next = self.slot(i).hash_next();
             self.deferred.head = next;
             if next == NIL {
                 self.deferred.tail = NIL;
             }
             self.deferred.len -= 1;
+            self.drop_marker(i);
             let s = self.slot_mut(i);
             s.flags.remove(Flags::DEFERRED | Flags::HAS_USES);
-            s.hash_next = NIL;
+            s.set_hash_next(NIL);
             s.events = events;
             if events == 0 {
                 self.free_block(i);
             }
+        }
+        Ok(())
+    }
+
+    /// PyTorch's `record_free_markers` for the block `i` being freed during
+    /// a capture: its stream's and its users' terminal nodes, or
+    /// [`NO_MARKER`] when one of those streams is not capturing.
+    pub(super) fn free_marker(&mut self, i: u32) -> Res<u32, B> {
+        let own = B::Stream::from(self.slot(i).stream);
+        let mut streams = core::iter::once(own).chain(self.events.uses_of(i));
+        let marker = self
+            .backend
+            .capture_free_marker(&mut streams)
+            .map_err(Error::Backend)?;
+        Ok(marker.unwrap_or(NO_MARKER))
+    }
+
+    /// Forget the free marker of parked block `i`, if it has one.
+    fn drop_marker(&mut self, i: u32) {
+        let marker = self.slot(i).right;
+        if marker != NO_MARKER {
+            self.backend.capture_marker_drop(marker);
+            self.deferred.marked -= 1;
+            self.slot_mut(i).right = NIL;
+        }
+    }
+
+    /// PyTorch's `free_safe_blocks_in_capture`, before a `malloc` on
+    /// `stream` during a capture: every parked block of the stream whose
+    /// marker the stream's terminal nodes now follow returns to its pool
+    /// (its stream uses forgotten, no event recorded). The graph is read
+    /// only when such a block might be there: PyTorch walks it at every
+    /// malloc, and since a stream's terminal nodes only move forward, the
+    /// nodes found are the same.
+    pub(super) fn free_safe_blocks_in_capture(&mut self, stream: B::Stream) -> Res<(), B> {
+        let key: u64 = stream.into();
+        let mut i = self.deferred.head;
+        let mut any = false;
+        while i != NIL {
+            let s = self.slot(i);
+            if s.right != NO_MARKER && s.stream == key {
+                any = true;
+                break;
+            }
+            i = s.hash_next();
+        }
+        if !any || !self.backend.capture_walk(stream).map_err(Error::Backend)? {
+            return Ok(());
+        }
+        let (mut prev, mut i) = (NIL, self.deferred.head);
+        while i != NIL {
+            let (next, marker, own) = {
+                let s = self.slot(i);
+                (s.hash_next(), s.right, s.stream == key)
+            };
+            if marker == NO_MARKER || !own || !self.backend.capture_marker_reached(stream, marker) {
+                prev = i;
+                i = next;
+                continue;
+            }
+            if prev == NIL {
+                self.deferred.head = next;
+            } else {
+                self.slot_mut(prev).set_hash_next(next);
+            }
+            if next == NIL {
+                self.deferred.tail = prev;
+            }
+            self.deferred.len -= 1;
+            self.drop_marker(i);
+            self.events.drop_uses(i);
+            let s = self.slot_mut(i);
+            s.flags.remove(Flags::DEFERRED | Flags::HAS_USES);
+            s.set_hash_next(NIL);
+            self.free_block(i);
+            i = next;
         }
         Ok(())
     }

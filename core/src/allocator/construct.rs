@@ -2,7 +2,7 @@
 //! `with_history`, `with_events`, and the general
 //! `with_events_and_history`. All `const`, for `static`s.
 
-use super::{Deferred, DeviceAllocator, DEFAULT_EVENTS};
+use super::{ConfigShape, Deferred, DeviceAllocator, DEFAULT_EVENTS};
 use crate::arena::{Arena, BlockSlot};
 use crate::backend::DeviceBackend;
 use crate::config::Config;
@@ -87,6 +87,7 @@ where
             total_allocated_memory: 0,
             next_allocation_id: 1,
             next_counter: 0,
+            shape: ConfigShape::of(&config),
             device_total: None,
             fraction_pending: config.per_process_memory_fraction < 1.0,
             rejected: None,

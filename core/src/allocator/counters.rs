@@ -13,7 +13,8 @@
 //!
 //! torch's counter is one process-wide int32 starting at 0; one per
 //! allocator orders the blocks of each pool the same (no order compares
-//! blocks of two devices).
+//! blocks of two devices). Both wrap past `i32::MAX` to negative numbers,
+//! which sort first.
 
 use super::DeviceAllocator;
 use crate::arena::BlockSlot;
@@ -29,10 +30,10 @@ where
 {
     /// The number of new device memory (a new segment's block).
     #[inline]
-    pub(super) fn segment_counter(&mut self) -> u64 {
+    pub(super) fn segment_counter(&mut self) -> u32 {
         if self.config.block_order().uses_counter() {
             let c = self.next_counter;
-            self.next_counter += 1;
+            self.next_counter = c.wrapping_add(1);
             c
         } else {
             0
@@ -43,10 +44,10 @@ where
     /// number is `parent`: the next number under torch 2.12, else the
     /// parent's.
     #[inline(always)]
-    pub(super) fn piece_counter(&mut self, parent: u64) -> u64 {
+    pub(super) fn piece_counter(&mut self, parent: u32) -> u32 {
         if self.config.block_order() == BlockOrder::RegistrationCounter {
             let c = self.next_counter;
-            self.next_counter += 1;
+            self.next_counter = c.wrapping_add(1);
             c
         } else {
             parent

@@ -7,7 +7,7 @@
 
 use super::{DeviceAllocator, Res};
 use crate::arena::{BlockSlot, Flags, NIL};
-use crate::backend::DeviceBackend;
+use crate::backend::{DeviceBackend, NO_MARKER};
 use crate::error::Error;
 use crate::events::Sweep;
 use crate::history::HistoryStorage;
@@ -49,8 +49,12 @@ where
         );
         let mut events = 0;
         let mut deferred = false;
+        let mut marker = NO_MARKER;
         if self.slot(i).has(Flags::HAS_USES) {
             deferred = self.capturing();
+            if deferred && self.config.graph_capture_record_stream_reuse {
+                marker = self.free_marker(i)?;
+            }
             if !deferred {
                 if !self.events.has_room_for(i) {
                     // Make room from events that have completed (PyTorch's
@@ -77,7 +81,7 @@ where
         self.count_freed(pool, size);
         self.record_block(TraceAction::FreeRequested, i);
         if deferred {
-            self.defer(i);
+            self.defer(i, marker);
         } else if events == 0 {
             self.free_block(i);
         }

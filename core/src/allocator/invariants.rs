@@ -223,7 +223,7 @@ where
             captures as i64,
             self.captures as i64,
         )?;
-        let (mut n, mut i) = (0u32, self.deferred.head);
+        let (mut n, mut marked, mut i) = (0u32, 0u32, self.deferred.head);
         while i != NIL && n <= t.deferred {
             let s = self.arena.slots().get(i as usize).ok_or(fail(
                 "deferred list: link out of range",
@@ -237,9 +237,16 @@ where
                 Some(i),
             )?;
             n += 1;
-            i = s.hash_next;
+            marked += (s.right != crate::backend::NO_MARKER) as u32;
+            i = s.hash_next();
         }
         expect("deferred list: length", None, t.deferred as i64, n as i64)?;
+        expect(
+            "deferred list: blocks with a free marker",
+            None,
+            marked as i64,
+            self.deferred.marked as i64,
+        )?;
         expect(
             "deferred list: count",
             None,
@@ -377,10 +384,10 @@ where
     /// A block's number, as the torch version's rules give it
     /// (`counters.rs`): none under 2.11's order, its segment's from 2.13 on,
     /// one already handed out under 2.12.
-    fn check_counter(&self, i: u32, b: &BlockSlot, head: u64) -> Result<(), InvariantViolation> {
+    fn check_counter(&self, i: u32, b: &BlockSlot, head: u32) -> Result<(), InvariantViolation> {
         let (want, got) = match self.config.block_order() {
             BlockOrder::SizeAddress => (0, b.counter),
-            BlockOrder::RegistrationCounter => (0, u64::from(b.counter >= self.next_counter)),
+            BlockOrder::RegistrationCounter => (0, u32::from(b.counter >= self.next_counter)),
             _ => (head, b.counter),
         };
         expect(

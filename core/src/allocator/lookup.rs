@@ -94,7 +94,7 @@ where
     /// segments, three: a reservation, the unmapped rest of a map, and a
     /// split remainder).
     pub(super) fn reserve_slots(&self) -> Res<(), B> {
-        if self.arena.available() < 2 + self.config.maps_pages() as u32 {
+        if self.arena.available() < 2 + self.shape.maps_pages as u32 {
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),
             });

@@ -68,11 +68,19 @@ where
         // While a capture is under way on this device (on any stream), no
         // event is queried: the driver refuses it and invalidates the capture.
         let capture = self.capturing();
-        if !capture && (!self.events.is_empty() || self.deferred.len > 0) {
-            self.process_events()?;
+        if !capture {
+            if !self.events.is_empty() || self.deferred.len > 0 {
+                self.process_events()?;
+            }
+        } else if self.deferred.marked > 0 && self.config.graph_capture_record_stream_reuse {
+            self.free_safe_blocks_in_capture(stream)?;
         }
-        let rounded = policy::round_size(orig, &self.config)
-            .ok_or(Error::SizeOverflow { requested: orig })?;
+        let rounded = if self.shape.rounds {
+            policy::round_size(orig, &self.config)
+        } else {
+            policy::round_size_plain(orig)
+        }
+        .ok_or(Error::SizeOverflow { requested: orig })?;
         // The block to look for: with an alignment, room for the request at
         // any 512-byte offset.
         let size = if aligned {

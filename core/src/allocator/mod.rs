@@ -114,7 +114,7 @@ where
 ///
 /// # Capacities, and what happens when they run out
 ///
-/// - **Block slots** (`storage`, 96 bytes each): one per block, that is per
+/// - **Block slots** (`storage`, 88 bytes each): one per block, that is per
 ///   live allocation, per cached or pending free block, and at least one per
 ///   segment. A workload with `L` live allocations at its peak needs about
 ///   `2 L` plus its segments (each allocation can leave a cached remainder
@@ -175,7 +175,9 @@ pub struct DeviceAllocator<
     next_allocation_id: u64,
     /// The number the next device malloc's memory gets (torch's
     /// registration counter; see `counters.rs`).
-    next_counter: u64,
+    next_counter: u32,
+    /// What every request asks of `config`, read once per config.
+    shape: ConfigShape,
     /// The device's total memory, once read (the rejection policy's base).
     device_total: Option<u64>,
     /// `per_process_memory_fraction` of the config at creation is yet to be
@@ -200,7 +202,7 @@ pub struct DeviceAllocator<
     /// Real captures under way (routes with `capture`).
     captures: u32,
     /// Blocks freed during a capture, waiting for it to end (linked
-    /// through `hash_next`, oldest first).
+    /// through `hash_next()`, oldest first).
     deferred: Deferred,
     /// The compact policy's segments.
     compact: compact::CompactHeads<P>,
@@ -234,12 +236,33 @@ pub struct DeviceAllocator<
 /// trace trackers, out-of-memory observers).
 pub const MAX_CALLBACKS: usize = 4;
 
+/// Two answers of the config that every request needs, kept beside it
+/// (recomputed whenever the config changes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConfigShape {
+    /// [`Config::maps_pages`].
+    pub(crate) maps_pages: bool,
+    /// [`Config::rounds_to_divisions`].
+    pub(crate) rounds: bool,
+}
+
+impl ConfigShape {
+    pub(crate) const fn of(c: &Config) -> ConfigShape {
+        ConfigShape {
+            maps_pages: c.maps_pages(),
+            rounds: c.rounds_to_divisions(),
+        }
+    }
+}
+
 /// The list of deferred blocks.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Deferred {
     pub(crate) head: u32,
     pub(crate) tail: u32,
     pub(crate) len: u32,
+    /// Parked blocks with a free marker (`graph_capture_record_stream_reuse`).
+    pub(crate) marked: u32,
 }
 
 impl Deferred {
@@ -247,6 +270,7 @@ impl Deferred {
         head: NIL,
         tail: NIL,
         len: 0,
+        marked: 0,
     };
 }
 
@@ -418,6 +442,7 @@ where
     /// says, the torch version included).
     pub fn set_config(&mut self, config: Config) {
         self.config = self.config.followed_by(config);
+        self.shape = ConfigShape::of(&self.config);
     }
 
     /// The policy in force.

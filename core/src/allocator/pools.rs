@@ -103,7 +103,17 @@ where
     /// `empty_cache` does nothing, and the backend is told
     /// ([`DeviceBackend::set_capture_underway`]) so that it makes its device
     /// mallocs and page maps in relaxed capture mode.
+    ///
+    /// With `graph_capture_record_stream_reuse:True` a backend that cannot
+    /// read capture graphs ([`DeviceBackend::CAPTURE_GRAPH`]) is refused
+    /// here, before anything changes.
     pub fn capture_begin(&mut self, id: MempoolId, filter: StreamFilter<B::Stream>) -> Res<(), B> {
+        if self.config.graph_capture_record_stream_reuse && !B::CAPTURE_GRAPH {
+            return Err(Error::Unsupported {
+                what: "graph_capture_record_stream_reuse:True (reading the capture graph)",
+                backend: B::NAME,
+            });
+        }
         self.begin(id, filter, true)
     }
 

@@ -62,7 +62,7 @@ where
                 // The live index is rebuilt below; the deferred list (frees
                 // a capture parked) keeps its links.
                 if s.has(Flags::ALLOCATED) {
-                    s.hash_next = NIL;
+                    s.set_hash_next(NIL);
                 }
             }
         }

@@ -253,3 +253,94 @@ fn a_refused_segment_goes_back_after_the_capture() {
     assert_eq!(table.owner(cachealloc_mock::DEVICE_BASE), Some(7));
     b.check_invariants().unwrap();
 }
+
+/// `graph_capture_record_stream_reuse`: a block allocated on the capture
+/// stream, used by a forked stream and freed during the capture. Returns
+/// the allocator, the freed block's address and the forked stream.
+fn freed_after_a_fork(conf: &str) -> (Alloc, u64) {
+    let mut a = alloc(None, conf);
+    begin(&mut a, 1);
+    a.backend_mut().launch(1);
+    let x = a.malloc(4 * MIB, 1).unwrap();
+    // Stream 2 joins the capture (an event recorded on 1, waited for on 2)
+    // and works on the block.
+    a.backend_mut().capture_join(2, 1);
+    a.record_stream(x.handle.unwrap(), 2).unwrap();
+    a.backend_mut().launch(2);
+    a.backend_mut().launch(1);
+    a.free(x.handle.unwrap()).unwrap();
+    assert_eq!(a.deferred_frees(), 1);
+    a.check_invariants().unwrap();
+    (a, x.ptr.0)
+}
+
+/// Without the setting, and with it while the forked stream's work is not
+/// joined back, the block waits for the capture's end; once the capture
+/// stream waits for the fork, the next request on it takes the block, with
+/// no event recorded or queried (the capture stays valid).
+#[test]
+fn a_block_freed_in_a_capture_is_reused_once_the_graph_orders_its_uses() {
+    for reuse in [false, true] {
+        let conf = if reuse {
+            "graph_capture_record_stream_reuse:True"
+        } else {
+            ""
+        };
+        let (mut a, freed) = freed_after_a_fork(conf);
+        let y = a.malloc(4 * MIB, 1).unwrap();
+        assert_ne!(y.ptr.0, freed, "the fork's work may still run: not reused");
+        assert_eq!(a.deferred_frees(), 1);
+
+        a.backend_mut().capture_join(1, 2); // joined back
+        a.backend_mut().launch(1);
+        let z = a.malloc(4 * MIB, 1).unwrap();
+        if reuse {
+            assert_eq!(z.ptr.0, freed, "the graph orders every later use after it");
+            assert_eq!(a.deferred_frees(), 0);
+            assert_eq!(a.backend().live_free_markers(), 0);
+        } else {
+            assert_ne!(z.ptr.0, freed);
+            assert_eq!(a.deferred_frees(), 1);
+        }
+        assert_eq!(a.stats().num_device_alloc, 1, "one segment either way");
+        a.check_invariants().unwrap();
+        a.free(y.handle.unwrap()).unwrap();
+        a.free(z.handle.unwrap()).unwrap();
+        end(&mut a, 1);
+        let _ = a.malloc(512, 0).unwrap();
+        assert_eq!(a.deferred_frees(), 0);
+        assert_eq!(a.backend().capture_violations(), 0);
+        a.check_invariants().unwrap();
+    }
+}
+
+/// A request on another stream does not take the block (PyTorch frees
+/// only the blocks of the requesting stream), and a block used by a stream
+/// outside the capture gets no marker: it waits for the capture's end.
+#[test]
+fn reuse_needs_the_blocks_stream_and_every_user_in_the_capture() {
+    let (mut a, freed) = freed_after_a_fork("graph_capture_record_stream_reuse:True");
+    a.backend_mut().capture_join(1, 2);
+    a.backend_mut().capture_join(3, 1); // stream 3 in the capture, routed to the default pools
+    let other = a.malloc(4 * MIB, 3).unwrap();
+    assert_eq!(a.deferred_frees(), 1, "a request on stream 3 leaves it");
+    let mine = a.malloc(4 * MIB, 1).unwrap();
+    assert_eq!(mine.ptr.0, freed);
+
+    let w = a.malloc(4 * MIB, 1).unwrap();
+    a.record_stream(w.handle.unwrap(), 9).unwrap(); // stream 9 is not capturing
+    a.free(w.handle.unwrap()).unwrap();
+    assert_eq!(a.backend().live_free_markers(), 0, "no marker");
+    a.backend_mut().launch(1);
+    let v = a.malloc(4 * MIB, 1).unwrap();
+    assert_ne!(v.ptr.0, w.ptr.0);
+    assert_eq!(a.deferred_frees(), 1);
+    for h in [other, mine, v] {
+        a.free(h.handle.unwrap()).unwrap();
+    }
+    end(&mut a, 1);
+    a.empty_cache().unwrap();
+    assert_eq!(a.deferred_frees(), 0);
+    assert_eq!(a.backend().live_free_markers(), 0);
+    a.check_invariants().unwrap();
+}

@@ -82,6 +82,10 @@ fn the_deferred_list() {
     let (mut t, _, _) = with_pools();
     t.slot_mut(p).flags.remove(Flags::DEFERRED);
     assert!(broken(&t).what.contains("block state") || broken(&t).what.contains("deferred"));
+    // A free marker the count does not know of.
+    let (mut t, _, p) = with_pools();
+    t.slot_mut(p).right = 7;
+    assert_named(broken(&t), "free marker");
 }
 
 #[test]
@@ -121,4 +125,20 @@ fn reserved_bytes_of_deleted_pools() {
     assert_eq!(seen(&t), [(M, 0, 2 << 20)]);
     t.create_pool(M, crate::PoolOptions::NONE).unwrap();
     assert_eq!(seen(&t), [(M, 0, 0)]);
+}
+
+/// `graph_capture_record_stream_reuse:True` on a backend that cannot read
+/// capture graphs: the capture is refused, saying what is missing, and
+/// nothing changed.
+#[test]
+fn reuse_in_a_capture_needs_a_backend_that_reads_the_graph() {
+    let mut t = tiny();
+    t.set_config(crate::config::Config::parse("graph_capture_record_stream_reuse:True").unwrap());
+    let e = t.capture_begin(G, StreamFilter::stream(1)).unwrap_err();
+    assert!(
+        std::format!("{e}").contains("graph_capture_record_stream_reuse:True"),
+        "{e}"
+    );
+    assert!(t.pools().next().is_none());
+    t.check_invariants().unwrap();
 }
