@@ -231,6 +231,37 @@ def graph(torch, dev):
     return out
 
 
+def graph_stream_reuse(torch, dev):
+    """A capture that forks a second stream, which uses blocks of the
+    capture stream (record_stream) and is joined back before they are
+    freed, eight times over: with graph_capture_record_stream_reuse:True
+    the later requests take the freed blocks within the capture (the
+    graph pool stays small); the replay equals eager execution."""
+    side = torch.cuda.Stream(device=dev)
+    g = torch.cuda.CUDAGraph()
+    base = torch.ones(4 * MIB, dtype=torch.float32, device=dev)
+    with torch.cuda.graph(g):
+        cap = torch.cuda.current_stream(dev)
+        acc = torch.zeros_like(base)
+        for k in range(8):
+            x = base * (k + 1)
+            side.wait_stream(cap)
+            with torch.cuda.stream(side):
+                y = x * 2
+                x.record_stream(side)
+            cap.wait_stream(side)
+            acc += y
+            del x, y
+    g.replay()
+    torch.cuda.synchronize(dev)
+    want = float(2 * sum(range(1, 9)) * base.numel())
+    got = float(acc.sum().item())
+    if got != want:
+        raise RuntimeError("the graph's replay gives %r, eager %r" % (got, want))
+    del g
+    return [got]
+
+
 def compile_reduce_overhead(torch, dev):
     """torch.compile(mode="reduce-overhead"): CUDA graphs through cudagraph
     trees (private pools)."""
@@ -436,6 +467,7 @@ WORKLOADS = [
     ("mlp_expandable", mlp, "expandable_segments:True", None, None),
     ("transformer_expandable", transformer, "expandable_segments:True", None, None),
     ("graph_expandable", graph, "expandable_segments:True", None, None),
+    ("graph_stream_reuse", graph_stream_reuse, "graph_capture_record_stream_reuse:True", None, None),
     ("mid_sizes_large_segment", mid_sizes, "large_segment_size_mb:12", None, None),
     ("config_fraction", config_fraction, "per_process_memory_fraction:0.05", None, None),
     ("rejection", rejection, "throw_on_cudamalloc_oom:True", None,
