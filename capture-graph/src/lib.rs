@@ -76,8 +76,11 @@ pub trait GraphDriver {
 /// The markers, and what the walks found.
 #[derive(Debug)]
 pub struct CaptureGraph<S> {
-    /// Marker number -> its nodes (deduplicated).
-    markers: HashMap<u32, Vec<Node>>,
+    /// Marker number -> its capture and its nodes (deduplicated). The
+    /// capture's id keeps a marker from being compared with another
+    /// capture's nodes (a driver may reuse a destroyed graph's node
+    /// addresses; PyTorch's bare node lists do not guard against it).
+    markers: HashMap<u32, (u64, Vec<Node>)>,
     /// The number the next marker gets unless it is taken.
     next_marker: u32,
     /// (capture id, stream) -> the nodes found to precede the stream's
@@ -123,11 +126,11 @@ impl<S: Copy + Eq + Hash> CaptureGraph<S> {
         }
         nodes.sort_unstable();
         nodes.dedup();
-        if nodes.is_empty() {
+        let (Some(id), false) = (capture, nodes.is_empty()) else {
             return Ok(None);
-        }
+        };
         let m = self.fresh_marker();
-        self.markers.insert(m, nodes);
+        self.markers.insert(m, (id, nodes));
         Ok(Some(m))
     }
 
@@ -166,15 +169,19 @@ impl<S: Copy + Eq + Hash> CaptureGraph<S> {
         Ok(true)
     }
 
-    /// Whether every node of `marker` was found by `stream`'s walks in the
-    /// capture of its last walk.
+    /// Whether `marker` was made in the capture of `stream`'s last walk and
+    /// every node of it was found by the stream's walks there.
     pub fn reached(&self, stream: S, marker: u32) -> bool {
-        let (Some(nodes), Some(&id)) = (self.markers.get(&marker), self.walked.get(&stream)) else {
+        let (Some((made_in, nodes)), Some(&id)) =
+            (self.markers.get(&marker), self.walked.get(&stream))
+        else {
             return false;
         };
-        self.visited
-            .get(&(id, stream))
-            .is_some_and(|found| nodes.iter().all(|n| found.contains(n)))
+        *made_in == id
+            && self
+                .visited
+                .get(&(id, stream))
+                .is_some_and(|found| nodes.iter().all(|n| found.contains(n)))
     }
 
     /// Forget `marker`.
@@ -284,6 +291,34 @@ mod tests {
         assert_eq!(g.free_marker(&mut d, &mut [1].into_iter()), Ok(None));
         assert!(!g.walk(&mut d, 1).unwrap(), "no terminal node");
         assert!(!g.walk(&mut d, 9).unwrap(), "not capturing");
+    }
+
+    /// A marker of an ended capture is never reached in a later one, even
+    /// over nodes with the same handles.
+    #[test]
+    fn a_marker_belongs_to_its_capture() {
+        struct Two(Fixed, u64);
+        impl GraphDriver for Two {
+            type Stream = u64;
+            type Error = &'static str;
+            fn capture(&mut self, s: u64) -> Result<Option<Capture>, &'static str> {
+                let id = self.1;
+                Ok(self.0.capture(s)?.map(|c| Capture { id, ..c }))
+            }
+            fn dependencies(&mut self, node: Node) -> Result<Vec<Node>, &'static str> {
+                self.0.dependencies(node)
+            }
+        }
+        let mut d = Two(fork(), 1);
+        let mut g = CaptureGraph::default();
+        let m = g
+            .free_marker(&mut d, &mut [1].into_iter())
+            .unwrap()
+            .unwrap();
+        g.captures_ended();
+        d.1 = 2;
+        assert!(g.walk(&mut d, 1).unwrap());
+        assert!(!g.reached(1, m));
     }
 
     #[test]

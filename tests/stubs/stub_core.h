@@ -1307,7 +1307,10 @@ static stub_status stub_op_graph_instantiate(const char *name, void **exec, void
     stub_status r = stub_ready_locked();
     if (r != ST_OK) return stub_end(r);
     if (!exec) return stub_end(ST_INVALID_VALUE);
-    if (stub_graph_of(graph, 0) < 0) return stub_end(ST_BAD_HANDLE);
+    long g = stub_graph_of(graph, 0);
+    if (g < 0) return stub_end(ST_BAD_HANDLE);
+    /* A graph a capture is still building cannot be instantiated. */
+    if (stub_graphs[g].capturing) return stub_end(ST_ILLEGAL_STATE);
     *exec = stub_handle(STUB_GRAPH_BASE, (size_t)stub_graph_create_locked(1));
     return stub_end(ST_OK);
 }

@@ -383,7 +383,9 @@ where
 
     /// A block's number, as the torch version's rules give it
     /// (`counters.rs`): none under 2.11's order, its segment's from 2.13 on,
-    /// one already handed out under 2.12.
+    /// one already handed out under 2.12 (read as below the next one: true
+    /// until the 2^32nd number, after which the counter wraps, as torch's
+    /// int32 does, and this part of the check would need the numbers' age).
     fn check_counter(&self, i: u32, b: &BlockSlot, head: u32) -> Result<(), InvariantViolation> {
         let (want, got) = match self.config.block_order() {
             BlockOrder::SizeAddress => (0, b.counter),
