@@ -300,6 +300,16 @@ typedef struct {
      * other actions.
      */
     const char *annotation;
+    /**
+     * The pool of the block or segment (PyTorch's `TraceEntry::mempool_`,
+     * a snapshot's `pool_id`): `(0, 0)` for the default pools; for `oom`
+     * the request's pool; `(0, 0)` for a snapshot or an annotation.
+     */
+    uint64_t pool_id0;
+    /**
+     * The second half of the pool's id.
+     */
+    uint64_t pool_id1;
 } cachealloc_trace_entry;
 
 typedef void (*cachealloc_trace_tracker)(const cachealloc_trace_entry*, void*);

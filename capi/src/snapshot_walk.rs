@@ -94,6 +94,12 @@ pub struct cachealloc_trace_entry {
     /// An annotation's name (valid during the call only); NULL for the
     /// other actions.
     pub annotation: *const c_char,
+    /// The pool of the block or segment (PyTorch's `TraceEntry::mempool_`,
+    /// a snapshot's `pool_id`): `(0, 0)` for the default pools; for `oom`
+    /// the request's pool; `(0, 0)` for a snapshot or an annotation.
+    pub pool_id0: u64,
+    /// The second half of the pool's id.
+    pub pool_id1: u64,
 }
 
 /// What `cachealloc_snapshot_walk` calls, each with the walk's `user`
@@ -183,6 +189,8 @@ pub(crate) fn entry(e: &TraceEntry) -> cachealloc_trace_entry {
         time_us: e.time_us,
         context: e.context,
         annotation: std::ptr::null(),
+        pool_id0: e.pool.0,
+        pool_id1: e.pool.1,
     }
 }
 

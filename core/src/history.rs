@@ -5,6 +5,7 @@
 //! them: [`TraceTracker`]s get every entry, [`OutOfMemoryObserver`]s every
 //! final out-of-memory.
 
+use crate::private_pool::MempoolId;
 use core::fmt;
 
 /// What a trace entry records (PyTorch's `TraceEntry::Action`, and the
@@ -123,6 +124,11 @@ pub struct TraceEntry {
     /// ([`DeviceAllocator::set_trace_context`](crate::DeviceAllocator::set_trace_context));
     /// for an annotation, its id.
     pub context: u64,
+    /// The pool the block or segment belongs to (PyTorch's
+    /// `TraceEntry::mempool_`: a snapshot shows it as `pool_id` from torch
+    /// 2.12 on); the request's pool for [`TraceAction::Oom`], the default
+    /// pools' `(0, 0)` for a snapshot or an annotation.
+    pub pool: MempoolId,
 }
 
 impl TraceEntry {
@@ -135,6 +141,7 @@ impl TraceEntry {
         stream: 0,
         time_us: 0,
         context: 0,
+        pool: MempoolId::DEFAULT,
     };
 
     /// An entry (for trackers' tests and for tools that rebuild history).

@@ -141,6 +141,10 @@ tm.is_initialized = lambda: True
 cachealloc.record_history(True)
 ptrs = [cachealloc.caching_allocator_alloc(n << 20) for n in (1, 3, 25)]
 cachealloc.caching_allocator_delete(ptrs[1])
+# One allocation in a private pool (this thread's requests routed there).
+torch._C._cuda_beginAllocateCurrentThreadToPool(0, (0, 9))
+ptrs.append(cachealloc.caching_allocator_alloc(2 << 20))
+torch._C._cuda_endAllocateToPool(0, (0, 9))
 ours = dict(cachealloc.memory_stats(0))
 theirs = dict(torch.cuda.memory_stats(0))
 assert all(ours[k] == theirs.get(k) for k in ours), sorted(k for k in ours if ours[k] != theirs.get(k))
@@ -159,7 +163,15 @@ mine = json.load(open(sys.argv[1]))
 key = lambda s: (s["address"], s["total_size"], s["allocated_size"], [(b["size"], b["state"]) for b in s["blocks"]])
 assert [key(s) for s in snap["segments"]] == [key(s) for s in mine["segments"]]
 allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
-assert len(allocs) == 3, allocs
+assert len(allocs) == 4, allocs
+# From torch 2.12 trace entries name their pool (torch serializes the
+# TraceEntry's mempool the native allocator filled in).
+if "pool_id" in allocs[0]:
+    assert [tuple(e["pool_id"]) for e in allocs] == [(0, 0)] * 3 + [(0, 9)], allocs
+    pools = "each naming its pool"
+else:
+    assert torch.__version__ < "2.12", torch.__version__
+    pools = "no pool_id before torch 2.12"
 assert snap["allocator_settings"]["max_split_size"] == 64 << 20, snap["allocator_settings"]
 # The memory fraction reads back through torch whichever front end set it
 # (torch.cuda.get/set_per_process_memory_fraction call these two after
@@ -170,9 +182,9 @@ torch._C._cuda_setMemoryFraction(0.25, 0)
 assert cachealloc.get_per_process_memory_fraction(0) == 0.25
 assert torch._C._cuda_getMemoryFraction(0) == 0.25
 print("torch.cuda.memory_stats: %d keys equal; memory_summary, max_memory_allocated, "
-      "reset_peak_memory_stats; _snapshot: %d segments equal, %d allocs in the history; "
+      "reset_peak_memory_stats; _snapshot: %d segments equal, %d allocs in the history (%s); "
       "the memory fraction reads back through torch"
-      % (len(theirs), len(snap["segments"]), len(allocs)))
+      % (len(theirs), len(snap["segments"]), len(allocs), pools))
 '''
         snap = os.path.join(self.tmp.name, "torch-snap.json")
         proc = subprocess.run(

@@ -5,7 +5,7 @@ use crate::dict::{
     AnnotationDict, BlockDict, FragmentationDict, Frame, SegmentDict, SettingsDict, SnapshotDict,
     TraceDict,
 };
-use cachealloc_core::{AllocatorSettings, BlockState, Snapshot, TraceAction};
+use cachealloc_core::{AllocatorSettings, BlockState, Snapshot, TorchVersion, TraceAction};
 use std::collections::HashMap;
 
 /// Where a snapshot's names come from: the frames of a trace entry or an
@@ -59,6 +59,9 @@ pub fn add_device<St: Into<u64> + From<u64> + Copy>(
     if dict.device_traces.len() <= idx {
         dict.device_traces.resize_with(idx + 1, Vec::new);
     }
+    // Trace entries name their pool from torch 2.12 on (its `memory.py`'s
+    // `pool_id`).
+    let with_pool_ids = snap.settings.config.torch_version() >= TorchVersion::V2_12;
     // The context of the last allocation at each address: the blocks' frames.
     let mut allocated_at: HashMap<u64, u64> = HashMap::new();
     for e in snap.history {
@@ -86,6 +89,7 @@ pub fn add_device<St: Into<u64> + From<u64> + Copy>(
             stream: e.stream,
             time_us: e.time_us,
             frames: names.frames(e.action.as_str(), e.context),
+            pool_id: with_pool_ids.then_some((e.pool.0, e.pool.1)),
         });
     }
     for seg in snap.segments {

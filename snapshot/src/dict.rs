@@ -38,6 +38,13 @@ mod py_int {
     pub fn pair<S: Serializer>(v: &(u64, u64), s: S) -> Result<S::Ok, S::Error> {
         (Int(v.0), Int(v.1)).serialize(s)
     }
+
+    pub fn opt_pair<S: Serializer>(v: &Option<(u64, u64)>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some((a, b)) => s.serialize_some(&(Int(*a), Int(*b))),
+            None => s.serialize_none(),
+        }
+    }
 }
 
 /// One frame of a stack.
@@ -131,6 +138,11 @@ pub struct TraceDict {
     /// Where (present when the entry has a context).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<Frame>,
+    /// The pool of the block or segment (`(0, 0)`: the default pools;
+    /// torch 2.12 on: `pool_id`, which memory_viz's private-pool view reads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "py_int::opt_pair")]
+    pub pool_id: Option<(u64, u64)>,
 }
 
 /// An annotation (PyTorch's `external_annotations` entry).

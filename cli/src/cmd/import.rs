@@ -147,6 +147,12 @@ fn summary(path: &str, i: &Imported) {
             );
         }
     }
+    if i.private_pool_allocs > 0 {
+        println!(
+            "  warning: {} allocations were in private pools (their trace entries' pool_id); the trace replays them in the default pools",
+            i.private_pool_allocs
+        );
+    }
     if let Some((fraction, total)) = i.memory_limit {
         println!(
             "  memory fraction {fraction} of a {} device: the trace replays under it",

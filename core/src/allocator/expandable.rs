@@ -314,7 +314,7 @@ where
         let b = self.merge_cached_neighbours(i);
         self.cache_insert(b);
         self.reserve(owner, pool, mapped, false);
-        self.record(TraceAction::SegmentMap, addr, mapped, stream);
+        self.record(TraceAction::SegmentMap, addr, mapped, stream, owner);
         Ok(b)
     }
 
@@ -412,7 +412,7 @@ where
         }
         let u = self.merge_unmapped_neighbours(u, owner, pool);
         self.unreserve(owner, pool, usize, false);
-        self.record(TraceAction::SegmentUnmap, ustart, usize, stream);
+        self.record(TraceAction::SegmentUnmap, ustart, usize, stream, owner);
         Ok(u)
     }
 

@@ -11,6 +11,7 @@ use crate::history::{
     History, HistoryStorage, OutOfMemoryObserver, TraceAction, TraceActions, TraceEntry,
     TraceTracker,
 };
+use crate::private_pool::MempoolId;
 use crate::snapshot::{AllocatorSettings, BlockState, Snapshot};
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
@@ -61,7 +62,7 @@ where
     /// context).
     pub fn record_annotation(&mut self, id: u64) {
         let saved = core::mem::replace(&mut self.trace_context, id);
-        self.record(TraceAction::UserDefined, 0, 0, 0);
+        self.record(TraceAction::UserDefined, 0, 0, 0, 0);
         self.trace_context = saved;
     }
 
@@ -93,7 +94,7 @@ where
             .filter(|b| b.state != BlockState::Inactive)
             .map(|b| b.size)
             .sum();
-        self.record(TraceAction::Snapshot, 0, active, 0);
+        self.record(TraceAction::Snapshot, 0, active, 0, 0);
         let fragmentation = self.fragmentation(B::Stream::from(0));
         Snapshot {
             fragmentation,
@@ -107,11 +108,20 @@ where
 
     /// Record an entry: trackers first (all of them see it), then the
     /// history (if on and the action is not skipped). With nothing
-    /// listening, one test of a flag.
+    /// listening, one test of a flag. `owner`: the pool (0 the default
+    /// pools, else the private pool's owner number), which the entry names
+    /// by its id.
     #[inline(always)]
-    pub(super) fn record(&mut self, action: TraceAction, addr: u64, size: u64, stream: u64) {
+    pub(super) fn record(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: u64,
+        owner: u8,
+    ) {
         if self.tracing {
-            self.record_now(action, addr, size, stream);
+            self.record_now(action, addr, size, stream, owner);
         }
     }
 
@@ -120,15 +130,15 @@ where
     pub(super) fn record_block(&mut self, action: TraceAction, i: u32) {
         if self.tracing {
             let s = self.slot(i);
-            let (addr, requested, stream) = (s.addr, s.requested, s.stream);
-            self.record_now(action, addr, requested, stream);
+            let (addr, requested, stream, owner) = (s.addr, s.requested, s.stream, s.owner);
+            self.record_now(action, addr, requested, stream, owner);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn record_now(&mut self, action: TraceAction, addr: u64, size: u64, stream: u64) {
-        let e = self.entry(action, addr, size, stream);
+    fn record_now(&mut self, action: TraceAction, addr: u64, size: u64, stream: u64, owner: u8) {
+        let e = self.entry(action, addr, size, stream, owner);
         for t in self.trackers.iter() {
             t.trace(&e);
         }
@@ -136,7 +146,18 @@ where
     }
 
     /// The entry for an event now.
-    fn entry(&mut self, action: TraceAction, addr: u64, size: u64, stream: u64) -> TraceEntry {
+    fn entry(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: u64,
+        owner: u8,
+    ) -> TraceEntry {
+        let pool = match owner {
+            0 => MempoolId::DEFAULT,
+            o => self.private.get(o).map_or(MempoolId::DEFAULT, |p| p.id),
+        };
         TraceEntry {
             action,
             device: self.backend.ordinal(),
@@ -145,6 +166,7 @@ where
             stream,
             time_us: self.backend.time_us(),
             context: self.trace_context,
+            pool,
         }
     }
 
@@ -157,11 +179,12 @@ where
         addr: u64,
         size: u64,
         stream: u64,
+        owner: u8,
     ) -> Option<TraceEntry> {
         if !self.tracing {
             return None;
         }
-        let e = self.entry(TraceAction::SegmentFree, addr, size, stream);
+        let e = self.entry(TraceAction::SegmentFree, addr, size, stream, owner);
         for t in self.trackers.iter() {
             t.trace(&e);
         }

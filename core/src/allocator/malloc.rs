@@ -291,7 +291,7 @@ where
         s.owner = owner;
         self.segments.insert(self.arena.slots_mut(), i);
         self.reserve(owner, pool, alloc_size, true);
-        self.record(TraceAction::SegmentAlloc, ptr.0, alloc_size, skey);
+        self.record(TraceAction::SegmentAlloc, ptr.0, alloc_size, skey, owner);
         Ok(i)
     }
 
@@ -452,7 +452,7 @@ where
         pool: Pool,
     ) -> Error<B::Error> {
         let info = self.backend.mem_info().unwrap_or_default();
-        self.record(TraceAction::Oom, info.free, size, stream);
+        self.record(TraceAction::Oom, info.free, size, stream, owner);
         self.stats.num_ooms += 1;
         let allowed = self.memory_limit();
         let facts = OomFacts {

@@ -29,7 +29,7 @@ where
             let s = self.slot(i);
             (s.addr, s.size, Pool::of(s.flags), s.stream, s.owner)
         };
-        let entry = self.record_segment_free(addr, size, stream);
+        let entry = self.record_segment_free(addr, size, stream, owner);
         self.unregistered(addr, |b| b.free(DevicePtr(addr), size))
             .map_err(Error::Backend)?;
         self.keep(entry);

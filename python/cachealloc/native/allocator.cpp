@@ -676,7 +676,8 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         shielded("trace tracker", [&] {
             CDA::TraceEntry te(static_cast<CDA::TraceEntry::Action>(e->action),
                                static_cast<c10::DeviceIndex>(e->device), e->addr, e->size,
-                               e->stream, c10::MempoolId_t{0, 0}, c10::getApproximateTime());
+                               e->stream, c10::MempoolId_t{e->pool_id0, e->pool_id1},
+                               c10::getApproximateTime());
             self->trackers_.each([&](const CA::AllocatorTraceTracker& t) { t(te); });
         });
     }

@@ -119,7 +119,7 @@ struct SnapshotWalk {
         }
         w->traces.emplace_back(static_cast<CDA::TraceEntry::Action>(e->action), device,
                                static_cast<size_t>(e->addr), e->size, e->stream,
-                               c10::MempoolId_t{0, 0}, 0);
+                               c10::MempoolId_t{e->pool_id0, e->pool_id1}, 0);
         w->traces.back().time_.t_ = static_cast<time_t>(e->time_us);
     }
 };

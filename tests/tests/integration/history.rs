@@ -388,3 +388,83 @@ fn no_history_storage_records_nothing() {
     assert!(a.history().is_empty());
     assert_eq!(a.history().dropped(), 4);
 }
+
+/// No frames, no annotation names.
+struct NoNames;
+impl cachealloc_trace::SnapshotNames for NoNames {
+    fn frames(&self, _: &str, _: u64) -> Vec<cachealloc_trace::Frame> {
+        Vec::new()
+    }
+    fn annotation(&self, id: u64) -> String {
+        id.to_string()
+    }
+}
+
+/// Trace entries name their pool (PyTorch's `TraceEntry::mempool_`): a
+/// private pool's allocation, segment and free, the default pools'
+/// (0, 0), an out-of-memory in the pool its request went to; a snapshot
+/// shows it as `pool_id` from torch 2.12 on, and not under 2.11.
+#[test]
+fn trace_entries_carry_their_pool() {
+    use cachealloc_core::{MempoolId, StreamFilter, TorchVersion};
+    use TraceAction::*;
+    let pool = MempoolId(0, 7);
+    for torch in [TorchVersion::V2_15, TorchVersion::V2_11] {
+        let mut a = DeviceAllocator::with_history(
+            MockDevice::new(Some(64 << 20)),
+            vec![BlockSlot::VACANT; 256],
+            vec![TraceEntry::EMPTY; 64],
+            Config::DEFAULT.with_torch_version(torch),
+        );
+        a.record_history(true, usize::MAX, false, TraceActions::NONE);
+        let d = a.malloc(4096, 0).unwrap();
+        a.begin_allocate_to_pool(pool, StreamFilter::stream(1))
+            .unwrap();
+        let p = a.malloc(4096, 1).unwrap();
+        assert!(a.malloc(1 << 30, 1).is_err());
+        a.free(p.handle.unwrap()).unwrap();
+        a.end_allocate_to_pool(pool).unwrap();
+        a.free(d.handle.unwrap()).unwrap();
+        let pools: Vec<(TraceAction, MempoolId)> =
+            a.history().entries().map(|e| (e.action, e.pool)).collect();
+        let def = MempoolId::DEFAULT;
+        assert_eq!(
+            pools,
+            [
+                (SegmentAlloc, def),
+                (Alloc, def),
+                (SegmentAlloc, pool),
+                (Alloc, pool),
+                (Oom, pool),
+                (FreeRequested, pool),
+                (FreeCompleted, pool),
+                (FreeRequested, def),
+                (FreeCompleted, def),
+            ]
+        );
+        let mut dict =
+            cachealloc_trace::SnapshotDict::new(cachealloc_core::AllocatorSettings::DEFAULT, "");
+        cachealloc_trace::add_device(&mut dict, a.snapshot(), &NoNames);
+        let json = serde_json::to_value(&dict).unwrap();
+        let ids: Vec<Value> = json["device_traces"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["pool_id"].clone())
+            .collect();
+        // The import reads it back: the private pool's allocation is named.
+        let bytes = serde_json::to_vec(&json).unwrap();
+        let imported = cachealloc_trace::import::import(&bytes, "pools", None).unwrap();
+        if torch >= TorchVersion::V2_12 {
+            assert_eq!(ids[3], serde_json::json!([0, 7]), "{ids:?}");
+            assert_eq!(ids[1], serde_json::json!([0, 0]), "{ids:?}");
+            assert_eq!(imported.private_pool_allocs, 1);
+        } else {
+            assert!(
+                ids.iter().all(Value::is_null),
+                "torch 2.11 has no pool_id: {ids:?}"
+            );
+            assert_eq!(imported.private_pool_allocs, 0);
+        }
+    }
+}

@@ -130,6 +130,10 @@ pub struct Imported {
     /// inferred capacity when an out-of-memory shows that a limit, not the
     /// device, refused), and the device capacity it goes with.
     pub memory_limit: Option<(f64, u64)>,
+    /// Allocations the recording made in private pools (trace entries'
+    /// `pool_id`, torch 2.12 on): the trace has no pool routing for them
+    /// and replays them in the default pools.
+    pub private_pool_allocs: u64,
 }
 
 impl Imported {
@@ -241,6 +245,12 @@ pub fn import_with_limit(
         &streams,
         events.len(),
     );
+    let private_pool_allocs = snap
+        .device_traces
+        .iter()
+        .flatten()
+        .filter(|e| e.action == "alloc" && e.pool_id.is_some_and(|p| p != (0, 0)))
+        .count() as u64;
     Ok(Imported {
         header,
         events,
@@ -250,6 +260,7 @@ pub fn import_with_limit(
         streams,
         final_segments: snap.segments,
         memory_limit,
+        private_pool_allocs,
     })
 }
 

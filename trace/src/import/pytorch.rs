@@ -86,6 +86,10 @@ pub struct PtEntry {
     /// Microseconds since the epoch (PyTorch 2.1 and later).
     #[serde(default)]
     pub time_us: Option<i64>,
+    /// The entry's pool, `(0, 0)` for the default pools (PyTorch 2.12 and
+    /// later).
+    #[serde(default)]
+    pub pool_id: Option<(u64, u64)>,
 }
 
 /// The allocator settings PyTorch records.
