@@ -80,12 +80,19 @@ impl Graphs {
         }
     }
 
-    /// `stream` waits for the work queued on `from` so far.
-    pub(crate) fn join(&mut self, stream: u64, from: u64) {
+    /// `stream` waits for the work queued on `from` so far; `false` (and
+    /// nothing changes) when the wait would cross a capture's boundary, as
+    /// the drivers refuse it: a capturing stream waiting for work outside
+    /// its capture.
+    pub(crate) fn join(&mut self, stream: u64, from: u64) -> bool {
         let m = &mut self.model;
+        let own = m.members.get(&stream).map(|s| s.capture);
         let Some(f) = m.members.get(&from).cloned() else {
-            return;
+            return own.is_none();
         };
+        if own.is_some_and(|c| c != f.capture) {
+            return false;
+        }
         let s = m.members.entry(stream).or_insert(Member {
             capture: f.capture,
             terminals: Vec::new(),
@@ -95,6 +102,7 @@ impl Graphs {
                 s.terminals.push(n);
             }
         }
+        true
     }
 
     pub(crate) fn is_capturing(&self, stream: u64) -> bool {

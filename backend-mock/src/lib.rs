@@ -420,9 +420,16 @@ impl MockDevice {
     /// `stream` waits for the work queued on `from` so far (an event
     /// recorded on `from`, waited for on `stream`): in a capture, `from`'s
     /// terminal nodes become `stream`'s too, and a stream outside a capture
-    /// joins `from`'s (a fork).
-    pub fn capture_join(&mut self, stream: u64, from: u64) {
-        self.graphs.join(stream, from);
+    /// joins `from`'s (a fork). A capturing stream may not wait for work
+    /// outside its capture: refused, as the drivers refuse it.
+    pub fn capture_join(&mut self, stream: u64, from: u64) -> Result<(), MockError> {
+        if self.graphs.join(stream, from) {
+            Ok(())
+        } else {
+            Err(MockError::CaptureViolation {
+                kind: CallKind::StreamWaitEvent,
+            })
+        }
     }
 
     /// Whether `stream` takes part in a capture (began one or joined one).

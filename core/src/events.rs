@@ -140,7 +140,7 @@ impl<B: DeviceBackend, const E: usize> EventQueue<B, E> {
             }
             events += 1;
         }
-        self.uses.retain(|u| u.slot != slot);
+        self.drop_uses(slot);
         Ok(events)
     }
 

@@ -81,14 +81,11 @@ pub fn roundup_power2_next_division(size: u64, divisions: u32) -> Option<u64> {
 /// rounding overflows.
 #[inline]
 pub fn round_size(size: u64, config: &Config) -> Option<u64> {
-    if size < MIN_BLOCK_SIZE {
-        return Some(MIN_BLOCK_SIZE);
-    }
     let d = config.divisions_for(size);
     if d > 1 && size > MIN_BLOCK_SIZE * d as u64 {
         return roundup_power2_next_division(size, d);
     }
-    round_up(size, MIN_BLOCK_SIZE)
+    round_size_plain(size)
 }
 
 /// [`round_size`] when no interval rounds to divisions.

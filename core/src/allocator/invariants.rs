@@ -67,6 +67,11 @@ where
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let slots = self.arena.slots();
         let hw = self.arena.high_water();
+        ensure(
+            self.shape == super::ConfigShape::of(&self.config),
+            "config shape: out of step with the config",
+            None,
+        )?;
         self.arena.verify()?;
         self.segments.verify(slots, hw)?;
         for pool in Pool::ALL {

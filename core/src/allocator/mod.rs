@@ -238,7 +238,7 @@ pub const MAX_CALLBACKS: usize = 4;
 
 /// Two answers of the config that every request needs, kept beside it
 /// (recomputed whenever the config changes).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ConfigShape {
     /// [`Config::maps_pages`].
     pub(crate) maps_pages: bool,

@@ -264,7 +264,7 @@ fn freed_after_a_fork(conf: &str) -> (Alloc, u64) {
     let x = a.malloc(4 * MIB, 1).unwrap();
     // Stream 2 joins the capture (an event recorded on 1, waited for on 2)
     // and works on the block.
-    a.backend_mut().capture_join(2, 1);
+    a.backend_mut().capture_join(2, 1).unwrap();
     a.record_stream(x.handle.unwrap(), 2).unwrap();
     a.backend_mut().launch(2);
     a.backend_mut().launch(1);
@@ -291,7 +291,7 @@ fn a_block_freed_in_a_capture_is_reused_once_the_graph_orders_its_uses() {
         assert_ne!(y.ptr.0, freed, "the fork's work may still run: not reused");
         assert_eq!(a.deferred_frees(), 1);
 
-        a.backend_mut().capture_join(1, 2); // joined back
+        a.backend_mut().capture_join(1, 2).unwrap(); // joined back
         a.backend_mut().launch(1);
         let z = a.malloc(4 * MIB, 1).unwrap();
         if reuse {
@@ -320,8 +320,12 @@ fn a_block_freed_in_a_capture_is_reused_once_the_graph_orders_its_uses() {
 #[test]
 fn reuse_needs_the_blocks_stream_and_every_user_in_the_capture() {
     let (mut a, freed) = freed_after_a_fork("graph_capture_record_stream_reuse:True");
-    a.backend_mut().capture_join(1, 2);
-    a.backend_mut().capture_join(3, 1); // stream 3 in the capture, routed to the default pools
+    a.backend_mut().capture_join(1, 2).unwrap();
+    a.backend_mut().capture_join(3, 1).unwrap(); // stream 3 in the capture, routed to the default pools
+    assert!(
+        a.backend_mut().capture_join(1, 9).is_err(),
+        "the capture may not wait for stream 9's work outside it"
+    );
     let other = a.malloc(4 * MIB, 3).unwrap();
     assert_eq!(a.deferred_frees(), 1, "a request on stream 3 leaves it");
     let mine = a.malloc(4 * MIB, 1).unwrap();

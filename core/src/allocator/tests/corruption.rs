@@ -285,3 +285,11 @@ fn fragmentation_that_does_not_add_up() {
         "allocated bytes",
     );
 }
+
+/// The config's cached answers out of step with the config.
+#[test]
+fn a_stale_config_shape() {
+    let mut t = tiny();
+    t.shape.rounds = true;
+    assert_named(broken(&t), "config shape");
+}
