@@ -315,6 +315,38 @@ typedef struct {
 typedef void (*cachealloc_trace_tracker)(const cachealloc_trace_entry*, void*);
 
 /**
+ * A pool's segment source, as C functions. `alloc` and `free` are called
+ * on the allocating (or emptying) thread while the device's lock is held:
+ * they must not call into cachealloc, and must not unwind (a C++ caller
+ * catches its exceptions; a failed `alloc` returns NULL).
+ */
+typedef struct {
+    /**
+     * `alloc(size, device, stream, user)`: a new segment of `size` bytes
+     * (a multiple of 512) on `device` for a
+     * request on `stream` (a `cudaStream_t`), 512-byte aligned; NULL when
+     * there is none (taken as an out-of-memory: cachealloc frees cached
+     * segments of the pool it may free and asks again, then fails the
+     * allocation).
+     */
+    void *(*alloc)(size_t, int, void*, void*);
+    /**
+     * `free(ptr, size, device, stream, user)`: give back the segment at
+     * `ptr` of `size` bytes, made for `stream`.
+     */
+    void (*free)(void*, size_t, int, void*, void*);
+    /**
+     * Optional, `release(user)`: called once, when the pool is deleted (its last segment
+     * given back after its last user released it): `user` may go.
+     */
+    void (*release)(void*);
+    /**
+     * Passed back to each call.
+     */
+    void *user;
+} cachealloc_segment_source;
+
+/**
  * One segment of a snapshot (PyTorch's `SegmentInfo`). An expandable
  * segment shows as one segment per run of mapped pages, as in PyTorch.
  */
@@ -897,6 +929,20 @@ void *cachealloc_pluggable_alloc(size_t size, int device, void *stream);
 void *cachealloc_alloc_aligned(size_t size, size_t alignment, int device, void *stream);
 
 /**
+ * PyTorch's `allocateWithAddress` (torch 2.13 on,
+ * `UntypedStorage._resize_with_addr_`): `size` bytes for `stream` at
+ * exactly `addr`, carved out of the free block of the request's pool and
+ * stream that holds it (at its start, middle or end); never a new
+ * segment. Free it with `cachealloc_free` like any other. NULL on failure
+ * with the reason in `cachealloc_last_error()`: "mallocWithAddress: addr
+ * must be aligned to kMinBlockSize (512 bytes), got 0x…", or "Could not
+ * allocate CUDA storage at exact address 0x…" (a live block there, no
+ * segment, another stream's or pool's block, too little room), as
+ * PyTorch's. 0 bytes is NULL with no error.
+ */
+void *cachealloc_alloc_at(size_t size, int device, void *stream, void *addr);
+
+/**
  * Free `ptr`, allocated on `device` by `cachealloc_alloc`. PyTorch's
  * pluggable `free`, with its four parameters: `size` and `stream` are
  * those of the allocation; the allocator knows both already and ignores
@@ -1008,6 +1054,34 @@ void cachealloc_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
  * `cachealloc_last_error()`.
  */
 void cachealloc_release_pool(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * `torch.cuda.MemPool(allocator=...)` (PyTorch's `createOrIncrefPool` with
+ * an allocator): create private pool `(id0, id1)` of `device` with one
+ * user, whose segments come from `source` (copied) instead of the device.
+ * `use_on_oom` and `no_split` are those of `cachealloc_create_pool`. The
+ * pool follows PyTorch's rules for such pools: its segments are never
+ * expandable (whatever `expandable_segments` says), everything else is as
+ * for any private pool: rounding, segment sizes, block order, the memory
+ * fraction, `cachealloc_release_pool` and `cachealloc_empty_cache` (which
+ * hands its free segments back to `source->free` once it has no user).
+ *
+ * Returns 0, or -1: `source` or one of its two functions NULL, the id
+ * `(0, 0)`, a pool that exists already (PyTorch asserts the same), too
+ * many pools. On failure nothing is kept and `release` is not called.
+ *
+ * # Safety
+ *
+ * `source` is NULL (an error) or points to a readable
+ * `cachealloc_segment_source` (copied here); its functions are callable
+ * with its `user` until `release` (or for the process's life without one).
+ */
+int cachealloc_create_pool_with_source(int device,
+                                       uint64_t id0,
+                                       uint64_t id1,
+                                       int use_on_oom,
+                                       int no_split,
+                                       const cachealloc_segment_source *source);
 
 /**
  * Write a memory snapshot (PyTorch's format) of `device`, or of every

@@ -57,6 +57,8 @@ mod ipc;
 mod observers;
 /// PyTorch's pluggable allocator: `cachealloc_alloc`, `cachealloc_free`, the hooks.
 mod pluggable;
+/// `torch.cuda.MemPool(allocator=...)`: pools with a segment source of their own.
+mod segment_source;
 /// `cachealloc_snapshot`.
 mod snapshot;
 /// `cachealloc_snapshot_walk`, `cachealloc_get_allocator_settings`.
@@ -101,12 +103,13 @@ pub use observers::{
     cachealloc_trace_tracker,
 };
 pub use pluggable::{
-    cachealloc_alloc, cachealloc_alloc_aligned, cachealloc_base_alloc,
+    cachealloc_alloc, cachealloc_alloc_aligned, cachealloc_alloc_at, cachealloc_base_alloc,
     cachealloc_begin_allocate_to_pool, cachealloc_end_allocate_to_pool, cachealloc_free,
     cachealloc_free_checked, cachealloc_get_memory_fraction, cachealloc_init,
     cachealloc_pluggable_alloc, cachealloc_record_stream, cachealloc_release_pool,
     cachealloc_reset, cachealloc_set_memory_fraction,
 };
+pub use segment_source::{cachealloc_create_pool_with_source, cachealloc_segment_source};
 pub use snapshot::cachealloc_snapshot;
 pub use snapshot_walk::{
     cachealloc_allocator_settings, cachealloc_block_info, cachealloc_get_allocator_settings,

@@ -96,6 +96,35 @@ pub extern "C" fn cachealloc_alloc_aligned(
     })
 }
 
+/// PyTorch's `allocateWithAddress` (torch 2.13 on,
+/// `UntypedStorage._resize_with_addr_`): `size` bytes for `stream` at
+/// exactly `addr`, carved out of the free block of the request's pool and
+/// stream that holds it (at its start, middle or end); never a new
+/// segment. Free it with `cachealloc_free` like any other. NULL on failure
+/// with the reason in `cachealloc_last_error()`: "mallocWithAddress: addr
+/// must be aligned to kMinBlockSize (512 bytes), got 0x…", or "Could not
+/// allocate CUDA storage at exact address 0x…" (a live block there, no
+/// segment, another stream's or pool's block, too little room), as
+/// PyTorch's. 0 bytes is NULL with no error.
+#[no_mangle]
+pub extern "C" fn cachealloc_alloc_at(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    addr: *mut c_void,
+) -> *mut c_void {
+    guard("cachealloc_alloc_at", std::ptr::null_mut(), || {
+        let stream = stream_value(stream);
+        let at = DevicePtr(addr as usize as u64);
+        let x = on_device!(registry::device(device)?, |a| {
+            debug_inside_lock(a);
+            a.malloc_with_address(size as u64, at, stream.into())
+                .map_err(alloc_error)
+        })?;
+        Ok(x.ptr.0 as usize as *mut c_void)
+    })
+}
+
 /// The body of the frees.
 #[inline(always)]
 fn free(ptr: *mut c_void, device: c_int) -> Res<()> {

@@ -249,6 +249,27 @@ pub enum Error<E> {
         /// The id.
         id: MempoolId,
     },
+    /// `malloc_with_address` at an address that is not a multiple of 512
+    /// (PyTorch's `mallocWithAddress` check).
+    UnalignedAddress {
+        /// The address.
+        ptr: DevicePtr,
+    },
+    /// `malloc_with_address`: no free block of the request's stream and
+    /// pool holds the address with room for the rounded size there.
+    NoFreeBlockAt {
+        /// The address.
+        ptr: DevicePtr,
+        /// The rounded size.
+        size: u64,
+    },
+    /// A pool with a segment source of its own must be a new pool: pool
+    /// `id` exists already (PyTorch asserts this in
+    /// `create_or_incref_pool`).
+    PoolExists {
+        /// The id.
+        id: MempoolId,
+    },
     /// A pool checkpoint cannot be taken or restored (PyTorch's checks of
     /// `getCheckpointState` / `setCheckpointPoolState`); nothing changed.
     Checkpoint {
@@ -377,6 +398,20 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::PoolFreeable { id } => write!(
                 f,
                 "private pool ({}, {}) was released (use count 0) and cannot be used until empty_cache deletes it",
+                id.0, id.1
+            ),
+            Error::UnalignedAddress { ptr } => write!(
+                f,
+                "mallocWithAddress: addr must be aligned to kMinBlockSize (512 bytes), got {ptr}"
+            ),
+            Error::NoFreeBlockAt { ptr, size } => write!(
+                f,
+                "Could not allocate CUDA storage at exact address {ptr}: no free block of the \
+                 stream and pool holds {size} bytes there"
+            ),
+            Error::PoolExists { id } => write!(
+                f,
+                "private pool ({}, {}) exists: a pool with an allocator of its own must be new",
                 id.0, id.1
             ),
             Error::Checkpoint { what, ptr } if ptr.is_null() => write!(f, "pool checkpoint: {what}"),

@@ -115,7 +115,7 @@ pub use history::{
 pub use invariants::InvariantViolation;
 pub use oom_cause::{OomCause, OomClass};
 pub use pool::Pool;
-pub use private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
+pub use private_pool::{MempoolId, PoolInfo, PoolOptions, SegmentSource, StreamFilter};
 pub use segment_table::{MoreSlots, RegistryRefusal, SegmentRegistry, SegmentSlot, SegmentTable};
 pub use shared::{SharedAllocator, SharedResult};
 pub use snapshot::{

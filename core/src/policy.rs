@@ -123,10 +123,24 @@ pub fn allocation_size_with(rounded: u64, large_segment: u64) -> Option<u64> {
 /// request is not oversize and more than 1 MiB would remain.
 #[inline]
 pub fn should_split(pool: Pool, block_size: u64, rounded: u64, config: &Config) -> bool {
+    should_split_as(pool, block_size, rounded, config, config.maps_pages())
+}
+
+/// [`should_split`] with whether the request counts as one of expandable
+/// segments given (PyTorch's `is_expandable_segments_active`, false for a
+/// pool with an allocator of its own whatever the config says).
+#[inline]
+pub fn should_split_as(
+    pool: Pool,
+    block_size: u64,
+    rounded: u64,
+    config: &Config,
+    expandable: bool,
+) -> bool {
     let remaining = block_size.saturating_sub(rounded);
     match pool {
         Pool::Small => remaining >= MIN_BLOCK_SIZE,
-        Pool::Large if config.maps_pages() => remaining >= MIN_BLOCK_SIZE,
+        Pool::Large if expandable => remaining >= MIN_BLOCK_SIZE,
         Pool::Large => rounded < config.max_split_size && remaining > SMALL_SIZE,
     }
 }

@@ -7,6 +7,7 @@
 //! default pools, `k + 1` the table's entry `k`.
 
 use crate::arena::BlockSlot;
+use crate::backend::DevicePtr;
 use crate::invariants::{expect, InvariantViolation};
 use crate::pool::{BlockPool, Pool, Pools};
 use crate::stats::StatArray;
@@ -62,6 +63,68 @@ impl PoolOptions {
     /// With `no_split`.
     pub const fn no_split(mut self) -> Self {
         self.no_split = true;
+        self
+    }
+}
+
+/// Where a private pool's segments come from when not from the device:
+/// PyTorch's `torch.cuda.MemPool(allocator=...)`, whose pool calls the
+/// given allocator's `raw_alloc` / `raw_delete` instead of `cudaMalloc` /
+/// `cudaFree` (NCCL's `ncclMemAlloc` for symmetric memory, a pluggable
+/// allocator). Plain function pointers and a context word, so that the
+/// pool table holds it by value and the core needs no heap.
+///
+/// PyTorch's rules for such a pool, which the allocator follows: its
+/// segments are never expandable (expandable segments stay the default
+/// pools' and plain pools'), so a block is split by the rule of plain
+/// segments; everything else (rounding, segment sizes, best fit and the
+/// block order of the torch version, `no_split`, the memory fraction,
+/// `release_pool` and `empty_cache`) is the same as for any private pool.
+///
+/// ```
+/// use cachealloc_core::{DevicePtr, SegmentSource};
+/// fn alloc(ctx: usize, size: u64, _stream: u64) -> Option<DevicePtr> {
+///     Some(DevicePtr(ctx as u64 + size)) // the caller's own memory
+/// }
+/// fn free(_ctx: usize, _ptr: DevicePtr, _size: u64, _stream: u64) {}
+/// let source = SegmentSource::new(alloc, free, 1 << 40);
+/// assert_eq!((source.alloc)(source.ctx, 512, 0), Some(DevicePtr((1 << 40) + 512)));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentSource {
+    /// A new segment of `size` bytes (a multiple of 512) for a request on
+    /// `stream`, 512-byte aligned; `None` when it has none (PyTorch: a
+    /// `raw_alloc` that returned null, taken as an out-of-memory: the
+    /// ladder goes on to its release rungs).
+    pub alloc: fn(ctx: usize, size: u64, stream: u64) -> Option<DevicePtr>,
+    /// Give back the segment at `ptr` of `size` bytes, made on `stream`
+    /// (PyTorch's `raw_delete`; it cannot fail).
+    pub free: fn(ctx: usize, ptr: DevicePtr, size: u64, stream: u64),
+    /// Called once when the pool is deleted (no segment left): the
+    /// context may be dropped.
+    pub release: Option<fn(ctx: usize)>,
+    /// The caller's word, passed back to each call.
+    pub ctx: usize,
+}
+
+impl SegmentSource {
+    /// A source of these two functions, with no release call.
+    pub const fn new(
+        alloc: fn(usize, u64, u64) -> Option<DevicePtr>,
+        free: fn(usize, DevicePtr, u64, u64),
+        ctx: usize,
+    ) -> Self {
+        SegmentSource {
+            alloc,
+            free,
+            release: None,
+            ctx,
+        }
+    }
+
+    /// With `release` called when the pool is deleted.
+    pub const fn with_release(mut self, release: fn(usize)) -> Self {
+        self.release = Some(release);
         self
     }
 }
@@ -164,6 +227,9 @@ pub struct PoolInfo {
     pub reserved_stats: StatArray,
     /// Its options.
     pub options: PoolOptions,
+    /// Its segments come from a [`SegmentSource`] (PyTorch: a `MemPool`
+    /// with an allocator of its own).
+    pub has_source: bool,
 }
 
 /// One private pool.
@@ -178,6 +244,8 @@ pub(crate) struct PrivatePool {
     /// The same as a `StatArray` (torch's `reserved_bytes_by_private_pools`).
     pub(crate) reserved_stats: StatArray,
     pub(crate) options: PoolOptions,
+    /// Where its segments come from (`None`: the device).
+    pub(crate) source: Option<SegmentSource>,
     pub(crate) blocks: Pools,
 }
 
@@ -191,6 +259,7 @@ impl PrivatePool {
             peak_reserved_bytes: self.peak,
             reserved_stats: self.reserved_stats,
             options: self.options,
+            has_source: self.source.is_some(),
         }
     }
 }
@@ -238,7 +307,12 @@ impl<const P: usize> PoolTable<P> {
     }
 
     /// A new pool with `use_count` 1 in a free entry; its owner number.
-    pub(crate) fn create(&mut self, id: MempoolId, options: PoolOptions) -> Option<u8> {
+    pub(crate) fn create(
+        &mut self,
+        id: MempoolId,
+        options: PoolOptions,
+        source: Option<SegmentSource>,
+    ) -> Option<u8> {
         let k = self.pools.iter().position(Option::is_none)?;
         // A pool made again under a deleted one's id reports its own figures.
         for r in self.retired.iter_mut() {
@@ -254,15 +328,25 @@ impl<const P: usize> PoolTable<P> {
             peak: 0,
             reserved_stats: StatArray::ZERO,
             options,
+            source,
             blocks: Pools::EMPTY,
         });
         Some(k as u8 + 1)
     }
 
-    /// Forget pool `owner` (it has no segment left).
+    /// Forget pool `owner` (it has no segment left); its segment source,
+    /// if any, is told.
     pub(crate) fn delete(&mut self, owner: u8) {
         if let Some(p) = self.pools.get_mut((owner as usize).wrapping_sub(1)) {
             if let Some(pool) = p.take() {
+                if let Some(SegmentSource {
+                    release: Some(release),
+                    ctx,
+                    ..
+                }) = pool.source
+                {
+                    release(ctx);
+                }
                 let mut stats = pool.reserved_stats;
                 for s in stats.0.iter_mut() {
                     s.current = 0;

@@ -37,7 +37,7 @@ use crate::history::{HistoryStorage, OutOfMemoryObserver, TraceActions, TraceTra
 use crate::invariants::InvariantViolation;
 use crate::oom_cause::OomCause;
 use crate::pool::Pool;
-use crate::private_pool::{MempoolId, PoolInfo, PoolOptions, StreamFilter};
+use crate::private_pool::{MempoolId, PoolInfo, PoolOptions, SegmentSource, StreamFilter};
 use crate::segment_table::SegmentRegistry;
 use crate::snapshot::{CacheInfo, Segments, Snapshot};
 use crate::stats::{DeviceStats, StatArray};
@@ -78,6 +78,13 @@ pub trait SharedAllocator: Sync {
         alignment: u64,
         stream: Self::Stream,
         flags: MallocFlags,
+    ) -> SharedResult<Allocation, Self::BackendError>;
+    /// [`DeviceAllocator::malloc_with_address`].
+    fn malloc_with_address(
+        &self,
+        size: u64,
+        addr: DevicePtr,
+        stream: Self::Stream,
     ) -> SharedResult<Allocation, Self::BackendError>;
     /// [`DeviceAllocator::free`].
     fn free(&self, id: BlockId) -> SharedResult<(), Self::BackendError>;
@@ -210,6 +217,13 @@ pub trait SharedAllocator: Sync {
         &self,
         id: MempoolId,
         options: PoolOptions,
+    ) -> SharedResult<(), Self::BackendError>;
+    /// [`DeviceAllocator::create_pool_with_source`].
+    fn create_pool_with_source(
+        &self,
+        id: MempoolId,
+        options: PoolOptions,
+        source: SegmentSource,
     ) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::begin_allocate_to_pool`]: from now on, requests
     /// on the streams `filter` accepts (from any thread) go to pool `id`.
@@ -344,6 +358,15 @@ where
         flags: MallocFlags,
     ) -> SharedResult<Allocation, B::Error> {
         self.try_growing(|a| a.malloc_aligned(size, alignment, stream, flags))
+    }
+
+    fn malloc_with_address(
+        &self,
+        size: u64,
+        addr: DevicePtr,
+        stream: B::Stream,
+    ) -> SharedResult<Allocation, B::Error> {
+        self.try_growing(|a| a.malloc_with_address(size, addr, stream))
     }
 
     #[inline]
@@ -507,6 +530,15 @@ where
 
     fn create_pool(&self, id: MempoolId, options: PoolOptions) -> SharedResult<(), B::Error> {
         self.try_with(|a| a.create_pool(id, options))
+    }
+
+    fn create_pool_with_source(
+        &self,
+        id: MempoolId,
+        options: PoolOptions,
+        source: SegmentSource,
+    ) -> SharedResult<(), B::Error> {
+        self.try_with(|a| a.create_pool_with_source(id, options, source))
     }
 
     fn begin_allocate_to_pool(

@@ -140,6 +140,8 @@ HEADER_FEATURES = [
     ("c10/core/CachingDeviceAllocator.h", "num_oom_rejections", "CACHEALLOC_TORCH_OOM_REJECTION_STAT"),
     ("c10/core/CachingDeviceAllocator.h", "reserved_bytes_by_private_pools",
      "CACHEALLOC_TORCH_POOL_RESERVED_STATS"),
+    ("c10/cuda/CUDACachingAllocator.h", "allocateWithAddress",
+     "CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS"),
 ]
 
 

@@ -25,6 +25,8 @@ static void callback_fault(const char* where) {
 
 #include "../cachealloc/native/allocator.cpp"
 
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -37,6 +39,26 @@ namespace CA = c10::cuda::CUDACachingAllocator;
 namespace CDA = c10::CachingDeviceAllocator;
 
 int failures = 0;
+
+// torch's pluggable allocator as a MemPool's allocator (what
+// torch.cuda.MemPool(allocator=CUDAPluggableAllocator(...)) hands to
+// createOrIncrefPool). torch's raw_alloc asks the CUDA runtime for the
+// current device and stream, which this machine lacks: device 0, the
+// default stream; the rest (its alloc_fn / free_fn, its size table) is
+// torch's own.
+struct PoolAllocator : torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+    using CUDAPluggableAllocator::CUDAPluggableAllocator;
+    void* raw_alloc(size_t n) override { return malloc(n, 0, nullptr); }
+};
+
+// The calls of the pool allocator's alloc_fn / free_fn: addresses handed
+// out downwards from 0x7e0000000000 (the newest segment lowest).
+struct PoolCalls {
+    int allocs = 0, frees = 0;
+    size_t live = 0;
+    uintptr_t next = uintptr_t(0x7e0000000000);
+    std::function<void()> inside;  // run in alloc_fn (a call back into cachealloc)
+};
 
 #define EXPECT(cond, ...)                                               \
     do {                                                                \
@@ -270,6 +292,108 @@ int main(int argc, char** argv) {
     EXPECT(a.getPoolUseCount(0, mem) == 0, "gone");
     std::printf("ok torch.cuda.MemPool's calls: createOrIncrefPool, use counts, use_mem_pool's "
                 "thread filter, releasePool and emptyCache of the pool\n");
+
+    // ----------- allocateWithAddress (torch 2.13's _resize_with_addr_)
+    {
+        auto* x = static_cast<char*>(self.alloc(4 << 20, 0, stream));
+        a.raw_delete(x);
+        void* y = self.alloc_at(3 << 20, 0, stream, x + (6 << 20));
+        EXPECT(y == x + (6 << 20), "at the address asked for");
+        auto msg = [&](void* at) {
+            try {
+                self.alloc_at(1 << 20, 0, stream, at);
+            } catch (const c10::Error& e) {
+                return std::string(e.what());
+            }
+            return std::string("no error");
+        };
+        std::string live = msg(x + (7 << 20)), unaligned = msg(x + 100);
+        EXPECT(live.find("Could not allocate CUDA storage at exact address 0x") == 0,
+               "inside a live block: %s", live.c_str());
+        EXPECT(unaligned.find("mallocWithAddress: addr must be aligned to kMinBlockSize (512 "
+                              "bytes), got 0x") == 0,
+               "unaligned: %s", unaligned.c_str());
+        a.raw_delete(y);
+        stats_equal(a, "after allocations at an address");
+        std::printf("ok allocateWithAddress: the block at the address, torch's errors "
+                    "otherwise%s\n",
+                    CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS ? "" : " (this torch has no such virtual)");
+    }
+
+    // ------ torch.cuda.MemPool(allocator=...): segments from that allocator
+    {
+        PoolCalls calls;
+        auto pa = std::make_shared<PoolAllocator>(
+            [&calls](size_t size, int, cudaStream_t) -> void* {
+                if (calls.inside) calls.inside();
+                calls.allocs++;
+                calls.live += size;
+                calls.next -= size;
+                return reinterpret_cast<void*>(calls.next);
+            },
+            [&calls](void*, size_t size, int, cudaStream_t) {
+                calls.frees++;
+                calls.live -= size;
+            });
+        c10::MempoolId_t own{0, 11};
+        a.createOrIncrefPool(0, own, pa);  // MemPool(allocator=pa)
+        EXPECT(pa.use_count() == 2, "the pool keeps the allocator (%ld)", pa.use_count());
+        a.beginAllocateToPool(0, own, [](cudaStream_t) { return true; });
+        void* x = self.alloc(19 << 20, 0, stream);
+        void* y = self.alloc(19 << 20, 0, stream);
+        EXPECT(calls.allocs == 2 && calls.live == size_t(40) << 20,
+               "two 20 MiB segments from the pool's allocator (%d, %zu)", calls.allocs, calls.live);
+        EXPECT(reinterpret_cast<uintptr_t>(y) < reinterpret_cast<uintptr_t>(x),
+               "the second segment lies below the first");
+        a.raw_delete(x);
+        a.raw_delete(y);
+        // Two free 20 MiB blocks: torch 2.11 takes the lowest address (y's),
+        // 2.12 on the oldest segment (x's).
+        void* z = self.alloc(19 << 20, 0, stream);
+        const char* v = std::getenv("CACHEALLOC_TORCH_VERSION");
+        bool by_address = v != nullptr && std::string(v).rfind("2.11", 0) == 0;
+        EXPECT(z == (by_address ? y : x), "the block order of torch %s", v ? v : "?");
+        EXPECT(calls.allocs == 2, "from the cache: no third segment");
+        // A call back into cachealloc from the pool's allocator is refused,
+        // not a deadlock.
+        calls.inside = [&] { self.alloc(1 << 20, 0, stream); };
+        bool refused = false;
+        try {
+            self.alloc(40 << 20, 0, stream);
+        } catch (const c10::Error& e) {
+            refused = std::string(e.what()).find("must not allocate through cachealloc") !=
+                      std::string::npos;
+        }
+        EXPECT(refused, "a call back into cachealloc from the pool's allocator throws");
+        calls.inside = nullptr;
+        a.endAllocateToPool(0, own);
+        a.releasePool(0, own);  // use_mem_pool's exit
+        a.raw_delete(z);
+        a.emptyCache(own);
+        EXPECT(calls.frees == 0, "kept while the MemPool lives");
+        a.releasePool(0, own);  // ~MemPool
+        a.emptyCache(own);
+        EXPECT(calls.frees == 2 && calls.live == 0, "both segments back to it (%d frees)",
+               calls.frees);
+        EXPECT(a.getPoolUseCount(0, own) == 0, "the pool is gone");
+        EXPECT(pa.use_count() == 1, "and lets the allocator go (%ld)", pa.use_count());
+        bool exists = false;
+        a.createOrIncrefPool(0, own, nullptr);
+        try {
+            a.createOrIncrefPool(0, own, pa);
+        } catch (const c10::Error& e) {
+            exists = std::string(e.what()).find("allocator of its own must be new") !=
+                     std::string::npos;
+        }
+        EXPECT(exists, "an allocator for a pool that exists is refused");
+        EXPECT(pa.use_count() == 1, "and not kept (%ld)", pa.use_count());
+        a.releasePool(0, own);
+        a.emptyCache(own);
+        std::printf("ok torch.cuda.MemPool(allocator=...): %d segments from torch's pluggable "
+                    "allocator, blocks in torch %s's order, %d given back, the allocator "
+                    "released with the pool; a call back into cachealloc throws\n",
+                    calls.allocs, v ? v : "?", calls.frees);
+    }
 
     // ---------------------------------------------- history and snapshot
     a.recordHistory(true, nullptr, 0, CA::RecordContext::NEVER, false, {});

@@ -22,7 +22,7 @@ use crate::teardown;
 use arbitrary::{Arbitrary, Unstructured};
 use cachealloc_core::{
     Allocation, BlockId, BlockSlot, BlockState, Config, DeviceAllocator, DevicePtr, Error,
-    MallocFlags, MempoolId, OomReport, PoolOptions, StreamFilter,
+    MallocFlags, MempoolId, OomReport, PoolOptions, SegmentSource, StreamFilter,
 };
 use cachealloc_mock::{CaptureMode, MockDevice, MockError, MockMachine};
 use std::collections::{BTreeMap, BTreeSet};
@@ -126,6 +126,17 @@ pub enum FuzzOp {
         /// Limit in MiB.
         mib: Option<u16>,
     },
+    /// `malloc_with_address` at a 512-byte multiple into a held segment.
+    AllocAt {
+        /// Bytes.
+        size: Size,
+        /// Stream (mod 3).
+        stream: u8,
+        /// Which segment (mod their count).
+        seg: u8,
+        /// Offset in it, in 512-byte units (mod its size).
+        offset: u16,
+    },
     /// Make the n-th backend call from now fail.
     InjectFailure {
         /// n (mod 8).
@@ -133,7 +144,7 @@ pub enum FuzzOp {
     },
     /// reset_peak_stats.
     ResetPeak,
-    /// `create_pool` (pool mod 3).
+    /// `create_pool` (pool mod 3), or `create_pool_with_source`.
     PoolCreate {
         /// Which pool.
         pool: u8,
@@ -141,6 +152,8 @@ pub enum FuzzOp {
         use_on_oom: bool,
         /// `no_split`.
         no_split: bool,
+        /// Its segments from [`fuzz_source`] (a pool that exists refuses).
+        source: bool,
     },
     /// `begin_allocate_to_pool` / `capture_begin` (pool mod 3).
     PoolBegin {
@@ -186,6 +199,71 @@ pub enum FuzzOp {
         /// Which live allocation.
         which: u16,
     },
+}
+
+/// The fuzz source's state on this thread (one run at a time).
+#[derive(Clone, Copy)]
+struct SourceState {
+    /// Bytes handed out and not given back.
+    live: u64,
+    /// The next address.
+    next: u64,
+    /// It refused a segment since the last look (an out-of-memory of its
+    /// own, which no device capacity explains).
+    refused: bool,
+}
+
+const SOURCE_BASE: u64 = 1 << 63;
+
+std::thread_local! {
+    static SOURCE: std::cell::Cell<SourceState> = const {
+        std::cell::Cell::new(SourceState { live: 0, next: SOURCE_BASE, refused: false })
+    };
+}
+
+fn source_alloc(_: usize, size: u64, _: u64) -> Option<DevicePtr> {
+    let mut s = SOURCE.get();
+    // Addresses from 2^63 up, above every device range, never twice in a
+    // run (the shadow knows a segment by its base), until they run out.
+    let Some(end) = s.next.checked_add(size) else {
+        s.refused = true;
+        SOURCE.set(s);
+        return None;
+    };
+    let p = s.next;
+    s.live += size;
+    s.next = end;
+    SOURCE.set(s);
+    Some(DevicePtr(p))
+}
+
+fn source_free(_: usize, _: DevicePtr, size: u64, _: u64) {
+    let mut s = SOURCE.get();
+    s.live = s
+        .live
+        .checked_sub(size)
+        .expect("the source got back more than it gave");
+    SOURCE.set(s);
+}
+
+/// A segment source for pools of the fuzz: addresses from 2^63 up, its
+/// bytes out counted (none may be left at the end of a run).
+pub fn fuzz_source() -> SegmentSource {
+    SegmentSource::new(source_alloc, source_free, 0)
+}
+
+/// Bytes the fuzz source handed out on this thread and has not got back.
+pub fn fuzz_source_live() -> u64 {
+    SOURCE.get().live
+}
+
+/// Whether the fuzz source refused a segment since the last call.
+fn source_refused() -> bool {
+    let mut s = SOURCE.get();
+    let r = s.refused;
+    s.refused = false;
+    SOURCE.set(s);
+    r
 }
 
 /// The pool of a fuzz op's pool number.
@@ -523,6 +601,10 @@ pub struct Coverage {
     pub aligned: u64,
     /// Requests refused for a bad alignment.
     pub bad_alignments: u64,
+    /// Allocations at an address (`malloc_with_address`) served.
+    pub at_address: u64,
+    /// Allocations in a pool with a segment source.
+    pub source_allocs: u64,
 }
 
 impl Coverage {
@@ -539,6 +621,8 @@ impl Coverage {
         self.bad_frees += o.bad_frees;
         self.while_pending += o.while_pending;
         self.pool_allocs += o.pool_allocs;
+        self.at_address += o.at_address;
+        self.source_allocs += o.source_allocs;
         self.shares += o.shares;
         self.held_frees += o.held_frees;
         self.aligned += o.aligned;
@@ -565,6 +649,10 @@ fn injected(e: &Error<MockError>) -> bool {
 /// page, and wherever the request goes it maps at most its size in whole
 /// pages (a new reservation maps exactly that): the device must lack them.
 fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, r: &OomReport, in_capture: bool) {
+    if source_refused() {
+        // A pool's own allocator ran out: not the device.
+        return;
+    }
     let alloc_size = r.alloc_size;
     let needed = if a.config().maps_pages() {
         let page = if r.rounded <= 1 << 20 || a.config().compact() {
@@ -603,6 +691,11 @@ fn assert_true_oom(a: &FuzzAllocator, capacity: Option<u64>, r: &OomReport, in_c
 /// with the hand-overs, device-side waits, stream synchronizations and
 /// routes so far (for reading a crash input).
 fn run(data: &[u8], mode: Mode) -> Coverage {
+    SOURCE.set(SourceState {
+        live: 0,
+        next: SOURCE_BASE,
+        refused: false,
+    });
     let mut cov = Coverage {
         inputs: 1,
         ..Coverage::default()
@@ -697,6 +790,11 @@ fn run(data: &[u8], mode: Mode) -> Coverage {
     if let Err(e) = teardown(&mut a, live) {
         panic!("teardown: {e}");
     }
+    assert_eq!(
+        fuzz_source_live(),
+        0,
+        "leak: bytes of a pool's source not given back"
+    );
     cov
 }
 
@@ -759,6 +857,8 @@ fn step(
                     );
                     check_pool(a, sh, x.ptr, info.pool, stream);
                     cov.pool_allocs += !info.pool.is_default() as u64;
+                    cov.source_allocs +=
+                        a.pool_info(info.pool).is_some_and(|p| p.has_source) as u64;
                     cov.while_pending += !sh.pending.is_empty() as u64;
                     sh.insert(x, bytes, stream);
                     let m = a.backend();
@@ -779,6 +879,41 @@ fn step(
                 Err(Error::MetadataExhausted { .. }) => cov.exhausted += 1,
                 Err(e) if injected(&e) => cov.injected += 1,
                 Err(e) => panic!("malloc({bytes}): {e}"),
+            }
+        }
+        FuzzOp::AllocAt {
+            size,
+            stream,
+            seg,
+            offset,
+        } => {
+            let bytes = size.bytes();
+            let stream = stream as u64 % 3;
+            let segs: Vec<(u64, u64)> = a.segments().map(|s| (s.address.0, s.total_size)).collect();
+            let Some(&(base, total)) = segs.get(seg as usize % segs.len().max(1)) else {
+                return;
+            };
+            let at = DevicePtr(base + (offset as u64 * 512) % total);
+            match a.malloc_with_address(bytes, at, stream) {
+                Ok(x) if bytes == 0 => assert!(x.ptr.is_null() && x.handle.is_none()),
+                Ok(x) => {
+                    assert_eq!(x.ptr, at, "not at the address asked for");
+                    let info = a
+                        .allocation_info(x.handle.expect("handle"))
+                        .expect("info of a fresh allocation");
+                    assert_eq!((info.requested_size, info.stream), (bytes, stream));
+                    check_pool(a, sh, x.ptr, info.pool, stream);
+                    cov.at_address += 1;
+                    sh.insert(x, bytes, stream);
+                    let m = a.backend();
+                    sh.check_reuse(&x, stream, m.stream_waits(), m.stream_synchronizations());
+                    cov.allocs += 1;
+                }
+                Err(Error::NoFreeBlockAt { ptr, .. }) => assert_eq!(ptr, at),
+                Err(Error::TooLarge { .. }) => assert!(bytes >= 1 << 60),
+                Err(Error::MetadataExhausted { .. }) => cov.exhausted += 1,
+                Err(e) if injected(&e) => cov.injected += 1,
+                Err(e) => panic!("malloc_with_address({bytes}, {at}): {e}"),
             }
         }
         FuzzOp::Free { which } | FuzzOp::FreePtr { which, .. } => {
@@ -895,6 +1030,7 @@ fn step(
             pool,
             use_on_oom,
             no_split,
+            source,
         } => {
             let mut o = PoolOptions::NONE;
             if use_on_oom {
@@ -903,7 +1039,11 @@ fn step(
             if no_split {
                 o = o.no_split();
             }
-            pool_result(a.create_pool(pool_id(pool), o));
+            if source {
+                pool_result(a.create_pool_with_source(pool_id(pool), o, fuzz_source()));
+            } else {
+                pool_result(a.create_pool(pool_id(pool), o));
+            }
         }
         FuzzOp::PoolBegin {
             pool,
@@ -951,7 +1091,8 @@ fn step(
                     cov.shares += 1;
                 }
                 Err(Error::NotAllocated { .. }) => assert!(l.held),
-                // Blocks of expandable segments are not shared.
+                // Blocks of expandable segments, and of pools with a
+                // segment source, are not shared.
                 Err(Error::Unsupported { .. } | Error::IpcSharesFull { .. }) => {}
                 Err(e) => panic!("share: {e}"),
             }
@@ -1003,6 +1144,7 @@ fn pool_result(r: Result<(), Error<MockError>>) {
             | Error::AlreadyRouting { .. }
             | Error::NotRouting { .. }
             | Error::PoolFreeable { .. }
+            | Error::PoolExists { .. }
             | Error::PoolTableFull { .. },
         ) => {}
         Err(e) => panic!("pool call: {e}"),

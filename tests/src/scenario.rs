@@ -88,6 +88,18 @@ pub enum Step {
         stream: u64,
         must_oom: bool,
     },
+    /// `alloc_at NAME SIZE BASE OFFSET [STREAM]`: `malloc_with_address` at
+    /// the address allocation `BASE` had plus `OFFSET`;
+    /// `alloc_at_error NAME SIZE BASE OFFSET STREAM TEXT`: it must fail
+    /// with an error containing `TEXT`.
+    AllocAt {
+        name: String,
+        size: u64,
+        base: String,
+        offset: u64,
+        stream: u64,
+        error: Option<String>,
+    },
     /// `free`.
     Free { name: String },
     /// `record_stream`.
@@ -207,6 +219,18 @@ pub fn parse(v: &Value) -> Result<Scenario, String> {
                 stream: stream(3)?,
                 must_oom: kind == "alloc_oom",
             },
+            "alloc_at" | "alloc_at_error" => Step::AllocAt {
+                name: s(&a[1])?,
+                size: u(&a[2])?,
+                base: s(&a[3])?,
+                offset: u(&a[4])?,
+                stream: stream(5)?,
+                error: if kind == "alloc_at_error" {
+                    Some(s(a.get(6).ok_or("alloc_at_error: the error text")?)?)
+                } else {
+                    None
+                },
+            },
             "free" => Step::Free { name: s(&a[1])? },
             "record_stream" => Step::RecordStream {
                 name: s(&a[1])?,
@@ -290,6 +314,8 @@ pub struct Run<'h, H: Harness> {
     pub alloc: HarnessAllocator<H>,
     /// Live allocations by name.
     pub names: HashMap<String, Allocation>,
+    /// The address each name was last given (kept after its free).
+    pub addresses: HashMap<String, u64>,
     /// The message of the last OOM.
     pub last_oom: Option<String>,
     /// Allocations whose name was reused while they were live (only after a
@@ -326,6 +352,7 @@ impl<'h, H: Harness> Run<'h, H> {
                 config,
             ),
             names: HashMap::new(),
+            addresses: HashMap::new(),
             last_oom: None,
             orphans: Vec::new(),
             pools: Vec::new(),
@@ -368,6 +395,7 @@ impl<'h, H: Harness> Run<'h, H> {
                 must_oom,
             } => match a.malloc(*size, h.stream(*stream)) {
                 Ok(x) => {
+                    self.addresses.insert(name.clone(), x.ptr.0);
                     if let Some(old) = self.names.insert(name.clone(), x) {
                         self.orphans.push(old);
                     }
@@ -386,6 +414,39 @@ impl<'h, H: Harness> Run<'h, H> {
                 }
                 Err(e) => return Err(e.to_string()),
             },
+            Step::AllocAt {
+                name,
+                size,
+                base,
+                offset,
+                stream,
+                error,
+            } => {
+                let at = self
+                    .addresses
+                    .get(base)
+                    .ok_or_else(|| format!("alloc_at: unknown name {base}"))?
+                    + offset;
+                match (
+                    a.malloc_with_address(*size, DevicePtr(at), h.stream(*stream)),
+                    error,
+                ) {
+                    (Ok(x), None) => {
+                        self.addresses.insert(name.clone(), x.ptr.0);
+                        if let Some(old) = self.names.insert(name.clone(), x) {
+                            self.orphans.push(old);
+                        }
+                    }
+                    (Ok(x), Some(want)) => {
+                        self.names.insert(format!("{name} (unexpected)"), x);
+                        return Err(format!(
+                            "{name}: expected an error with {want:?}, got {x:?}"
+                        ));
+                    }
+                    (Err(e), Some(want)) if e.to_string().contains(want.as_str()) => {}
+                    (Err(e), _) => return Err(e.to_string()),
+                }
+            }
             Step::Free { name } => {
                 let x = self
                     .names

@@ -294,6 +294,95 @@ static void threads(long iterations) {
 
 /* ------------------------------------------------------------------ main */
 
+
+/* A pool's segment source (torch.cuda.MemPool(allocator=...)): host memory,
+ * 512-byte aligned, with its calls counted. */
+typedef struct {
+    int allocs, frees, releases;
+    size_t live;
+    int refuse;
+} source_counts;
+
+static void *source_alloc(size_t size, int device, void *stream, void *user) {
+    source_counts *c = user;
+    (void)device;
+    (void)stream;
+    if (c->refuse) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, 512, size) != 0) return NULL;
+    c->allocs++;
+    c->live += size;
+    return p;
+}
+
+static void source_free(void *ptr, size_t size, int device, void *stream, void *user) {
+    source_counts *c = user;
+    (void)device;
+    (void)stream;
+    c->frees++;
+    c->live -= size;
+    free(ptr);
+}
+
+static void source_release(void *user) { ((source_counts *)user)->releases++; }
+
+static void pool_with_a_source(void) {
+    source_counts c = {0, 0, 0, 0, 0};
+    cachealloc_segment_source src = {source_alloc, source_free, source_release, &c};
+    CHECK(cachealloc_create_pool_with_source(0, 0, 77, 0, 0, &src) == 0 && no_error(),
+          "create_pool_with_source: %s", last_error());
+    CHECK(cachealloc_create_pool_with_source(0, 0, 77, 0, 0, &src) == -1 &&
+              error_has("allocator of its own"),
+          "a second one under the same id");
+    cachealloc_segment_source no_free = {source_alloc, NULL, NULL, &c};
+    CHECK(cachealloc_create_pool_with_source(0, 0, 78, 0, 0, &no_free) == -1 &&
+              error_has("must not be NULL"),
+          "a source without free");
+    CHECK(cachealloc_create_pool_with_source(0, 0, 78, 0, 0, NULL) == -1, "a NULL source");
+    CHECK(cachealloc_begin_allocate_to_pool_filtered(0, 0, 77, NULL, NULL) == 0, "route to it");
+    void *a = cachealloc_alloc(1000, 0, NULL);
+    void *b = cachealloc_alloc(5 * MIB, 0, NULL);
+    c.refuse = 1;
+    void *c_none = cachealloc_alloc(40 * MIB, 0, NULL);
+    CHECK(c_none == NULL && cachealloc_last_error_code() == CACHEALLOC_ERROR_OUT_OF_MEMORY,
+          "a source with no memory: an out-of-memory (%s)", last_error());
+    c.refuse = 0;
+    cachealloc_end_allocate_to_pool(0, 0, 77);
+    CHECK(a && b && c.allocs == 2 && c.live == 2 * MIB + 20 * MIB,
+          "two segments from the source (%d, %zu bytes)", c.allocs, c.live);
+    CHECK(cachealloc_pool_use_count(0, 0, 77) == 2, "the routing's user");
+    cachealloc_free(a, 1000, 0, NULL);
+    cachealloc_free(b, 5 * MIB, 0, NULL);
+    cachealloc_release_pool(0, 0, 77); /* use_mem_pool's exit */
+    CHECK(cachealloc_empty_cache(0) == 0 && c.frees == 0, "kept while the pool has a user");
+    cachealloc_release_pool(0, 0, 77); /* ~MemPool */
+    CHECK(cachealloc_empty_cache(0) == 0, "empty_cache");
+    CHECK(c.frees == 2 && c.live == 0 && c.releases == 1,
+          "segments back to the source, then released (%d frees, %d releases)", c.frees,
+          c.releases);
+    CHECK(cachealloc_pool_use_count(0, 0, 77) == 0, "the pool is gone");
+    printf("ok a pool with a segment source: %d allocs, %d frees, released once\n", c.allocs,
+           c.frees);
+}
+
+
+/* torch's allocateWithAddress: a storage rebuilt at the address it had. */
+static void alloc_at_address(void) {
+    char *x = cachealloc_alloc(4 * MIB, 0, NULL);
+    CHECK(x != NULL, "alloc");
+    cachealloc_free(x, 4 * MIB, 0, NULL);
+    void *y = cachealloc_alloc_at(3 * MIB, 0, NULL, x + 6 * MIB);
+    CHECK(y == x + 6 * MIB && no_error(), "alloc_at in a free block's middle: %s", last_error());
+    CHECK(cachealloc_alloc_at(MIB, 0, NULL, x + 7 * MIB) == NULL &&
+              error_has("Could not allocate CUDA storage at exact address"),
+          "alloc_at inside a live block: %s", last_error());
+    CHECK(cachealloc_alloc_at(2 * MIB, 0, NULL, x + 100) == NULL &&
+              error_has("must be aligned to kMinBlockSize (512 bytes)"),
+          "alloc_at an unaligned address: %s", last_error());
+    cachealloc_free(y, 3 * MIB, 0, NULL);
+    printf("ok alloc_at: at the address asked for, PyTorch's errors otherwise\n");
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: %s mock|cuda ITERATIONS SNAPSHOT_DIR\n", argv[0]);
@@ -450,6 +539,8 @@ int main(int argc, char **argv) {
     printf("skipped internal errors: the library has no test hooks (feature debug-hooks)\n");
 #endif
 
+    pool_with_a_source();
+    alloc_at_address();
     threads(iterations);
     CHECK(cachealloc_empty_cache(-1) == 0, "empty_cache(-1)");
 

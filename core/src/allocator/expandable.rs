@@ -17,6 +17,7 @@
 //! `inactive_split` statistics never see expandable blocks.
 
 use super::compact::{ANY_STREAM, COMPACT_PAGE};
+use super::registry::Origin;
 use super::{DeviceAllocator, Res};
 use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, DevicePtr, VmError};
@@ -211,12 +212,12 @@ where
             Err(VmError::OutOfMemory) => return Ok(NIL),
             Err(e) => return Err(vm_error::<B>(e)),
         };
-        self.check_new_segment(ptr, size, true)?;
+        self.check_new_segment(ptr, size, Origin::Reservation)?;
         let Some(i) = self.arena.alloc() else {
-            self.give_back(ptr, size, true);
+            self.give_back(ptr, size, Origin::Reservation);
             return Err(self.exhausted());
         };
-        if let Err(e) = self.register_segment(ptr, size, true) {
+        if let Err(e) = self.register_segment(ptr, size, Origin::Reservation) {
             self.arena.release(i);
             return Err(e);
         }

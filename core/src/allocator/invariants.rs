@@ -325,6 +325,15 @@ where
             if !expandable {
                 e.1 += head.seg_size;
             }
+            ensure(
+                !(expandable
+                    && self
+                        .private
+                        .get(head.owner)
+                        .is_some_and(|p| p.source.is_some())),
+                "private pool: an expandable segment in a pool with a segment source",
+                Some(h),
+            )?;
         }
         // An expandable segment counts its mapped bytes (in check_block),
         // never as a segment.

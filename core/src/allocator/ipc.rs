@@ -112,6 +112,15 @@ where
                 backend: B::NAME,
             });
         }
+        let owner = self.slot(i).owner;
+        if owner != 0 && self.private.get(owner).is_some_and(|p| p.source.is_some()) {
+            // Its memory is the source's, not a device malloc the driver
+            // can export (torch's cudaIpcGetMemHandle fails on it).
+            return Err(Error::Unsupported {
+                what: "sharing a block of a pool whose segments come from its own allocator",
+                backend: B::NAME,
+            });
+        }
         let known = self.ipc_shared.0.iter().position(|e| e.ptr == ptr.0);
         if known.is_some_and(|k| self.ipc_shared.0[k].freed) {
             // Its owner freed it: held for its consumers only.

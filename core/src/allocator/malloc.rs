@@ -10,6 +10,7 @@
 //! back to the device (each would invalidate the capture): only the cache,
 //! the callbacks, new segments and the `use_on_oom` pools serve.
 
+use super::registry::Origin;
 use super::{DeviceAllocator, Res};
 use crate::allocation::{Allocation, MallocFlags};
 use crate::arena::{BlockSlot, Flags, NIL};
@@ -65,22 +66,8 @@ where
         } else {
             self.reserve_slots()?;
         }
-        // While a capture is under way on this device (on any stream), no
-        // event is queried: the driver refuses it and invalidates the capture.
-        let capture = self.capturing();
-        if !capture {
-            if !self.events.is_empty() || self.deferred.len > 0 {
-                self.process_events()?;
-            }
-        } else if self.deferred.marked > 0 && self.config.graph_capture_record_stream_reuse {
-            self.free_safe_blocks_in_capture(stream)?;
-        }
-        let rounded = if self.shape.rounds {
-            policy::round_size(orig, &self.config)
-        } else {
-            policy::round_size_plain(orig)
-        }
-        .ok_or(Error::SizeOverflow { requested: orig })?;
+        let capture = self.settle_before_request(stream)?;
+        let rounded = self.rounded(orig)?;
         // The block to look for: with an alignment, room for the request at
         // any 512-byte offset.
         let size = if aligned {
@@ -142,6 +129,36 @@ where
             return self.alloc_aligned_block(found, orig, rounded, pool, align);
         }
         Ok(self.alloc_found_block(found, orig, size, pool))
+    }
+
+    /// What every request does first: while no capture is under way,
+    /// complete the end-of-life events that have finished; during one
+    /// (no event may be queried: the driver refuses it and invalidates the
+    /// capture), hand back the parked blocks the capture graph shows are
+    /// safe (`graph_capture_record_stream_reuse`). Whether a capture is
+    /// under way.
+    #[inline(always)]
+    pub(super) fn settle_before_request(&mut self, stream: B::Stream) -> Res<bool, B> {
+        let capture = self.capturing();
+        if !capture {
+            if !self.events.is_empty() || self.deferred.len > 0 {
+                self.process_events()?;
+            }
+        } else if self.deferred.marked > 0 && self.config.graph_capture_record_stream_reuse {
+            self.free_safe_blocks_in_capture(stream)?;
+        }
+        Ok(capture)
+    }
+
+    /// `round_size` of a request of `orig` bytes under the config.
+    #[inline(always)]
+    pub(super) fn rounded(&self, orig: u64) -> Res<u64, B> {
+        if self.shape.rounds {
+            policy::round_size(orig, &self.config)
+        } else {
+            policy::round_size_plain(orig)
+        }
+        .ok_or(Error::SizeOverflow { requested: orig })
     }
 
     /// PyTorch's `try_mempool_fallback`: a free block (never a new segment)
@@ -220,9 +237,9 @@ where
     }
 
     /// `alloc_block`: a new segment for owner `owner`'s pool from the
-    /// device (with expandable segments on, room for `size` bytes in an
-    /// expandable segment), or `NIL` when the device or the memory limit
-    /// refuses. The limit is tested against `alloc_size` either way.
+    /// device or the pool's segment source (with expandable segments on,
+    /// and no source, room for `size` bytes in an expandable segment), or
+    /// `NIL` when the device, the source or the memory limit refuses. The limit is tested against `alloc_size` either way.
     fn alloc_block(
         &mut self,
         owner: u8,
@@ -256,7 +273,13 @@ where
                 return Ok(NIL);
             }
         }
-        if self.config.maps_pages() {
+        // A pool with a segment source of its own never maps pages
+        // (PyTorch: `is_expandable_segments_active` is false for it).
+        let source = match owner {
+            0 => None,
+            o => self.private.get(o).and_then(|p| p.source),
+        };
+        if source.is_none() && self.config.maps_pages() {
             return self.alloc_expandable(owner, pool, skey, size);
         }
         if self.arena.available() == 0 {
@@ -264,19 +287,25 @@ where
                 capacity: self.arena.capacity(),
             });
         }
-        let ptr = match self.backend.malloc(alloc_size) {
-            Ok(p) => p,
-            Err(MallocError::OutOfMemory) => return Ok(NIL),
-            Err(MallocError::Other(e)) => return Err(Error::Backend(e)),
+        let (ptr, origin) = match source {
+            Some(src) => match (src.alloc)(src.ctx, alloc_size, skey) {
+                Some(p) => (p, Origin::Source(src, skey)),
+                None => return Ok(NIL),
+            },
+            None => match self.backend.malloc(alloc_size) {
+                Ok(p) => (p, Origin::Device),
+                Err(MallocError::OutOfMemory) => return Ok(NIL),
+                Err(MallocError::Other(e)) => return Err(Error::Backend(e)),
+            },
         };
-        self.check_new_segment(ptr, alloc_size, false)?;
+        self.check_new_segment(ptr, alloc_size, origin)?;
         let Some(i) = self.arena.alloc() else {
-            self.give_back(ptr, alloc_size, false);
+            self.give_back(ptr, alloc_size, origin);
             return Err(Error::MetadataExhausted {
                 capacity: self.arena.capacity(),
             });
         };
-        if let Err(e) = self.register_segment(ptr, alloc_size, false) {
+        if let Err(e) = self.register_segment(ptr, alloc_size, origin) {
             self.arena.release(i);
             return Err(e);
         }
@@ -295,8 +324,7 @@ where
         Ok(i)
     }
 
-    /// A segment the device just returned (`reserved`: an address-space
-    /// reservation) must be non-null, end inside the address space and
+    /// A segment the device (or a pool's source) just returned must be non-null, end inside the address space and
     /// overlap no held segment. If not, it is a `BackendContract` error, and
     /// the range is handed back to the device (`give_back`) unless its base
     /// is that of a held segment: freeing that address would release memory
@@ -306,9 +334,9 @@ where
         &mut self,
         ptr: DevicePtr,
         size: u64,
-        reserved: bool,
+        origin: Origin,
     ) -> Res<(), B> {
-        let pick = |m: &'static str, r: &'static str| if reserved { r } else { m };
+        let pick = |m: &'static str, r: &'static str| origin.pick(m, r);
         if ptr.is_null() {
             return Err(Error::BackendContract {
                 what: pick(
@@ -352,7 +380,7 @@ where
                 )
             }
         };
-        self.give_back(ptr, size, reserved);
+        self.give_back(ptr, size, origin);
         Err(Error::BackendContract { what, ptr })
     }
 

@@ -13,6 +13,7 @@ mod checkpoint;
 mod compact;
 pub use checkpoint::{CheckpointBlock, RestoreCounts};
 mod aligned;
+mod at_address;
 mod construct;
 mod counters;
 mod expandable;

@@ -15,7 +15,7 @@ use crate::arena::BlockSlot;
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::history::HistoryStorage;
-use crate::private_pool::{MempoolId, PoolInfo, PoolOptions, Route, StreamFilter};
+use crate::private_pool::{MempoolId, PoolInfo, PoolOptions, Route, SegmentSource, StreamFilter};
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -59,6 +59,47 @@ where
         Ok(())
     }
 
+    /// `createOrIncrefPool(id, allocator)` (`torch.cuda.MemPool(allocator=...)`):
+    /// a new pool with use count 1 whose segments come from `source`
+    /// instead of the device (see [`SegmentSource`] for the rules such a
+    /// pool follows). The pool must not exist ([`Error::PoolExists`]).
+    ///
+    /// ```
+    /// # use cachealloc_mock::MockDevice;
+    /// use cachealloc_core::{BlockSlot, Config, DevicePtr, DeviceAllocator, MempoolId};
+    /// use cachealloc_core::{PoolOptions, SegmentSource, StreamFilter};
+    /// fn alloc(_: usize, _size: u64, _: u64) -> Option<DevicePtr> { Some(DevicePtr(1 << 44)) }
+    /// fn free(_: usize, _: DevicePtr, _: u64, _: u64) {}
+    /// let mut a = DeviceAllocator::new(MockDevice::new(None), [BlockSlot::VACANT; 16], Config::DEFAULT);
+    /// let pool = MempoolId(0, 1);
+    /// a.create_pool_with_source(pool, PoolOptions::NONE, SegmentSource::new(alloc, free, 0))?;
+    /// a.begin_allocate_to_pool(pool, StreamFilter::All)?;
+    /// let x = a.malloc(1000, 0)?;
+    /// a.end_allocate_to_pool(pool)?;
+    /// assert_eq!(x.ptr, DevicePtr(1 << 44));
+    /// assert!(a.pool_info(pool).unwrap().has_source);
+    /// # Ok::<(), cachealloc_core::Error<cachealloc_mock::MockError>>(())
+    /// ```
+    pub fn create_pool_with_source(
+        &mut self,
+        id: MempoolId,
+        options: PoolOptions,
+        source: SegmentSource,
+    ) -> Res<(), B> {
+        if id.is_default() {
+            return Err(Error::UnknownPool { id });
+        }
+        if self.private.owner_of(id).is_some() {
+            return Err(Error::PoolExists { id });
+        }
+        self.private
+            .create(id, options, Some(source))
+            .ok_or(Error::PoolTableFull {
+                capacity: self.private.capacity(),
+            })?;
+        Ok(())
+    }
+
     fn create_or_incref(&mut self, id: MempoolId) -> Res<u8, B> {
         if id.is_default() {
             return Err(Error::UnknownPool { id });
@@ -75,7 +116,7 @@ where
             return Ok(owner);
         }
         self.private
-            .create(id, PoolOptions::NONE)
+            .create(id, PoolOptions::NONE, None)
             .ok_or(Error::PoolTableFull {
                 capacity: self.private.capacity(),
             })

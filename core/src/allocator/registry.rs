@@ -9,7 +9,29 @@ use crate::arena::{BlockSlot, NIL};
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::Error;
 use crate::history::HistoryStorage;
+use crate::private_pool::SegmentSource;
 use crate::segment_table::{RegistryRefusal, SegmentRegistry};
+
+/// Where a range the allocator just got came from, to hand it back there.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Origin {
+    /// A device malloc.
+    Device,
+    /// An address-space reservation (expandable segments).
+    Reservation,
+    /// A pool's segment source, for a request on this stream.
+    Source(SegmentSource, u64),
+}
+
+impl Origin {
+    /// `reserved` for an address reservation, `malloc` otherwise.
+    pub(super) fn pick(self, malloc: &'static str, reserved: &'static str) -> &'static str {
+        match self {
+            Origin::Reservation => reserved,
+            _ => malloc,
+        }
+    }
+}
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -73,8 +95,7 @@ where
         self.registry
     }
 
-    /// Register a segment the device just made (`reserved`: an address
-    /// reservation). On a refusal the error says why, and the range goes
+    /// Register a segment the device (or a pool's source) just made. On a refusal the error says why, and the range goes
     /// back to the device (`give_back`) when the table was full; when it
     /// overlaps another device's segment it is not given back (that would
     /// free the other device's memory): it leaks, as a contract violation
@@ -83,7 +104,7 @@ where
         &mut self,
         ptr: DevicePtr,
         size: u64,
-        reserved: bool,
+        origin: Origin,
     ) -> Res<(), B> {
         let Some((registry, device)) = self.registry else {
             return Ok(());
@@ -92,7 +113,7 @@ where
             Ok(()) => Ok(()),
             Err(r) => {
                 if let RegistryRefusal::Full { .. } = r {
-                    self.give_back(ptr, size, reserved);
+                    self.give_back(ptr, size, origin);
                 }
                 Err(refusal(r, ptr.0))
             }
@@ -100,11 +121,17 @@ where
     }
 
     /// Hand a range the device just made, and the allocator will not keep,
-    /// back to the device (`reserved`: an address reservation); best
-    /// effort, its result ignored. While a capture is under way a device
-    /// free would invalidate it: the range waits (up to 4 of them; a fifth
-    /// leaks) until the last capture ends.
-    pub(super) fn give_back(&mut self, ptr: DevicePtr, size: u64, reserved: bool) {
+    /// back to where it came from; best effort, its result ignored. While a
+    /// capture is under way a device free would invalidate it: the range
+    /// waits (up to 4 of them; a fifth leaks) until the last capture ends.
+    /// A pool's source takes it back at once (PyTorch calls `raw_delete`
+    /// whenever it frees such a segment).
+    pub(super) fn give_back(&mut self, ptr: DevicePtr, size: u64, origin: Origin) {
+        let reserved = match origin {
+            Origin::Source(src, stream) => return (src.free)(src.ctx, ptr, size, stream),
+            Origin::Device => false,
+            Origin::Reservation => true,
+        };
         if self.capturing() {
             let _ = self.given_back_later.push((ptr.0, size, reserved));
             return;
@@ -120,7 +147,12 @@ where
     /// is under way any more).
     pub(super) fn give_back_later_ones(&mut self) {
         while let Some((p, size, reserved)) = self.given_back_later.pop() {
-            self.give_back(DevicePtr(p), size, reserved);
+            let origin = if reserved {
+                Origin::Reservation
+            } else {
+                Origin::Device
+            };
+            self.give_back(DevicePtr(p), size, origin);
         }
     }
 

@@ -22,16 +22,26 @@ where
     S: AsRef<[BlockSlot]> + AsMut<[BlockSlot]>,
     H: HistoryStorage,
 {
-    /// `release_block`: give a whole cached segment back to the device. On a
-    /// backend failure nothing changes.
+    /// `release_block`: give a whole cached segment back to the device (or
+    /// to its pool's segment source). On a backend failure nothing changes.
     fn release_block(&mut self, i: u32) -> Res<(), B> {
         let (addr, size, pool, stream, owner) = {
             let s = self.slot(i);
             (s.addr, s.size, Pool::of(s.flags), s.stream, s.owner)
         };
         let entry = self.record_segment_free(addr, size, stream, owner);
-        self.unregistered(addr, |b| b.free(DevicePtr(addr), size))
-            .map_err(Error::Backend)?;
+        match self.private.get(owner).and_then(|p| p.source) {
+            // PyTorch's `raw_delete` of the pool's allocator: it cannot fail.
+            Some(src) => {
+                let _ = self.unregistered(addr, |_| {
+                    (src.free)(src.ctx, DevicePtr(addr), size, stream);
+                    Ok::<(), ()>(())
+                });
+            }
+            None => self
+                .unregistered(addr, |b| b.free(DevicePtr(addr), size))
+                .map_err(Error::Backend)?,
+        };
         self.keep(entry);
         debug_assert!(
             self.slot(i).prev == NIL && self.slot(i).next == NIL,

@@ -31,12 +31,27 @@ where
     }
 
     /// Whether serving `size` bytes from block `i` splits off the rest:
-    /// PyTorch's rule, and never in a pool whose blocks are not split.
+    /// PyTorch's rule, never in a pool whose blocks are not split, and by
+    /// the rule of plain segments in a pool with a segment source (whose
+    /// requests PyTorch never counts as expandable).
     #[inline]
     pub(super) fn wants_split(&self, i: u32, size: u64, pool: Pool) -> bool {
         let (bsize, owner) = (self.slot(i).size, self.slot(i).owner);
-        policy::should_split(pool, bsize, size, &self.config)
-            && !(owner != 0 && self.private.get(owner).is_some_and(|p| p.options.no_split))
+        let maps_pages = self.shape.maps_pages;
+        if owner == 0 {
+            return policy::should_split_as(pool, bsize, size, &self.config, maps_pages);
+        }
+        match self.private.get(owner) {
+            Some(p) if p.options.no_split => false,
+            Some(p) => policy::should_split_as(
+                pool,
+                bsize,
+                size,
+                &self.config,
+                maps_pages && p.source.is_none(),
+            ),
+            None => policy::should_split_as(pool, bsize, size, &self.config, maps_pages),
+        }
     }
 
     /// Hand out the low `size` bytes of block `found` for a request of `orig`

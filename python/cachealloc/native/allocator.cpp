@@ -38,6 +38,9 @@
 #ifndef CACHEALLOC_TORCH_POOL_RESERVED_STATS
 #define CACHEALLOC_TORCH_POOL_RESERVED_STATS (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 13)
 #endif
+#ifndef CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS
+#define CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 13)
+#endif
 
 #include <array>
 #include <atomic>
@@ -61,6 +64,9 @@
 namespace cachealloc_torch {
 
 static void local_raw_delete(void* ptr);
+
+// Calls of a MemPool's allocator under way on this thread (see PoolSource).
+static thread_local int in_pool_source = 0;
 
 class CacheallocAllocator final : public CA::CUDAAllocator {
    public:
@@ -105,25 +111,31 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         return alloc(nbytes, device, stream);
     }
 
+    // Run one allocating C call with the context (torch's Python stacks)
+    // gathered before it, as PyTorch does (a recorder that throws leaves
+    // nothing allocated), and kept for the block after; what a filter,
+    // observer or tracker threw during the call is rethrown, the block
+    // given back. The pointer, or NULL with the C library's error.
+    template <typename Call>
+    void* with_context(int device, Call&& call) {
+        std::shared_ptr<c10::GatheredContext> context;
+        if (recording_context_) context = gather_context();
+        void* ptr = call();
+        if (pending_exception) {
+            if (ptr != nullptr) cachealloc_free_checked(ptr, 0, device, nullptr);
+            rethrow_pending();
+        }
+        if (ptr != nullptr && context) keep_context(ptr, std::move(context), device);
+        return ptr;
+    }
+
     // The allocation itself, on an explicit device (the tests' way in:
     // no CUDA runtime call).
     void* alloc(size_t size, int device, cudaStream_t stream) {
         if (size == 0) return nullptr;
-        // The context (torch's Python stacks) is gathered before the
-        // allocation, as PyTorch does: a recorder that throws leaves
-        // nothing allocated.
-        std::shared_ptr<c10::GatheredContext> context;
-        if (recording_context_) context = gather_context();
-        void* ptr = cachealloc_alloc(size, device, stream);
-        if (pending_exception) {
-            // A filter, observer or tracker threw during the call.
-            if (ptr != nullptr) cachealloc_free_checked(ptr, 0, device, nullptr);
-            rethrow_pending();
-        }
-        if (ptr != nullptr) {
-            if (context) keep_context(ptr, std::move(context), device);
-            return ptr;
-        }
+        if (in_pool_source != 0) refuse_reentry("an allocation");
+        void* ptr = with_context(device, [&] { return cachealloc_alloc(size, device, stream); });
+        if (ptr != nullptr) return ptr;
         std::string msg = last_error("no message");
         if (cachealloc_last_error_code() == CACHEALLOC_ERROR_OUT_OF_MEMORY) {
             // torch's OOM observers already ran (on_oom, inside the call).
@@ -133,8 +145,36 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
                     " failed: ", msg);
     }
 
+#if CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS
+    // torch 2.13's allocateWithAddress (UntypedStorage._resize_with_addr_):
+    // the block at exactly `addr`, carved out of the free block holding it,
+    // or torch's error.
+    c10::DataPtr allocateWithAddress(size_t size, void* addr) override {
+        c10::DeviceIndex device = 0;
+        C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        void* ptr = alloc_at(size, device, stream, addr);
+        return {ptr, ptr, &local_raw_delete, c10::Device(c10::DeviceType::CUDA, device)};
+    }
+#endif
+
+    // allocateWithAddress on an explicit device (the tests' way in).
+    void* alloc_at(size_t size, int device, cudaStream_t stream, void* addr) {
+        if (in_pool_source != 0) refuse_reentry("an allocation");
+        if (size == 0) return nullptr;
+        void* ptr = with_context(
+            device, [&] { return cachealloc_alloc_at(size, device, stream, addr); });
+        if (ptr != nullptr) return ptr;
+        // torch's messages ("Could not allocate CUDA storage at exact
+        // address 0x...", "mallocWithAddress: addr must be aligned ...").
+        const char* e = cachealloc_last_error();
+        TORCH_CHECK(e == nullptr, e);
+        return nullptr;  // 0 bytes
+    }
+
     void raw_delete(void* ptr) override {
         if (ptr == nullptr) return;
+        if (in_pool_source != 0) refuse_reentry("a free");
         if (absorbing_.load(std::memory_order_acquire) && absorbed(ptr)) return;
         forget_context(ptr);
         check(cachealloc_free_checked(ptr, 0, -1, nullptr), "free");
@@ -325,13 +365,25 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
     // torch.cuda.MemPool(): a pool with a user, nothing routed to it yet.
+    // torch.cuda.MemPool(allocator=...): a new pool whose segments come from
+    // that allocator's raw_alloc / raw_delete, as torch's PrivatePool calls
+    // them (NCCL's ncclMemAlloc, a CUDAPluggableAllocator); the allocator
+    // is kept until the pool is deleted.
     void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                             std::shared_ptr<CA::CUDAAllocator> allocator) override {
-        TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-                    "cachealloc: a MemPool with an allocator of its own (", allocator->name(),
-                    ") is not supported: its pool would be cachealloc's");
-        check(cachealloc_create_pool(device, mempool_id.first, mempool_id.second, 0, 0),
-              "createOrIncrefPool");
+        if (allocator == nullptr || allocator.get() == this) {
+            check(cachealloc_create_pool(device, mempool_id.first, mempool_id.second, 0, 0),
+                  "createOrIncrefPool");
+            return;
+        }
+        auto* holder = new PoolSource{std::move(allocator)};
+        cachealloc_segment_source source{&CacheallocAllocator::source_alloc,
+                                         &CacheallocAllocator::source_free,
+                                         &CacheallocAllocator::source_release, holder};
+        int rc = cachealloc_create_pool_with_source(device, mempool_id.first, mempool_id.second,
+                                                    0, 0, &source);
+        if (rc != 0) delete holder;  // not kept: no release will come
+        check(rc, "createOrIncrefPool");
     }
 
     int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
@@ -609,6 +661,40 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     };
 
     // A filter that throws refuses the stream.
+    // A MemPool's allocator, as the C library calls it (with the device's
+    // lock held: a call back into cachealloc from it would wait for
+    // itself, so alloc() and raw_delete() refuse one, see in_pool_source).
+    struct PoolSource {
+        std::shared_ptr<CA::CUDAAllocator> allocator;
+    };
+    struct InPoolSource {
+        InPoolSource() { ++in_pool_source; }
+        ~InPoolSource() { --in_pool_source; }
+    };
+    static void* source_alloc(size_t size, int, void*, void* user) noexcept {
+        void* ptr = nullptr;
+        // An exception (the allocator's own out-of-memory) is kept and
+        // rethrown when the allocation returns, as torch lets it out.
+        shielded("MemPool allocator raw_alloc", [&] {
+            InPoolSource inside;
+            ptr = static_cast<PoolSource*>(user)->allocator->raw_alloc(size);
+        });
+        return ptr;
+    }
+    static void source_free(void* ptr, size_t, int, void*, void* user) noexcept {
+        shielded("MemPool allocator raw_delete", [&] {
+            InPoolSource inside;
+            static_cast<PoolSource*>(user)->allocator->raw_delete(ptr);
+        });
+    }
+    static void source_release(void* user) noexcept { delete static_cast<PoolSource*>(user); }
+    static void refuse_reentry(const char* what) {
+        TORCH_CHECK(in_pool_source == 0, "cachealloc: ", what,
+                    " called from the allocator of a MemPool while cachealloc is getting "
+                    "memory from it: that allocator must not allocate through cachealloc "
+                    "(it would wait for itself)");
+    }
+
     static int call_filter(void* stream, void* user) {
         auto* slot = static_cast<FilterSlot*>(user);
         bool accept = false;

@@ -105,6 +105,20 @@ fn all_version_scenarios_pass() {
     run_suite("versions");
 }
 
+/// Several pools in one CUDA graph (`conformance/graph-pools.md`): torch
+/// 2.14's retained side pools against earlier releases' calls.
+#[test]
+fn all_graph_pool_scenarios_pass() {
+    run_suite("graph-pools");
+}
+
+/// Allocation at an address (`conformance/at-address.md`): torch 2.13's
+/// `mallocWithAddress`.
+#[test]
+fn all_at_address_scenarios_pass() {
+    run_suite("at-address");
+}
+
 /// Run every scenario of one optional suite on the mock.
 fn run_suite(suite: &str) {
     let data = testdata_dir();

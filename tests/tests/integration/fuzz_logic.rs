@@ -75,7 +75,9 @@ fn fuzz_ops_logic() {
             && c.shares > 0
             && c.held_frees > 0
             && c.aligned > 0
-            && c.bad_alignments > 0,
+            && c.bad_alignments > 0
+            && c.at_address > 0
+            && c.source_allocs > 0,
         "{c:?}"
     );
 }

@@ -468,3 +468,62 @@ fn trace_entries_carry_their_pool() {
         }
     }
 }
+
+/// `malloc_with_address` leaves PyTorch's four entries: the prefix's
+/// `alloc`, the request's `alloc` (its unrounded size), the prefix's
+/// `free_requested` and `free_completed`; with expandable segments an
+/// unmapped page is no free block (the call fails and records nothing).
+#[test]
+fn an_allocation_at_an_address_records_the_prefix_pair() {
+    use cachealloc_core::DevicePtr;
+    use TraceAction::*;
+    let mut a = DeviceAllocator::with_history(
+        MockDevice::new(Some(256 << 20)),
+        vec![BlockSlot::VACANT; 256],
+        vec![TraceEntry::EMPTY; 64],
+        Config::DEFAULT,
+    );
+    let x = a.malloc(4 << 20, 0).unwrap();
+    a.free(x.handle.unwrap()).unwrap();
+    a.record_history(true, usize::MAX, false, TraceActions::NONE);
+    let at = DevicePtr(x.ptr.0 + (6 << 20));
+    let y = a.malloc_with_address(3 << 20, at, 0).unwrap();
+    assert_eq!(y.ptr, at);
+    let got: Vec<(TraceAction, u64, u64)> = a
+        .history()
+        .entries()
+        .map(|e| (e.action, e.addr, e.size))
+        .collect();
+    let (base, six) = (x.ptr.0, 6 << 20);
+    assert_eq!(
+        got,
+        [
+            (Alloc, base, six),
+            (Alloc, at.0, 3 << 20),
+            (FreeRequested, base, six),
+            (FreeCompleted, base, six),
+        ]
+    );
+    a.check_invariants().unwrap();
+
+    // Expandable segments: mapped free pages serve, unmapped ones do not.
+    let mut e = DeviceAllocator::new(
+        MockDevice::new(Some(256 << 20)),
+        vec![BlockSlot::VACANT; 256],
+        Config::parse("expandable_segments:True").unwrap(),
+    );
+    let x = e.malloc(4 << 20, 0).unwrap(); // maps one 20 MiB page
+    e.free(x.handle.unwrap()).unwrap();
+    let mapped = e.stats().reserved_bytes.all().current;
+    let err = e
+        .malloc_with_address(2 << 20, DevicePtr(x.ptr.0 + (20 << 20)), 0)
+        .unwrap_err();
+    assert!(err.to_string().contains("Could not allocate"), "{err}");
+    let y = e
+        .malloc_with_address(2 << 20, DevicePtr(x.ptr.0 + (18 << 20)), 0)
+        .unwrap();
+    assert_eq!(y.ptr.0, x.ptr.0 + (18 << 20));
+    assert_eq!(e.stats().reserved_bytes.all().current, mapped);
+    assert_eq!(e.stats().num_device_alloc, 1);
+    e.check_invariants().unwrap();
+}

@@ -6,7 +6,8 @@
 use cachealloc_core::{
     Allocation, BlockSlot, CachingAllocator, CheckpointBlock, Config, DeviceAllocator, DevicePtr,
     Error, MallocFlags, MempoolId, OutOfMemoryObserver, PeerAccess, Pool, PoolOptions,
-    SegmentTable, SharedAllocator, StreamFilter, TraceActions, TraceEntry, TraceTracker,
+    SegmentSource, SegmentTable, SharedAllocator, StreamFilter, TraceActions, TraceEntry,
+    TraceTracker,
 };
 use cachealloc_mock::{MockDevice, MockError, MockMachine};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -192,6 +193,28 @@ fn every_method_through_dyn_shared_allocator() {
     a.capture_end(g).unwrap();
     a.free_ptr(c.ptr).unwrap();
     a.release_pool(g).unwrap();
+    // An allocation at the address a freed one had.
+    let w = a.malloc(MIB, 0).unwrap();
+    a.free_ptr(w.ptr).unwrap();
+    let again = a.malloc_with_address(MIB / 2, w.ptr, 0).unwrap();
+    assert_eq!(again.ptr, w.ptr);
+    a.free_ptr(again.ptr).unwrap();
+    // A pool whose segments come from a source of its own (MemPool with an
+    // allocator): the device holds none of its bytes.
+    fn src_alloc(_: usize, _: u64, _: u64) -> Option<DevicePtr> {
+        Some(DevicePtr(1 << 50))
+    }
+    fn src_free(_: usize, _: DevicePtr, _: u64, _: u64) {}
+    let s = MempoolId(3, 3);
+    a.create_pool_with_source(
+        s,
+        PoolOptions::NONE,
+        SegmentSource::new(src_alloc, src_free, 0),
+    )
+    .unwrap();
+    a.begin_allocate_to_pool(s, StreamFilter::All).unwrap();
+    assert_eq!(a.malloc(4096, 0).unwrap().ptr, DevicePtr(1 << 50));
+    a.end_allocate_to_pool(s).unwrap();
 
     // The segment registry of a process.
     let table: &'static SegmentTable<16> = Box::leak(Box::default());

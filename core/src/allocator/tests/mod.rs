@@ -8,6 +8,7 @@ mod corruption;
 mod expandable_corruption;
 mod fast_paths;
 mod pool_corruption;
+mod source_pools;
 mod storage;
 mod transition_checks;
 

@@ -142,3 +142,18 @@ fn reuse_in_a_capture_needs_a_backend_that_reads_the_graph() {
     assert!(t.pools().next().is_none());
     t.check_invariants().unwrap();
 }
+
+#[test]
+fn an_expandable_segment_in_a_pool_with_a_source() {
+    // An expandable segment in a plain pool, whose pool is then given a
+    // segment source: such a pool never maps pages.
+    let mut t = tiny();
+    t.set_config(crate::config::Config::parse("expandable_segments:True").unwrap());
+    t.begin_allocate_to_pool(M, StreamFilter::All).unwrap();
+    t.malloc(4096, 0).unwrap();
+    t.end_allocate_to_pool(M).unwrap();
+    t.check_invariants()
+        .expect("the untouched state is consistent");
+    t.private.get_mut(1).unwrap().source = Some(super::source_pools::counting_source());
+    assert_named(broken(&t), "segment source");
+}
