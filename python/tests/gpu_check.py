@@ -262,6 +262,125 @@ def graph_stream_reuse(torch, dev):
     return [got]
 
 
+# A pool allocator for torch.cuda.MemPool(allocator=...): cudaMalloc and
+# cudaFree of the CUDA runtime torch loaded, its calls counted. Compiled at
+# run time with the C compiler (the device machine has gcc, no Rust).
+_POOL_ALLOCATOR_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+typedef int (*malloc_t)(void **, size_t);
+typedef int (*free_t)(void *);
+long pool_allocs = 0, pool_frees = 0;
+void *pool_alloc(size_t size, int device, void *stream) {
+    (void)device; (void)stream;
+    malloc_t m = (malloc_t)dlsym(RTLD_DEFAULT, "cudaMalloc");
+    void *p = NULL;
+    if (!m || m(&p, size) != 0) return NULL;
+    pool_allocs++;
+    return p;
+}
+void pool_free(void *ptr, size_t size, int device, void *stream) {
+    (void)size; (void)device; (void)stream;
+    free_t f = (free_t)dlsym(RTLD_DEFAULT, "cudaFree");
+    if (f) f(ptr);
+    pool_frees++;
+}
+"""
+
+
+def _pool_allocator(torch):
+    """The compiled pool allocator: (torch's CUDAPluggableAllocator, the
+    ctypes library whose pool_allocs / pool_frees count its calls)."""
+    import ctypes
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="gpucheck-pool-")
+    src, lib = os.path.join(d, "pool.c"), os.path.join(d, "pool.so")
+    with open(src, "w") as f:
+        f.write(_POOL_ALLOCATOR_C)
+    subprocess.check_call(["gcc", "-shared", "-fPIC", "-O1", src, "-o", lib, "-ldl"])
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "pool_alloc", "pool_free")
+    return alloc, ctypes.CDLL(lib)
+
+
+def mempool_allocator(torch, dev):
+    """torch.cuda.MemPool(allocator=...): the pool's segments come from a
+    pluggable allocator (cudaMalloc, counted), its blocks are reused, and
+    dropping the pool gives them back to it."""
+    import ctypes
+
+    alloc, lib = _pool_allocator(torch)
+    pool = torch.cuda.MemPool(alloc.allocator())
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.ones(3 * MIB, device=dev)
+        b = torch.ones(5 * MIB // 4, device=dev)
+        c = a + b[: 3 * MIB].sum()
+        del a
+        d = torch.ones(2 * MIB, device=dev)  # from the cache
+    out = float(c.sum().item()) + float(d.sum().item())
+    allocs = ctypes.c_long.in_dll(lib, "pool_allocs").value
+    use = pool.use_count()
+    del b, c, d
+    del pool
+    torch.cuda.empty_cache()
+    frees = ctypes.c_long.in_dll(lib, "pool_frees").value
+    return [out, float(allocs), float(frees), float(use)]
+
+
+def resize_with_addr(torch, dev):
+    """UntypedStorage._resize_with_addr_ (torch 2.13 on): a storage rebuilt
+    at 6 MiB into a freed 20 MiB block, and the error at a live address."""
+    probe = torch.empty(0, dtype=torch.uint8, device=dev).untyped_storage()
+    if not hasattr(probe, "_resize_with_addr_"):
+        return ["no _resize_with_addr_ in torch %s" % torch.__version__]
+    x = torch.empty(4 * MIB, dtype=torch.uint8, device=dev)
+    base = x.data_ptr()
+    del x
+    t = torch.empty(0, dtype=torch.uint8, device=dev)
+    t.untyped_storage()._resize_with_addr_(3 * MIB, base + 6 * MIB)
+    at = t.untyped_storage().data_ptr() - base
+    u = torch.empty(0, dtype=torch.uint8, device=dev)
+    try:
+        u.untyped_storage()._resize_with_addr_(MIB, base + 7 * MIB)
+        live = "no error"
+    except RuntimeError as e:
+        live = str(e).splitlines()[0].split(" 0x")[0]
+    del t
+    return [float(at), live]
+
+
+def graph_side_pool(torch, dev):
+    """A use_mem_pool(side) inside torch.cuda.graph(g, pool=p): the side
+    pool's use counts (torch 2.14 on: the graph retains it), where the
+    tensors land, and what del side before del g leaves."""
+    p = torch.cuda.MemPool()
+    side = torch.cuda.MemPool()
+    g = torch.cuda.CUDAGraph()
+    x = torch.ones(MIB, device=dev)
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            (x * 2).sum()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    with torch.cuda.graph(g, pool=p.id):
+        with torch.cuda.use_mem_pool(side):
+            inside = side.use_count()
+            y = x * 3
+        z = y + 1
+    g.replay()
+    torch.cuda.synchronize(dev)
+    counts = [float(inside), float(side.use_count()), float(p.use_count())]
+    out = float(z.sum().item())
+    side_id = side.id
+    del side
+    reserved_side = float(torch.cuda.memory_stats(0).get(
+        "reserved_bytes_by_private_pools.%d_%d.all.current" % side_id, -1))
+    del g, y, z
+    torch.cuda.empty_cache()
+    return counts + [out, reserved_side, float(p.use_count())]
+
+
 def compile_reduce_overhead(torch, dev):
     """torch.compile(mode="reduce-overhead"): CUDA graphs through cudagraph
     trees (private pools)."""
@@ -468,6 +587,10 @@ WORKLOADS = [
     ("transformer_expandable", transformer, "expandable_segments:True", None, None),
     ("graph_expandable", graph, "expandable_segments:True", None, None),
     ("graph_stream_reuse", graph_stream_reuse, "graph_capture_record_stream_reuse:True", None, None),
+    ("mempool_allocator", mempool_allocator, "", None, None),
+    ("mempool_allocator_expandable", mempool_allocator, "expandable_segments:True", None, None),
+    ("resize_with_addr", resize_with_addr, "", None, None),
+    ("graph_side_pool", graph_side_pool, "", None, None),
     ("mid_sizes_large_segment", mid_sizes, "large_segment_size_mb:12", None, None),
     ("config_fraction", config_fraction, "per_process_memory_fraction:0.05", None, None),
     ("rejection", rejection, "throw_on_cudamalloc_oom:True", None,
