@@ -92,7 +92,12 @@ impl fmt::Display for Explained<'_> {
 }
 
 /// PyTorch's out-of-memory message for an [`OomReport`], exactly
-/// ([`OomReport::pytorch_message`]).
+/// ([`OomReport::pytorch_message`]): the pieces and the documentation link
+/// of the `libc10_cuda.so` strings of torch 2.11 to 2.15 (the link was
+/// pytorch.org's `#environment-variables` before). Not here: the "Process
+/// N has X memory in use" lines torch adds where NVML answers, and torch
+/// 2.15's sentences for a `MemPool` allocator that returned null and for
+/// expandable segments' address space.
 #[derive(Clone, Copy, Debug)]
 pub struct PytorchMessage<'a>(&'a OomReport);
 
@@ -137,7 +142,7 @@ impl fmt::Display for PytorchMessage<'_> {
             "and {} is reserved by PyTorch but unallocated. \
              If reserved but unallocated memory is large try setting PYTORCH_{}_ALLOC_CONF=expandable_segments:True \
              to avoid fragmentation.  See documentation for Memory Management  \
-             (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+             (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
             FormatSize(r.reserved.saturating_sub(allocated)),
             r.platform
         )
