@@ -139,7 +139,9 @@ pub struct TraceDict {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<Frame>,
     /// The pool of the block or segment (`(0, 0)`: the default pools;
-    /// torch 2.12 on: `pool_id`, which memory_viz's private-pool view reads).
+    /// torch 2.12 on writes it as `pool_id`). memory_viz does not read it:
+    /// its private-pool view finds an entry's pool from the snapshot's
+    /// segments (`segment_pool_id`) by address.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[serde(serialize_with = "py_int::opt_pair")]
     pub pool_id: Option<(u64, u64)>,
