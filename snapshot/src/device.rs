@@ -90,6 +90,7 @@ pub fn add_device<St: Into<u64> + From<u64> + Copy>(
             time_us: e.time_us,
             frames: names.frames(e.action.as_str(), e.context),
             pool_id: with_pool_ids.then_some((e.pool.0, e.pool.1)),
+            segment_pool_id: (!e.pool.is_default()).then_some((e.pool.0, e.pool.1)),
         });
     }
     for seg in snap.segments {

@@ -145,6 +145,14 @@ pub struct TraceDict {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[serde(serialize_with = "py_int::opt_pair")]
     pub pool_id: Option<(u64, u64)>,
+    /// The same pool under the key memory_viz looks for on a trace entry
+    /// before it looks the address up in the segments (a key torch does
+    /// not write): written for private pools only, so that an allocation
+    /// of a pool whose segments are gone by the snapshot still shows in
+    /// its pool. Default-pool entries keep torch's keys exactly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "py_int::opt_pair")]
+    pub segment_pool_id: Option<(u64, u64)>,
 }
 
 /// An annotation (PyTorch's `external_annotations` entry).

@@ -452,6 +452,16 @@ fn trace_entries_carry_their_pool() {
             .iter()
             .map(|e| e["pool_id"].clone())
             .collect();
+        // memory_viz's key for the pool of a trace entry: private pools
+        // only (the default pools' entries keep torch's keys), any release.
+        let viz: Vec<Value> = json["device_traces"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["segment_pool_id"].clone())
+            .collect();
+        assert_eq!(viz[3], serde_json::json!([0, 7]), "{viz:?}");
+        assert!(viz[1].is_null() && viz[0].is_null(), "{viz:?}");
         // The import reads it back: the private pool's allocation is named.
         let bytes = serde_json::to_vec(&json).unwrap();
         let imported = cachealloc_trace::import::import(&bytes, "pools", None).unwrap();
