@@ -26,6 +26,16 @@ pub enum CudaError {
         /// Its name (`CUDA_ERROR_...`).
         name: String,
     },
+    /// A call of the operating system, or a request the backend cannot
+    /// serve (taking another process's descriptors for its pages).
+    System {
+        /// The call.
+        call: &'static str,
+        /// `errno` (0: not the system's).
+        errno: i32,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl fmt::Display for CudaError {
@@ -36,6 +46,7 @@ impl fmt::Display for CudaError {
                 write!(f, "no CUDA device {ordinal} ({count} device(s) present)")
             }
             CudaError::Driver { call, code, name } => write!(f, "{call} failed: {name} ({code})"),
+            CudaError::System { call, message, .. } => write!(f, "{call} failed: {message}"),
         }
     }
 }

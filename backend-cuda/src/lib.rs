@@ -54,6 +54,7 @@ mod conv;
 mod graph;
 mod ipc;
 mod vmm;
+mod vmm_ipc;
 
 pub use conv::CudaError;
 
@@ -115,6 +116,11 @@ pub struct CudaBackend {
     pages: BTreeMap<u64, sys::CUmemGenericAllocationHandle>,
     /// Unmapped allocations whose release failed, to release again.
     unreleased: Vec<sys::CUmemGenericAllocationHandle>,
+    /// Mapped pages exported for another process: address -> the file
+    /// descriptor (closed when the page is unmapped).
+    exported: BTreeMap<u64, i32>,
+    /// Other processes' pages mapped here: base -> their handles.
+    imported: BTreeMap<u64, vmm_ipc::ImportedPages>,
     /// Whether the driver has the virtual-memory functions.
     vmm: bool,
     /// Other devices' primary contexts, retained for peer access and
@@ -161,6 +167,8 @@ impl CudaBackend {
             ctx,
             pages: BTreeMap::new(),
             unreleased: Vec::new(),
+            exported: BTreeMap::new(),
+            imported: BTreeMap::new(),
             vmm: vmm::driver_has_vmm(),
             peers: Vec::new(),
             capturing: false,
@@ -269,6 +277,15 @@ impl Drop for CudaBackend {
             if let Ok(_bound) = self.bind() {
                 self.release_unreleased();
             }
+        }
+        let exported: Vec<u64> = self.exported.keys().copied().collect();
+        for addr in exported {
+            self.forget_export(addr);
+        }
+        // Other processes' pages still mapped here: unmapped, best effort.
+        let imported: Vec<u64> = self.imported.keys().copied().collect();
+        for base in imported {
+            let _ = self.vm_close_import(DevicePtr(base));
         }
         self.release_peers();
         // SAFETY: releases the reference taken by cuDevicePrimaryCtxRetain in `new`.
@@ -464,6 +481,28 @@ impl DeviceBackend for CudaBackend {
         page_size: u64,
     ) -> Result<(), VmError<CudaError>> {
         self.vm_unmap(ptr, pages, page_size)
+    }
+
+    fn ipc_export_pages(
+        &mut self,
+        ptr: DevicePtr,
+        page_size: u64,
+        fds: &mut [i32],
+    ) -> Result<(), VmError<CudaError>> {
+        self.vm_export(ptr, page_size, fds)
+    }
+
+    fn ipc_import_pages(
+        &mut self,
+        pid: u32,
+        fds: &[i32],
+        page_size: u64,
+    ) -> Result<DevicePtr, VmError<CudaError>> {
+        self.vm_import(pid, fds, page_size)
+    }
+
+    fn ipc_close_pages(&mut self, base: DevicePtr) -> Result<(), VmError<CudaError>> {
+        self.vm_close_import(base)
     }
 
     fn synchronize_stream(&mut self, stream: CudaStream) -> Result<(), CudaError> {

@@ -60,7 +60,7 @@ impl CudaBackend {
 
     /// Pinned device memory on this device, shareable through a file
     /// descriptor (what PyTorch asks for, for IPC).
-    fn allocation_prop(&self) -> sys::CUmemAllocationProp {
+    pub(crate) fn allocation_prop(&self) -> sys::CUmemAllocationProp {
         // SAFETY: the struct is plain old data (integers, a null pointer,
         // bytes): all zeroes is a valid value, the fields set below aside.
         let mut prop: sys::CUmemAllocationProp = unsafe { core::mem::zeroed() };
@@ -153,6 +153,7 @@ impl CudaBackend {
             };
             vm(r, "cuMemUnmap")?;
             self.pages.remove(&addr);
+            self.forget_export(addr);
             // SAFETY: the page's allocation, now unmapped, released once.
             if let Err(e) = vm(unsafe { sys::cuMemRelease(h) }, "cuMemRelease") {
                 self.unreleased.push(h);

@@ -67,6 +67,11 @@ pub struct HipBackend {
     pub(crate) pages: BTreeMap<u64, usize>,
     /// Unmapped allocations whose release failed, to release again.
     pub(crate) unreleased: Vec<usize>,
+    /// Mapped pages exported for another process: address -> the file
+    /// descriptor (closed when the page is unmapped).
+    pub(crate) exported: BTreeMap<u64, i32>,
+    /// Other processes' pages mapped here: base -> their handles.
+    pub(crate) imported: BTreeMap<u64, crate::vmm_ipc::ImportedPages>,
     /// A stream capture is under way on the device (the allocator said so):
     /// device mallocs, page maps and memory info run in relaxed capture mode.
     pub(crate) capturing: bool,
@@ -97,6 +102,8 @@ impl HipBackend {
             ordinal,
             pages: BTreeMap::new(),
             unreleased: Vec::new(),
+            exported: BTreeMap::new(),
+            imported: BTreeMap::new(),
             capturing: false,
             graph: cachealloc_capture_graph::CaptureGraph::default(),
         })
@@ -354,6 +361,28 @@ impl DeviceBackend for HipBackend {
         self.vm_unmap(ptr, pages, page_size)
     }
 
+    fn ipc_export_pages(
+        &mut self,
+        ptr: DevicePtr,
+        page_size: u64,
+        fds: &mut [i32],
+    ) -> Result<(), VmError<HipError>> {
+        self.vm_export(ptr, page_size, fds)
+    }
+
+    fn ipc_import_pages(
+        &mut self,
+        pid: u32,
+        fds: &[i32],
+        page_size: u64,
+    ) -> Result<DevicePtr, VmError<HipError>> {
+        self.vm_import(pid, fds, page_size)
+    }
+
+    fn ipc_close_pages(&mut self, base: DevicePtr) -> Result<(), VmError<HipError>> {
+        self.vm_close_import(base)
+    }
+
     fn synchronize_stream(&mut self, stream: HipStream) -> Result<(), HipError> {
         self.synchronize(stream)
     }
@@ -399,6 +428,15 @@ impl DeviceBackend for HipBackend {
 
 impl Drop for HipBackend {
     fn drop(&mut self) {
+        let exported: Vec<u64> = self.exported.keys().copied().collect();
+        for addr in exported {
+            self.forget_export(addr);
+        }
+        // Other processes' pages still mapped here: unmapped, best effort.
+        let imported: Vec<u64> = self.imported.keys().copied().collect();
+        for base in imported {
+            let _ = self.vm_close_import(DevicePtr(base));
+        }
         if !self.unreleased.is_empty() {
             if let Ok(_bound) = self.bind() {
                 self.release_unreleased();

@@ -24,6 +24,16 @@ pub enum HipError {
         /// Its name (`hipError...`).
         name: String,
     },
+    /// A call of the operating system, or a request the backend cannot
+    /// serve (taking another process's descriptors for its pages).
+    System {
+        /// The call.
+        call: &'static str,
+        /// `errno` (0: not the system's).
+        errno: i32,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl fmt::Display for HipError {
@@ -33,6 +43,7 @@ impl fmt::Display for HipError {
                 write!(f, "no HIP device {ordinal} ({count} device(s) present)")
             }
             HipError::Runtime { call, code, name } => write!(f, "{call} failed: {name} ({code})"),
+            HipError::System { call, message, .. } => write!(f, "{call} failed: {message}"),
         }
     }
 }

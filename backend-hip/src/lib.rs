@@ -41,6 +41,8 @@ mod graph;
 mod ipc;
 #[cfg(feature = "rocm")]
 mod vmm;
+#[cfg(feature = "rocm")]
+mod vmm_ipc;
 
 #[cfg(feature = "rocm")]
 pub use backend::{device_count, HipBackend, HipEvent, HipStream};

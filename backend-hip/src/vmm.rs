@@ -44,7 +44,7 @@ impl HipBackend {
         }
     }
 
-    fn location(&self) -> hip::hipMemLocation {
+    pub(crate) fn location(&self) -> hip::hipMemLocation {
         hip::hipMemLocation {
             type_: hip::hipMemLocationType::hipMemLocationTypeDevice,
             id: self.ordinal() as i32,
@@ -128,6 +128,7 @@ impl HipBackend {
             };
             vm(r, "hipMemUnmap")?;
             self.pages.remove(&addr);
+            self.forget_export(addr);
             // SAFETY: the page's allocation, now unmapped, released once.
             if let Err(e) = vm(unsafe { hip::hipMemRelease(handle(h)) }, "hipMemRelease") {
                 self.unreleased.push(h);

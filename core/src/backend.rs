@@ -387,6 +387,44 @@ pub trait DeviceBackend {
         Err(VmError::Unsupported)
     }
 
+    /// The physical memory of the `fds.len()` mapped pages of `page_size`
+    /// bytes from `ptr` (pages of an expandable segment), as POSIX file
+    /// descriptors of this process, one a page, written to `fds`
+    /// (`cuMemExportToShareableHandle`): what PyTorch's `'e'` IPC handle
+    /// sends with this process's pid. A page keeps its descriptor (the
+    /// same one when shared again) until it is unmapped, which closes it.
+    /// Optional: the default says unsupported.
+    fn ipc_export_pages(
+        &mut self,
+        _ptr: DevicePtr,
+        _page_size: u64,
+        _fds: &mut [i32],
+    ) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Map here the pages process `pid` exported as descriptors `fds`
+    /// ([`ipc_export_pages`](Self::ipc_export_pages)), each `page_size`
+    /// bytes: take the descriptors (`pidfd_getfd`), import them
+    /// (`cuMemImportFromShareableHandle`), reserve exactly the address
+    /// space they fill, map them there and grant this device access. The
+    /// base of the range; on a failure nothing stays imported, reserved
+    /// or mapped.
+    fn ipc_import_pages(
+        &mut self,
+        _pid: u32,
+        _fds: &[i32],
+        _page_size: u64,
+    ) -> Result<DevicePtr, VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
+    /// Undo [`ipc_import_pages`](Self::ipc_import_pages) of the range at
+    /// `base`: unmap and release its pages, free its reservation.
+    fn ipc_close_pages(&mut self, _base: DevicePtr) -> Result<(), VmError<Self::Error>> {
+        Err(VmError::Unsupported)
+    }
+
     /// Let this device access the memory of device `peer`
     /// (`cudaDeviceEnablePeerAccess`).
     fn enable_peer_access(&mut self, _peer: u32) -> Result<PeerAccess, VmError<Self::Error>> {

@@ -257,6 +257,25 @@ impl<B: DeviceBackend> DeviceBackend for Logged<B> {
     fn ipc_close_handle(&mut self, base: DevicePtr) -> Result<(), VmError<B::Error>> {
         self.inner.ipc_close_handle(base)
     }
+    fn ipc_export_pages(
+        &mut self,
+        ptr: DevicePtr,
+        page_size: u64,
+        fds: &mut [i32],
+    ) -> Result<(), VmError<B::Error>> {
+        self.inner.ipc_export_pages(ptr, page_size, fds)
+    }
+    fn ipc_import_pages(
+        &mut self,
+        pid: u32,
+        fds: &[i32],
+        page_size: u64,
+    ) -> Result<DevicePtr, VmError<B::Error>> {
+        self.inner.ipc_import_pages(pid, fds, page_size)
+    }
+    fn ipc_close_pages(&mut self, base: DevicePtr) -> Result<(), VmError<B::Error>> {
+        self.inner.ipc_close_pages(base)
+    }
     fn enable_peer_access(&mut self, peer: u32) -> Result<PeerAccess, VmError<B::Error>> {
         self.inner.enable_peer_access(peer)
     }

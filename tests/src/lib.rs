@@ -28,6 +28,7 @@ pub mod stub;
 pub mod stub_capture;
 pub mod stub_ipc;
 pub mod stub_suite;
+pub mod stub_vmm_ipc;
 
 /// The allocator under test: mock device, boxed slots, 256 pending events.
 pub type MockAllocator = DeviceAllocator<MockDevice, Box<[BlockSlot]>, 256>;

@@ -203,6 +203,8 @@ type CurrentFn = unsafe extern "C" fn() -> i32;
 type PeerCapableFn = unsafe extern "C" fn(i32, i32, i32);
 type IpcSourceFn = unsafe extern "C" fn(u64, *mut u64, *mut u64) -> i32;
 type IpcFlagFn = unsafe extern "C" fn(u32);
+type VmmSourceFn = unsafe extern "C" fn(u64, *mut u64, *mut u64, *mut i32) -> i32;
+type ReservedFn = unsafe extern "C" fn() -> u64;
 
 /// The stub's control functions, reached through the library this process
 /// loaded under the stub's soname.
@@ -311,6 +313,30 @@ impl Stub {
         // SAFETY: matches `int cachealloc_stub_ipc_source(uint64_t,
         // uint64_t *, uint64_t *)`; both out-pointers are live locals.
         (unsafe { f(addr, &mut pid, &mut src) } == 0).then_some((pid, src))
+    }
+
+    /// The physical allocation mapped at `addr`: the pid of the process
+    /// that created it, its number there, and whether this process
+    /// imported it; `None` when nothing is mapped at `addr`.
+    pub fn vmm_source(&self, addr: u64) -> Option<(u64, u64, bool)> {
+        let f = self.sym::<VmmSourceFn>("cachealloc_stub_vmm_source").ok()?;
+        let (mut pid, mut index, mut imported) = (0u64, 0u64, 0i32);
+        // SAFETY: matches `int cachealloc_stub_vmm_source(uint64_t,
+        // uint64_t *, uint64_t *, int *)`; the out-pointers are live locals.
+        (unsafe { f(addr, &mut pid, &mut index, &mut imported) } == 0).then_some((
+            pid,
+            index,
+            imported != 0,
+        ))
+    }
+
+    /// Bytes of address space reserved and not freed (every device).
+    pub fn reserved_bytes(&self) -> u64 {
+        match self.sym::<ReservedFn>("cachealloc_stub_reserved_bytes") {
+            // SAFETY: matches `uint64_t cachealloc_stub_reserved_bytes(void)`.
+            Ok(f) => unsafe { f() },
+            Err(_) => 0,
+        }
     }
 
     /// The calling thread's current device in the stub (-1: none).

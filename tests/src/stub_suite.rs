@@ -537,6 +537,23 @@ macro_rules! stub_tests {
 
         #[test]
         #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
+        fn stub_expandable_pages_between_two_processes() {
+            if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_expandable_pages_between_two_processes") {
+                $crate::stub_vmm_ipc::pages_between_processes::<$api>(&s, "pages_consumer_process");
+            }
+        }
+
+        /// The consumer process of `stub_expandable_pages_between_two_processes`.
+        #[test]
+        #[ignore = "the consumer process of stub_expandable_pages_between_two_processes, which starts it"]
+        fn pages_consumer_process() {
+            if let Some(s) = $crate::stub_suite::consumer_stub(<$api as $crate::gpu::GpuApi>::STUB) {
+                $crate::stub_vmm_ipc::pages_consumer::<$api>(&s);
+            }
+        }
+
+        #[test]
+        #[ignore = "runs in a child process on the stub driver (ffi_checks_run_on_the_stub_in_a_child_process)"]
         fn stub_peer_access_and_copies() {
             if let Some(s) = $crate::stub_suite::child_stub(<$api as $crate::gpu::GpuApi>::STUB, "stub_peer_access_and_copies") {
                 $crate::stub_ipc::peer_access_and_copies::<$api>(&s);

@@ -322,7 +322,24 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     (void)flags;
     void *h = NULL;
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
-    stub_status s = stub_op_mem_create("cuMemCreate", handle ? &h : NULL, size, prop->location.id);
+    stub_status s = stub_op_mem_create("cuMemCreate", handle ? &h : NULL, size, prop->location.id,
+                                       prop->requestedHandleTypes);
+    if (s == ST_OK) *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return cu(s);
+}
+
+/* POSIX file descriptors only (handle type 1): the stub has no fabric. */
+STUB_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                                  int type, unsigned long long flags) {
+    return cu(stub_op_mem_export("cuMemExportToShareableHandle", (int *)shareable,
+                                 (void *)(uintptr_t)handle, type, flags));
+}
+
+STUB_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os,
+                                                    int type) {
+    void *h = NULL;
+    stub_status s = stub_op_mem_import("cuMemImportFromShareableHandle", handle ? &h : NULL,
+                                       (int)(uintptr_t)os, type);
     if (s == ST_OK) *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return cu(s);
 }

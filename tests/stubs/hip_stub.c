@@ -281,7 +281,18 @@ STUB_EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, siz
                                     const hipMemAllocationProp *prop, unsigned long long flags) {
     (void)flags;
     if (!prop) return hipErrorInvalidValue;
-    return hip(stub_op_mem_create("hipMemCreate", handle, size, prop->location.id));
+    return hip(stub_op_mem_create("hipMemCreate", handle, size, prop->location.id, prop->requestedHandleType));
+}
+
+/* POSIX file descriptors only (hipMemHandleTypePosixFileDescriptor). */
+STUB_EXPORT hipError_t hipMemExportToShareableHandle(void *shareable, hipMemGenericAllocationHandle_t handle,
+                                                     int type, unsigned long long flags) {
+    return hip(stub_op_mem_export("hipMemExportToShareableHandle", (int *)shareable, handle, type, flags));
+}
+
+STUB_EXPORT hipError_t hipMemImportFromShareableHandle(hipMemGenericAllocationHandle_t *handle, void *os,
+                                                       int type) {
+    return hip(stub_op_mem_import("hipMemImportFromShareableHandle", handle, (int)(uintptr_t)os, type));
 }
 
 STUB_EXPORT hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {

@@ -67,11 +67,13 @@
 #error "define STUB_IMPLICIT_DEVICE before including stub_core.h"
 #endif
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define STUB_EXPORT __attribute__((visibility("default")))
@@ -176,6 +178,9 @@ typedef struct {
 typedef struct {
     uint64_t size;
     int device, released, mapped;
+    int handle_types;          /* requested at creation (1: POSIX file descriptor) */
+    int imported;              /* made by an import: another process's memory */
+    uint64_t src_pid, src_index; /* where it was created (this process's own: pid, index) */
 } stub_physical;
 
 typedef struct {
@@ -509,7 +514,8 @@ static int stub_mapped_exactly(uint64_t addr, uint64_t n) {
 static void stub_physical_settle(long p) {
     stub_physical *ph = &stub_physicals[p];
     if (ph->released && !ph->mapped && ph->size) {
-        stub_dev[ph->device].held -= ph->size;
+        /* An import's memory is its exporter's: never counted here. */
+        if (!ph->imported) stub_dev[ph->device].held -= ph->size;
         ph->size = 0;
     }
 }
@@ -987,18 +993,23 @@ static stub_status stub_op_address_free(const char *name, uint64_t addr, uint64_
     return stub_end(ST_OK);
 }
 
-/* New physical memory of `size` bytes on `device`. */
-static stub_status stub_op_mem_create(const char *name, void **out, uint64_t size, int device) {
+/* New physical memory of `size` bytes on `device`, exportable as the
+ * handle types `handle_types` asks for (0 or 1: a POSIX file descriptor;
+ * the stub has no fabric). */
+static stub_status stub_op_mem_create(const char *name, void **out, uint64_t size, int device,
+                                      int handle_types) {
     STUB_BEGIN(name);
     stub_status r = stub_ready_locked();
     if (r != ST_OK) return stub_end(r);
-    if (!out || size == 0 || size % STUB_GRANULARITY) return stub_end(ST_INVALID_VALUE);
+    if (!out || size == 0 || size % STUB_GRANULARITY || (handle_types & ~1))
+        return stub_end(ST_INVALID_VALUE);
     if (device < 0 || device >= stub_devices) return stub_end(ST_INVALID_DEVICE);
     STUB_UNSAFE(device);
     stub_device *d = &stub_dev[device];
     if (size > d->capacity - d->held) return stub_end(ST_OUT_OF_MEMORY);
     STUB_GROW(stub_physicals, stub_nphysicals, stub_cap_physicals);
-    stub_physicals[stub_nphysicals] = (stub_physical){size, device, 0, 0};
+    stub_physicals[stub_nphysicals] =
+        (stub_physical){size, device, 0, 0, handle_types, 0, (uint64_t)getpid(), stub_nphysicals};
     d->held += size;
     *out = stub_handle(STUB_PHYSICAL_BASE, stub_nphysicals++);
     return stub_end(ST_OK);
@@ -1074,6 +1085,79 @@ static stub_status stub_op_mem_unmap(const char *name, uint64_t addr, uint64_t s
             stub_physical_settle(m->physical);
         }
     }
+    return stub_end(ST_OK);
+}
+
+/* ------------------------------------- VMM handles across processes */
+
+/* An exported physical allocation: a sealed memfd holding this record
+ * (the driver's POSIX-fd shareable handle). The receiving process gets
+ * the descriptor with pidfd_getfd and imports it. */
+#define STUB_VMM_MAGIC "cachealloc-vmm"
+typedef struct {
+    char magic[16];
+    uint64_t pid, index, size;
+    int32_t device, handle_types;
+} stub_vmm_record;
+
+/* A new descriptor (the caller closes it) for physical allocation
+ * `handle`, as handle type `type` (1: POSIX file descriptor). A type the
+ * allocation was not created for, flags, or a released handle: invalid
+ * value (the real driver's code for the type mismatch is not documented;
+ * HIP's is invalid value). */
+static stub_status stub_op_mem_export(const char *name, int *out, void *handle, int type,
+                                      unsigned long long flags) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    long p = stub_physical_of(handle);
+    if (p < 0 || !out || flags) return stub_end(ST_INVALID_VALUE);
+    stub_physical *ph = &stub_physicals[p];
+    if (type != 1 || !(ph->handle_types & 1)) return stub_end(ST_INVALID_VALUE);
+    STUB_UNSAFE(ph->device);
+    stub_vmm_record rec;
+    memset(&rec, 0, sizeof rec);
+    memcpy(rec.magic, STUB_VMM_MAGIC, sizeof STUB_VMM_MAGIC);
+    rec.pid = ph->src_pid;
+    rec.index = ph->src_index;
+    rec.size = ph->size;
+    rec.device = ph->device;
+    rec.handle_types = ph->handle_types;
+    int fd = memfd_create("cachealloc-stub-vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return stub_end(ST_OUT_OF_MEMORY);
+    if (pwrite(fd, &rec, sizeof rec, 0) != (ssize_t)sizeof rec ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+        close(fd);
+        return stub_end(ST_OUT_OF_MEMORY);
+    }
+    *out = fd;
+    return stub_end(ST_OK);
+}
+
+/* A physical allocation of this process for the exported one behind file
+ * descriptor `fd` (type 1). The memory stays its exporter's: it is not
+ * counted against this device. Not a sealed stub record (a closed
+ * descriptor, another file): invalid value. The descriptor stays the
+ * caller's. */
+static stub_status stub_op_mem_import(const char *name, void **out, int fd, int type) {
+    STUB_BEGIN(name);
+    stub_status r = stub_ready_locked();
+    if (r != ST_OK) return stub_end(r);
+    if (!out || type != 1) return stub_end(ST_INVALID_VALUE);
+    stub_vmm_record rec;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_WRITE) || pread(fd, &rec, sizeof rec, 0) != (ssize_t)sizeof rec ||
+        memcmp(rec.magic, STUB_VMM_MAGIC, sizeof STUB_VMM_MAGIC) != 0 || !(rec.handle_types & 1) ||
+        rec.size == 0 || rec.size % STUB_GRANULARITY) {
+        stub_bad_handles++;
+        return stub_end(ST_INVALID_VALUE);
+    }
+    if (rec.device < 0 || rec.device >= stub_devices) return stub_end(ST_INVALID_DEVICE);
+    STUB_UNSAFE(rec.device);
+    STUB_GROW(stub_physicals, stub_nphysicals, stub_cap_physicals);
+    stub_physicals[stub_nphysicals] =
+        (stub_physical){rec.size, rec.device, 0, 0, rec.handle_types, 1, rec.pid, rec.index};
+    *out = stub_handle(STUB_PHYSICAL_BASE, stub_nphysicals++);
     return stub_end(ST_OK);
 }
 
@@ -1413,6 +1497,37 @@ STUB_EXPORT void cachealloc_stub_set_peer_capable(int dev, int peer, int can) {
     if (dev >= 0 && dev < STUB_MAX_DEVICES && peer >= 0 && peer < STUB_MAX_DEVICES)
         stub_peer_denied[dev][peer] = !can;
     pthread_mutex_unlock(&stub_lock);
+}
+
+/* Which physical allocation the page mapped at `addr` is: 0 with the pid
+ * of the process that created it and its number there (an imported page
+ * names its exporter's), and whether it was imported; -1 when nothing is
+ * mapped at `addr`. */
+STUB_EXPORT int cachealloc_stub_vmm_source(uint64_t addr, uint64_t *pid, uint64_t *index, int *imported) {
+    int r = -1;
+    pthread_mutex_lock(&stub_lock);
+    for (size_t i = 0; i < stub_nmappings; i++) {
+        stub_mapping *m = &stub_mappings[i];
+        if (m->live && addr >= m->addr && addr < m->addr + m->size) {
+            stub_physical *ph = &stub_physicals[m->physical];
+            *pid = ph->src_pid;
+            *index = ph->src_index;
+            *imported = ph->imported;
+            r = 0;
+        }
+    }
+    pthread_mutex_unlock(&stub_lock);
+    return r;
+}
+
+/* Bytes of address space reserved and not freed, on every device. */
+STUB_EXPORT uint64_t cachealloc_stub_reserved_bytes(void) {
+    uint64_t n = 0;
+    pthread_mutex_lock(&stub_lock);
+    for (size_t i = 0; i < stub_nreservations; i++)
+        if (stub_reservations[i].live) n += stub_reservations[i].size;
+    pthread_mutex_unlock(&stub_lock);
+    return n;
 }
 
 /* Which process's allocation the opened handle at `addr` maps: 0 with its

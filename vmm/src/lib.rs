@@ -38,6 +38,11 @@
 //! assert_eq!(pages, vec![(1 << 21, 11), (2 << 21, 12)]);
 //! ```
 
+#[cfg(target_os = "linux")]
+mod pidfd;
+#[cfg(target_os = "linux")]
+pub use pidfd::take_fds;
+
 /// The driver calls that map pages. The undo calls are best effort: the
 /// failure being undone is what gets reported.
 pub trait PageDriver {

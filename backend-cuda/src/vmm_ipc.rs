@@ -1,0 +1,202 @@
+//! Expandable segments across processes: a mapped page's physical memory
+//! exported as a POSIX file descriptor (`cuMemExportToShareableHandle`),
+//! and another process's pages imported (`pidfd_getfd`,
+//! `cuMemImportFromShareableHandle`) and mapped into a reservation of
+//! exactly their size (PyTorch 2.11 to 2.14 reserve 9/8 of the device's
+//! memory per import, pytorch#198129; 2.15 reserves what the pages fill).
+
+use crate::conv::{driver_error, is_out_of_memory};
+use crate::{CudaBackend, CudaError};
+use cachealloc_core::{DevicePtr, VmError};
+use cudarc::driver::sys;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+type Vm<T> = Result<T, VmError<CudaError>>;
+
+/// Pages imported from another process, mapped at a base.
+#[derive(Debug)]
+pub(crate) struct ImportedPages {
+    handles: Vec<sys::CUmemGenericAllocationHandle>,
+    page: u64,
+}
+
+fn vm(r: sys::CUresult, call: &'static str) -> Vm<()> {
+    r.result().map_err(|e| {
+        if is_out_of_memory(&e) {
+            VmError::OutOfMemory
+        } else {
+            VmError::Other(driver_error(e, call))
+        }
+    })
+}
+
+/// Whether the driver has the two handle calls (cudarc panics on a call
+/// to a function the library lacks).
+fn driver_has_handles() -> bool {
+    [
+        "cuMemExportToShareableHandle",
+        "cuMemImportFromShareableHandle",
+    ]
+    .iter()
+    .all(|name| {
+        // SAFETY: the driver library is loaded (a backend exists);
+        // looking a symbol up calls nothing.
+        unsafe { sys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_ok()
+    })
+}
+
+const POSIX_FD: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+impl CudaBackend {
+    pub(crate) fn vm_export(&mut self, ptr: DevicePtr, page: u64, fds: &mut [i32]) -> Vm<()> {
+        if !self.vmm || !driver_has_handles() {
+            return Err(VmError::Unsupported);
+        }
+        let _bound = self.bind().map_err(VmError::Other)?;
+        for (k, out) in fds.iter_mut().enumerate() {
+            let addr = ptr.0 + k as u64 * page;
+            if let Some(&fd) = self.exported.get(&addr) {
+                *out = fd;
+                continue;
+            }
+            let Some(&h) = self.pages.get(&addr) else {
+                return Err(VmError::Other(CudaError::System {
+                    call: "cuMemExportToShareableHandle",
+                    errno: 0,
+                    message: format!("no page of this backend is mapped at {addr:#x}"),
+                }));
+            };
+            let mut fd: i32 = -1;
+            // SAFETY: `h` is a live allocation of this backend (created with
+            // the POSIX file descriptor type); the driver writes an int.
+            let r = unsafe {
+                sys::cuMemExportToShareableHandle((&mut fd as *mut i32).cast(), h, POSIX_FD, 0)
+            };
+            vm(r, "cuMemExportToShareableHandle")?;
+            self.exported.insert(addr, fd);
+            *out = fd;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn vm_import(&mut self, pid: u32, fds: &[i32], page: u64) -> Vm<DevicePtr> {
+        if !self.vmm || !driver_has_handles() {
+            return Err(VmError::Unsupported);
+        }
+        let _bound = self.bind().map_err(VmError::Other)?;
+        let taken = cachealloc_vmm::take_fds(pid, fds).map_err(|(call, e)| {
+            VmError::Other(CudaError::System {
+                call,
+                errno: e.raw_os_error().unwrap_or(0),
+                message: if e.raw_os_error() == Some(38) {
+                    format!(
+                        "the kernel on this machine does not support the {call} syscall needed to \
+                         use IPC for CUDA tensors when expandable_segments:True is set"
+                    )
+                } else {
+                    e.to_string()
+                },
+            })
+        })?;
+        let mut handles = Vec::with_capacity(taken.len());
+        let undo = |handles: &[sys::CUmemGenericAllocationHandle]| {
+            for &h in handles {
+                // SAFETY: imported here, not mapped: released once.
+                let _ = unsafe { sys::cuMemRelease(h) };
+            }
+        };
+        for fd in &taken {
+            let mut h: sys::CUmemGenericAllocationHandle = 0;
+            // SAFETY: valid out-pointer; the descriptor is open (the driver
+            // reads it as an int passed in the pointer's bits).
+            let r = unsafe {
+                sys::cuMemImportFromShareableHandle(
+                    &mut h,
+                    fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                    POSIX_FD,
+                )
+            };
+            if let Err(e) = vm(r, "cuMemImportFromShareableHandle") {
+                undo(&handles);
+                return Err(e);
+            }
+            handles.push(h);
+        }
+        drop(taken); // the driver keeps what it needs: the copies go
+        let size = page * handles.len() as u64;
+        let base = match self.vm_reserve(size) {
+            Ok(b) => b,
+            Err(e) => {
+                undo(&handles);
+                return Err(e);
+            }
+        };
+        for (k, &h) in handles.iter().enumerate() {
+            let addr = base.0 + k as u64 * page;
+            // SAFETY: inside the reservation just made, nothing mapped there;
+            // `h` an imported allocation of one page.
+            let r = unsafe { sys::cuMemMap(addr, page as usize, 0, h, 0) };
+            if let Err(e) = vm(r, "cuMemMap") {
+                for j in 0..k {
+                    // SAFETY: undoing this call's own maps.
+                    let _ = unsafe { sys::cuMemUnmap(base.0 + j as u64 * page, page as usize) };
+                }
+                undo(&handles);
+                let _ = self.vm_free(base, size);
+                return Err(e);
+            }
+        }
+        let desc = sys::CUmemAccessDesc {
+            location: self.allocation_prop().location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the whole range was just mapped; one valid descriptor.
+        let r = unsafe { sys::cuMemSetAccess(base.0, size as usize, &desc, 1) };
+        if let Err(e) = vm(r, "cuMemSetAccess") {
+            for j in 0..handles.len() {
+                // SAFETY: undoing this call's own maps.
+                let _ = unsafe { sys::cuMemUnmap(base.0 + j as u64 * page, page as usize) };
+            }
+            undo(&handles);
+            let _ = self.vm_free(base, size);
+            return Err(e);
+        }
+        self.imported
+            .insert(base.0, ImportedPages { handles, page });
+        Ok(base)
+    }
+
+    pub(crate) fn vm_close_import(&mut self, base: DevicePtr) -> Vm<()> {
+        let Some(pages) = self.imported.get(&base.0) else {
+            return Err(VmError::Other(CudaError::System {
+                call: "cuMemUnmap",
+                errno: 0,
+                message: format!("no imported pages at {base}"),
+            }));
+        };
+        let size = pages.page * pages.handles.len() as u64;
+        let _bound = self.bind().map_err(VmError::Other)?;
+        // SAFETY: the whole range this backend mapped at import.
+        let r = unsafe { sys::cuMemUnmap(base.0, size as usize) };
+        // On a failure the import stays recorded: closing can be retried.
+        vm(r, "cuMemUnmap")?;
+        if let Some(pages) = self.imported.remove(&base.0) {
+            for &h in &pages.handles {
+                // SAFETY: imported here, now unmapped: released once.
+                let _ = unsafe { sys::cuMemRelease(h) };
+            }
+        }
+        self.vm_free(base, size)
+    }
+
+    /// Close the descriptor a page was exported as (the page is being
+    /// unmapped).
+    pub(crate) fn forget_export(&mut self, addr: u64) {
+        if let Some(fd) = self.exported.remove(&addr) {
+            // SAFETY: a descriptor the driver gave this backend and nothing
+            // else owns: closed once, here.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+}
