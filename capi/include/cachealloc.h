@@ -236,6 +236,34 @@ typedef struct {
 } cachealloc_ipc_handle;
 
 /**
+ * Pages of an expandable segment shared with another process (PyTorch's
+ * `'e'` IPC handle, its header): the process that shares them, how many
+ * (one POSIX file descriptor each, sent beside this), the page size and
+ * the allocation's offset from the first page. Plain numbers: send it as
+ * it is, with the descriptors' numbers (the receiver takes them from the
+ * sender with `pidfd_getfd`: the sender must be alive, and the receiver
+ * allowed to trace it).
+ */
+typedef struct {
+    /**
+     * The sharing process's pid.
+     */
+    uint32_t pid;
+    /**
+     * Pages (and descriptors).
+     */
+    uint32_t pages;
+    /**
+     * Bytes a page.
+     */
+    uint64_t page_size;
+    /**
+     * Bytes from the first page to the allocation.
+     */
+    uint64_t offset;
+} cachealloc_ipc_pages;
+
+/**
  * An out-of-memory observer: `(device, alloc_size, device_total,
  * device_free, user)`. `alloc_size` is the segment size that could not be
  * had (PyTorch's second argument); `device_total` is the memory limit when
@@ -831,6 +859,51 @@ void *cachealloc_open_ipc_handle(const cachealloc_ipc_handle *handle, int device
  * `handle` is NULL (an error) or points to a readable `cachealloc_ipc_handle`.
  */
 int cachealloc_close_ipc_handle(const cachealloc_ipc_handle *handle, int device);
+
+/**
+ * Share the live allocation at `ptr`, a block of an expandable segment
+ * (`expandable_segments:True`), with another process: `*out` gets the
+ * header and `fds` (room for `capacity`) the descriptors of the pages
+ * that hold it. Each call counts one consumer, as
+ * `cachealloc_share_ipc_handle` does (release it with
+ * `cachealloc_release_ipc_share`). The descriptors stay this process's
+ * until the pages are unmapped: do not close them. Returns 0, or -1 (not
+ * a block of an expandable segment: use `cachealloc_share_ipc_handle`;
+ * too small a `capacity`, which the error gives; freed, unknown or
+ * interior pointer; a backend without it).
+ *
+ * # Safety
+ *
+ * `out` is NULL (an error) or writable; `fds` is NULL (an error) or has
+ * room for `capacity` ints.
+ */
+int cachealloc_share_ipc_pages(void *ptr, int *fds, size_t capacity, cachealloc_ipc_pages *out);
+
+/**
+ * The address, on `device`, of the allocation another process shared with
+ * `cachealloc_share_ipc_pages`: its pages are taken from the sender
+ * (`pidfd_getfd`), imported and mapped into a reservation of exactly
+ * their size at the first open, and kept until their last user calls
+ * `cachealloc_close_ipc_pages`; opening them again returns the same
+ * address. NULL on failure (the sender gone or its pages unmapped, no
+ * permission to take its descriptors, a backend without it).
+ *
+ * # Safety
+ *
+ * `h` is NULL (an error) or readable; `fds` NULL (an error) or holding
+ * `h->pages` ints.
+ */
+void *cachealloc_open_ipc_pages(const cachealloc_ipc_pages *h, const int *fds, int device);
+
+/**
+ * One user of pages opened on `device` is done; the last one unmaps them.
+ * Returns 0, or -1 (not open there).
+ *
+ * # Safety
+ *
+ * As for `cachealloc_open_ipc_pages`.
+ */
+int cachealloc_close_ipc_pages(const cachealloc_ipc_pages *h, const int *fds, int device);
 
 /**
  * Let `device` access the memory of `peer` (PyTorch's `enablePeerAccess`:

@@ -6,7 +6,9 @@
 use crate::backend::{on_device, text, Device};
 use crate::error::{guard, status};
 use crate::registry;
-use cachealloc_core::{needs_peer_copy, DevicePtr, IpcMemHandle, ShareableHandle, SharedAllocator};
+use cachealloc_core::{
+    needs_peer_copy, DevicePtr, IpcMemHandle, PagesShare, ShareableHandle, SharedAllocator,
+};
 use std::ffi::{c_int, c_void};
 
 /// A handle to share an allocation with another process: the driver's IPC
@@ -138,6 +140,146 @@ pub unsafe extern "C" fn cachealloc_close_ipc_handle(
         let h = unsafe { handle_at(handle, "cachealloc_close_ipc_handle") }?;
         on_device!(registry::existing(device)?, |a| a
             .close_ipc_handle(&h)
+            .map_err(text))
+    })
+}
+
+/// Pages of an expandable segment shared with another process (PyTorch's
+/// `'e'` IPC handle, its header): the process that shares them, how many
+/// (one POSIX file descriptor each, sent beside this), the page size and
+/// the allocation's offset from the first page. Plain numbers: send it as
+/// it is, with the descriptors' numbers (the receiver takes them from the
+/// sender with `pidfd_getfd`: the sender must be alive, and the receiver
+/// allowed to trace it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct cachealloc_ipc_pages {
+    /// The sharing process's pid.
+    pub pid: u32,
+    /// Pages (and descriptors).
+    pub pages: u32,
+    /// Bytes a page.
+    pub page_size: u64,
+    /// Bytes from the first page to the allocation.
+    pub offset: u64,
+}
+
+/// The pages and descriptors behind two C pointers, or why not.
+///
+/// # Safety
+///
+/// `h` is NULL or readable; `fds` is NULL or holds `h->pages` ints.
+unsafe fn pages_at<'a>(
+    h: *const cachealloc_ipc_pages,
+    fds: *const c_int,
+    what: &str,
+) -> Result<(u32, PagesShare, &'a [i32]), String> {
+    if h.is_null() || fds.is_null() {
+        return Err(format!("{what}: a pointer is NULL"));
+    }
+    // SAFETY: non-null, so readable (see # Safety); plain numbers.
+    let h = unsafe { h.read_unaligned() };
+    // SAFETY: non-null, holding `h.pages` ints (see # Safety).
+    let fds = unsafe { std::slice::from_raw_parts(fds, h.pages as usize) };
+    let share = PagesShare {
+        page_size: h.page_size,
+        pages: h.pages,
+        offset: h.offset,
+    };
+    Ok((h.pid, share, fds))
+}
+
+/// Share the live allocation at `ptr`, a block of an expandable segment
+/// (`expandable_segments:True`), with another process: `*out` gets the
+/// header and `fds` (room for `capacity`) the descriptors of the pages
+/// that hold it. Each call counts one consumer, as
+/// `cachealloc_share_ipc_handle` does (release it with
+/// `cachealloc_release_ipc_share`). The descriptors stay this process's
+/// until the pages are unmapped: do not close them. Returns 0, or -1 (not
+/// a block of an expandable segment: use `cachealloc_share_ipc_handle`;
+/// too small a `capacity`, which the error gives; freed, unknown or
+/// interior pointer; a backend without it).
+///
+/// # Safety
+///
+/// `out` is NULL (an error) or writable; `fds` is NULL (an error) or has
+/// room for `capacity` ints.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_share_ipc_pages(
+    ptr: *mut c_void,
+    fds: *mut c_int,
+    capacity: usize,
+    out: *mut cachealloc_ipc_pages,
+) -> c_int {
+    status("cachealloc_share_ipc_pages", || {
+        if out.is_null() || fds.is_null() {
+            return Err("cachealloc_share_ipc_pages: a pointer is NULL".to_string());
+        }
+        // SAFETY: non-null with room for `capacity` ints (see # Safety).
+        let fds = unsafe { std::slice::from_raw_parts_mut(fds, capacity) };
+        let p = ptr as usize as u64;
+        let h = on_device!(registry::owner(p)?, |a| a
+            .share_ipc_pages(DevicePtr(p), fds)
+            .map_err(text))?;
+        // SAFETY: non-null and writable (see # Safety).
+        unsafe {
+            out.write_unaligned(cachealloc_ipc_pages {
+                pid: std::process::id(),
+                pages: h.pages,
+                page_size: h.page_size,
+                offset: h.offset,
+            })
+        };
+        Ok(())
+    })
+}
+
+/// The address, on `device`, of the allocation another process shared with
+/// `cachealloc_share_ipc_pages`: its pages are taken from the sender
+/// (`pidfd_getfd`), imported and mapped into a reservation of exactly
+/// their size at the first open, and kept until their last user calls
+/// `cachealloc_close_ipc_pages`; opening them again returns the same
+/// address. NULL on failure (the sender gone or its pages unmapped, no
+/// permission to take its descriptors, a backend without it).
+///
+/// # Safety
+///
+/// `h` is NULL (an error) or readable; `fds` NULL (an error) or holding
+/// `h->pages` ints.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_open_ipc_pages(
+    h: *const cachealloc_ipc_pages,
+    fds: *const c_int,
+    device: c_int,
+) -> *mut c_void {
+    guard("cachealloc_open_ipc_pages", std::ptr::null_mut(), || {
+        // SAFETY: see # Safety.
+        let (pid, share, fds) = unsafe { pages_at(h, fds, "cachealloc_open_ipc_pages") }?;
+        let p = on_device!(registry::device(device)?, |a| a
+            .open_ipc_pages(pid, &share, fds)
+            .map_err(text))?;
+        Ok(p.0 as usize as *mut c_void)
+    })
+}
+
+/// One user of pages opened on `device` is done; the last one unmaps them.
+/// Returns 0, or -1 (not open there).
+///
+/// # Safety
+///
+/// As for `cachealloc_open_ipc_pages`.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_close_ipc_pages(
+    h: *const cachealloc_ipc_pages,
+    fds: *const c_int,
+    device: c_int,
+) -> c_int {
+    status("cachealloc_close_ipc_pages", || {
+        // SAFETY: see # Safety.
+        let (pid, share, fds) = unsafe { pages_at(h, fds, "cachealloc_close_ipc_pages") }?;
+        on_device!(registry::existing(device)?, |a| a
+            .close_ipc_pages(pid, &share, fds)
             .map_err(text))
     })
 }

@@ -94,9 +94,10 @@ pub use history::{
     cachealloc_record_annotation, cachealloc_record_history, cachealloc_record_history_ex,
 };
 pub use ipc::{
-    cachealloc_close_ipc_handle, cachealloc_enable_peer_access, cachealloc_ipc_handle,
-    cachealloc_memcpy_async, cachealloc_open_ipc_handle, cachealloc_release_ipc_share,
-    cachealloc_share_ipc_handle,
+    cachealloc_close_ipc_handle, cachealloc_close_ipc_pages, cachealloc_enable_peer_access,
+    cachealloc_ipc_handle, cachealloc_ipc_pages, cachealloc_memcpy_async,
+    cachealloc_open_ipc_handle, cachealloc_open_ipc_pages, cachealloc_release_ipc_share,
+    cachealloc_share_ipc_handle, cachealloc_share_ipc_pages,
 };
 pub use observers::{
     cachealloc_attach_oom_observer, cachealloc_attach_trace_tracker, cachealloc_oom_observer,

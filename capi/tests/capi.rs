@@ -701,6 +701,29 @@ fn ipc_between_two_processes_on_the_cuda_stub() {
     print!("{stdout}");
 }
 
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "the stub drivers are built on Linux only"
+)]
+fn expandable_pages_between_two_processes_on_the_cuda_stub() {
+    let path = cuda_stub_path().expect("the stub drivers (built on Linux)");
+    let dir = scratch("ipc-pages-cuda");
+    let exe = build_ipc_test(&dir);
+    let out = run(
+        program(&exe, "cuda")
+            .env("LD_LIBRARY_PATH", path)
+            .env("CACHEALLOC_CONF", "expandable_segments:True")
+            .args(["cuda", "export-pages"])
+            .arg(dir.join("pages.bin")),
+        "ipc_test export-pages on the CUDA stub driver",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok consumer: opened the pages"), "{stdout}");
+    assert!(stdout.contains("ipc_test: all checks passed"), "{stdout}");
+    print!("{stdout}");
+}
+
 /// `tests/c/graph_test.c`, built in `dir`.
 fn build_graph_test(dir: &Path) -> PathBuf {
     let exe = dir.join("graph_test");

@@ -254,6 +254,20 @@ pub enum Error<E> {
         /// The id.
         id: MempoolId,
     },
+    /// A buffer the caller gave holds fewer entries than needed (the
+    /// descriptors of `share_ipc_pages`); nothing changed.
+    BufferTooSmall {
+        /// Entries needed.
+        needed: usize,
+    },
+    /// Shared pages described inconsistently: a page count that is not
+    /// the number of descriptors given, or none.
+    BadIpcPages {
+        /// Pages the share says.
+        pages: u32,
+        /// Descriptors given.
+        fds: usize,
+    },
     /// `malloc_with_address` at an address that is not a multiple of 512
     /// (PyTorch's `mallocWithAddress` check).
     UnalignedAddress {
@@ -404,6 +418,13 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f,
                 "private pool ({}, {}) was released (use count 0) and cannot be used until empty_cache deletes it",
                 id.0, id.1
+            ),
+            Error::BufferTooSmall { needed } => {
+                write!(f, "buffer too small: {needed} entries needed")
+            }
+            Error::BadIpcPages { pages, fds } => write!(
+                f,
+                "shared pages described wrongly: {pages} page(s) with {fds} descriptor(s)"
             ),
             Error::UnalignedAddress { ptr } => write!(
                 f,

@@ -95,7 +95,7 @@ mod torch_version;
 
 pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
-    needs_peer_copy, CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback,
+    needs_peer_copy, CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback, PagesShare,
     RestoreCounts, ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
     DEFAULT_POOLS, MAX_CALLBACKS,
 };

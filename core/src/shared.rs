@@ -27,7 +27,7 @@
 use crate::allocation::{Allocation, AllocationInfo, MallocFlags};
 #[allow(unused_imports)] // the operations' docs link to it
 use crate::allocator::DeviceAllocator;
-use crate::allocator::{CheckpointBlock, RestoreCounts, ShareableHandle};
+use crate::allocator::{CheckpointBlock, PagesShare, RestoreCounts, ShareableHandle};
 use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr, MemInfo, PeerAccess};
 use crate::caching::CachingAllocator;
@@ -292,6 +292,26 @@ pub trait SharedAllocator: Sync {
     ) -> SharedResult<DevicePtr, Self::BackendError>;
     /// [`DeviceAllocator::close_ipc_handle`].
     fn close_ipc_handle(&self, handle: &ShareableHandle) -> SharedResult<(), Self::BackendError>;
+    /// [`DeviceAllocator::share_ipc_pages`].
+    fn share_ipc_pages(
+        &self,
+        ptr: DevicePtr,
+        fds: &mut [i32],
+    ) -> SharedResult<PagesShare, Self::BackendError>;
+    /// [`DeviceAllocator::open_ipc_pages`].
+    fn open_ipc_pages(
+        &self,
+        pid: u32,
+        share: &PagesShare,
+        fds: &[i32],
+    ) -> SharedResult<DevicePtr, Self::BackendError>;
+    /// [`DeviceAllocator::close_ipc_pages`].
+    fn close_ipc_pages(
+        &self,
+        pid: u32,
+        share: &PagesShare,
+        fds: &[i32],
+    ) -> SharedResult<(), Self::BackendError>;
     /// [`DeviceAllocator::enable_peer_access`].
     fn enable_peer_access(&self, peer: u32) -> SharedResult<PeerAccess, Self::BackendError>;
     /// A device-to-device copy of `bytes` on `stream`: plain
@@ -633,6 +653,32 @@ where
 
     fn close_ipc_handle(&self, handle: &ShareableHandle) -> SharedResult<(), B::Error> {
         self.try_with(|a| a.close_ipc_handle(handle))
+    }
+
+    fn share_ipc_pages(
+        &self,
+        ptr: DevicePtr,
+        fds: &mut [i32],
+    ) -> SharedResult<PagesShare, B::Error> {
+        self.try_with(|a| a.share_ipc_pages(ptr, fds))
+    }
+
+    fn open_ipc_pages(
+        &self,
+        pid: u32,
+        share: &PagesShare,
+        fds: &[i32],
+    ) -> SharedResult<DevicePtr, B::Error> {
+        self.try_with(|a| a.open_ipc_pages(pid, share, fds))
+    }
+
+    fn close_ipc_pages(
+        &self,
+        pid: u32,
+        share: &PagesShare,
+        fds: &[i32],
+    ) -> SharedResult<(), B::Error> {
+        self.try_with(|a| a.close_ipc_pages(pid, share, fds))
     }
 
     fn enable_peer_access(&self, peer: u32) -> SharedResult<PeerAccess, B::Error> {

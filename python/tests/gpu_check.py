@@ -583,6 +583,10 @@ WORKLOADS = [
     ("snapshot_dump", snapshot_dump, "", None, None),
     ("ipc", ipc, "", None, None),
     ("ipc_to_native", ipc_to_native, "", None, None),
+    # A tensor of an expandable segment: torch's 'e' handle (the pages'
+    # file descriptors, taken by the child with pidfd_getfd).
+    ("ipc_expandable", ipc, "expandable_segments:True", None, None),
+    ("ipc_expandable_to_native", ipc_to_native, "expandable_segments:True", None, None),
     ("mlp_expandable", mlp, "expandable_segments:True", None, None),
     ("transformer_expandable", transformer, "expandable_segments:True", None, None),
     ("graph_expandable", graph, "expandable_segments:True", None, None),

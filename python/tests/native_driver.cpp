@@ -293,6 +293,46 @@ int main(int argc, char** argv) {
     std::printf("ok torch.cuda.MemPool's calls: createOrIncrefPool, use counts, use_mem_pool's "
                 "thread filter, releasePool and emptyCache of the pool\n");
 
+    // ------------- torch's IPC handle strings: 'c', and 'e' (expandable)
+    {
+        using cachealloc_torch::handle_string;
+        using cachealloc_torch::pages_string;
+        using cachealloc_torch::parse_handle_string;
+        using cachealloc_torch::parse_pages_string;
+        cachealloc_ipc_pages p{};
+        p.pid = 4242;
+        p.pages = 3;
+        p.page_size = 20 << 20;
+        int fds[3] = {17, 18, 19};
+        bool ok = true;
+        for (char version : {char(2), char(3)}) {
+            std::string s = pages_string(p, fds, version);
+            ok &= s.size() == size_t(2 + (version == 3 ? 32 : 24) + 12) && s[1] == 'e';
+            std::vector<int> back;
+            cachealloc_ipc_pages q = parse_pages_string(s, back);
+            ok &= q.pid == 4242 && q.pages == 3 && q.page_size == (20u << 20) && back.size() == 3 &&
+                  back[0] == 17 && back[2] == 19;
+        }
+        EXPECT(ok, "'e' strings of both layouts round-trip");
+        std::string fabric = pages_string(p, fds, 3);
+        fabric[2 + 24] = 2;  // handle type: fabric
+        std::vector<int> none;
+        bool refused = false;
+        try {
+            parse_pages_string(fabric, none);
+        } catch (const c10::Error& e) {
+            refused = std::string(e.what()).find("fabric") != std::string::npos;
+        }
+        EXPECT(refused, "fabric handles are refused by name");
+        cachealloc_ipc_handle c{};
+        c.handle[0] = 7;
+        std::string v3 = handle_string(c);
+        v3[0] = 3;  // torch 2.13 on writes version 3
+        EXPECT(parse_handle_string(v3).handle[0] == 7, "a version 3 'c' handle opens");
+        std::printf("ok torch's IPC handle strings: 'e' of torch 2.11-2.12 and 2.13 on, fabric refused, "
+                    "a 2.13 'c' handle read\n");
+    }
+
     // ----------- allocateWithAddress (torch 2.13's _resize_with_addr_)
     {
         auto* x = static_cast<char*>(self.alloc(4 << 20, 0, stream));

@@ -10,7 +10,7 @@ use crate::gpu::GpuApi;
 use crate::harness::Logged;
 use crate::stub::{self, Stub};
 use crate::stub_suite::assert_clean;
-use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DeviceBackend, DevicePtr, VmError};
+use cachealloc_core::{BlockSlot, Config, DeviceAllocator, DevicePtr, Error, PagesShare};
 
 /// The environment variable naming the file with the exported pages; the
 /// consumer test does nothing without it.
@@ -21,12 +21,15 @@ pub const PAGES_MODE: &str = "CACHEALLOC_STUB_PAGES_MODE";
 /// 20 MiB: a page of a large-pool expandable segment.
 const PAGE: u64 = 20 << 20;
 
-/// The exporter's side, in the child process: an expandable segment of
-/// two mapped pages exports them (the same descriptors when asked again);
-/// another process imports and maps them, finds the exporter's physical
-/// allocations behind them, copies into and out of them, and closes them;
-/// once the exporter's pages are unmapped, their descriptors are closed
-/// and a new consumer's import fails naming `pidfd_getfd`, leaving nothing.
+/// The exporter's side, in the child process, through the allocator: a
+/// block that starts 8 MiB into an expandable segment and ends 12 MiB into
+/// its second page is shared as those two pages; its owner frees it while
+/// it is shared, and `empty_cache` leaves its pages mapped; another process
+/// opens it (twice: one import), finds the exporter's physical allocations
+/// behind it, reserved no more than they fill, copies into and out of it
+/// and closes it; then the share is released, the block freed, its pages
+/// unmapped and their descriptors closed, and a new consumer's open fails
+/// naming `pidfd_getfd`, leaving nothing.
 pub fn pages_between_processes<G: GpuApi>(stub: &Stub, consumer_test: &str) {
     let mut a: crate::stub_suite::Alloc<G> = DeviceAllocator::with_events(
         Logged::new(G::open(0).expect("open the device")),
@@ -34,29 +37,45 @@ pub fn pages_between_processes<G: GpuApi>(stub: &Stub, consumer_test: &str) {
         Config::parse("expandable_segments:True").expect("config"),
     );
     let s = G::default_stream();
-    let x = a.malloc(24 << 20, s).expect("malloc"); // two 20 MiB pages
-    let mut fds = [-1i32; 2];
-    a.backend_mut()
-        .ipc_export_pages(x.ptr, PAGE, &mut fds)
-        .expect("export");
-    let mut again = [-1i32; 2];
-    a.backend_mut()
-        .ipc_export_pages(x.ptr, PAGE, &mut again)
-        .expect("export again");
-    assert_eq!(fds, again, "a page keeps its descriptor");
-    // A page that is not mapped has nothing to export.
-    let mut past = [-1i32; 1];
-    assert!(a
-        .backend_mut()
-        .ipc_export_pages(DevicePtr(x.ptr.0 + 4 * PAGE), PAGE, &mut past)
-        .is_err());
+    let y = a.malloc(8 << 20, s).expect("malloc");
+    let x = a.malloc(24 << 20, s).expect("malloc"); // 8 MiB into page 0, into page 1
+    let mut fds = [-1i32; 4];
+    assert!(matches!(
+        a.share_ipc_pages(x.ptr, &mut fds[..1]),
+        Err(Error::BufferTooSmall { needed: 2 })
+    ));
+    assert_eq!(a.ipc_shares(), (0, 0));
+    let share = a.share_ipc_pages(x.ptr, &mut fds).expect("share");
+    assert_eq!(
+        share,
+        PagesShare {
+            page_size: PAGE,
+            pages: 2,
+            offset: 8 << 20
+        }
+    );
+    let fds = [fds[0], fds[1]];
     let (pid, index, imported) = stub.vmm_source(x.ptr.0).expect("mapped");
     assert_eq!((pid, imported), (u64::from(std::process::id()), false));
+    // The owner frees it while shared: held, its pages stay mapped.
+    a.free(x.handle.expect("handle")).expect("free");
+    a.free(y.handle.expect("handle")).expect("free");
+    let mapped = stub.counters().live_mappings;
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(stub.counters().live_mappings, mapped, "held while shared");
 
     let path = std::env::temp_dir().join(format!("cachealloc-pages-{}.txt", std::process::id()));
     std::fs::write(
         &path,
-        format!("{}\n{} {}\n{}\n", std::process::id(), fds[0], fds[1], index),
+        format!(
+            "{}\n{} {}\n{}\n{}\n{}\n",
+            std::process::id(),
+            fds[0],
+            fds[1],
+            index,
+            share.offset,
+            x.ptr.0
+        ),
     )
     .expect("write the pages file");
     let file = path.to_string_lossy().into_owned();
@@ -68,8 +87,10 @@ pub fn pages_between_processes<G: GpuApi>(stub: &Stub, consumer_test: &str) {
     print!("{out}");
     assert!(out.contains("consumer: imported"), "{out}");
 
-    // The consumer is done: the pages go back, their descriptors close.
-    a.free(x.handle.expect("handle")).expect("free");
+    // The consumer closed it: the share is released, the block freed, the
+    // pages go back and their descriptors close.
+    a.release_ipc_share(x.ptr).expect("release");
+    assert_eq!(a.ipc_shares(), (0, 0));
     a.empty_cache().expect("empty_cache");
     assert_eq!(stub.counters().live_mappings, 0);
     let out = run("stale");
@@ -94,46 +115,58 @@ pub fn pages_consumer<G: GpuApi>(stub: &Stub) {
         .split(' ')
         .map(|f| f.parse().expect("fd"))
         .collect();
-    let first: u64 = lines.next().expect("index").parse().expect("index");
-    let mut b = G::open(0).expect("open the device");
+    let mut num = || -> u64 { lines.next().expect("line").parse().expect("number") };
+    let (first, offset, _their_ptr) = (num(), num(), num());
+    let share = PagesShare {
+        page_size: PAGE,
+        pages: fds.len() as u32,
+        offset,
+    };
+    let mut b = crate::stub_suite::allocator_on::<G>(0);
     if std::env::var(PAGES_MODE).as_deref() == Ok("stale") {
-        let e = b.ipc_import_pages(pid, &fds, PAGE).unwrap_err();
-        let text = match &e {
-            VmError::Other(e) => e.to_string(),
-            other => format!("{other:?}"),
-        };
-        assert!(text.contains("pidfd_getfd"), "{text}");
+        let e = b.open_ipc_pages(pid, &share, &fds).unwrap_err();
+        assert!(e.to_string().contains("pidfd_getfd"), "{e}");
+        assert_eq!(b.open_ipc_handles(), 0);
         drop(b);
         assert_clean(stub, "stale consumer of pages");
-        println!("consumer: stale pages refused: {text}");
+        println!("consumer: stale pages refused: {e}");
         return;
     }
     // A driver failure while importing leaves nothing imported, reserved
     // or mapped.
     stub.fail(None, 0, 999);
-    assert!(b.ipc_import_pages(pid, &fds, PAGE).is_err());
+    assert!(b.open_ipc_pages(pid, &share, &fds).is_err());
     let c = stub.counters();
     assert_eq!(
         (c.live_physical, c.live_reservations, c.live_mappings),
         (0, 0, 0)
     );
-    let base = b.ipc_import_pages(pid, &fds, PAGE).expect("import");
+    assert_eq!(b.open_ipc_handles(), 0);
+    let p = b.open_ipc_pages(pid, &share, &fds).expect("open");
+    assert_eq!(
+        b.open_ipc_pages(pid, &share, &fds).expect("open again"),
+        p,
+        "one import"
+    );
+    let base = p.0 - offset;
     // The reservation is what the pages fill, not the device's size.
     assert_eq!(stub.reserved_bytes(), 2 * PAGE);
     for k in 0..2u64 {
-        let (src, index, imported) = stub.vmm_source(base.0 + k * PAGE).expect("mapped");
+        let (src, index, imported) = stub.vmm_source(base + k * PAGE).expect("mapped");
         assert_eq!((src, index, imported), (u64::from(pid), first + k, true));
     }
-    // Read and write: copies into and out of the imported range.
+    // Read and write: copies into and out of the shared block.
     let s = G::default_stream();
-    let local = b.malloc(1 << 20).expect("malloc");
-    b.memcpy_async(DevicePtr(base.0 + PAGE + 4096), local, 1 << 20, s)
-        .expect("write");
-    b.memcpy_async(local, base, 1 << 20, s).expect("read");
-    b.synchronize_stream(s).expect("synchronize");
-    b.ipc_close_pages(base).expect("close");
-    assert!(b.ipc_close_pages(base).is_err(), "closed once");
-    b.free(local, 1 << 20).expect("free");
+    let local = b.malloc(1 << 20, s).expect("malloc");
+    b.memcpy_async(p, local.ptr, 1 << 20, s).expect("write");
+    b.memcpy_async(local.ptr, DevicePtr(p.0 + (23 << 20)), 1 << 20, s)
+        .expect("read");
+    b.close_ipc_pages(pid, &share, &fds).expect("close");
+    assert_eq!(stub.counters().live_mappings, 2, "one user left");
+    b.close_ipc_pages(pid, &share, &fds).expect("close");
+    assert!(b.close_ipc_pages(pid, &share, &fds).is_err(), "closed");
+    b.free(local.handle.expect("handle")).expect("free");
+    b.empty_cache().expect("empty_cache");
     drop(b);
     assert_clean(stub, "consumer of pages");
     println!(

@@ -10,7 +10,11 @@
  *       on the project's stub libcuda.so.1: share a block, write the handle
  *       to FILE and run `ipc_test cuda consume FILE`, a second process that
  *       opens it; then free the block (held until the share is released),
- *       release the share, and check that nothing is left.
+ *       release the share, and check that nothing is left;
+ *   ipc_test cuda export-pages FILE   (CACHEALLOC_CONF=expandable_segments:True)
+ *       the same for a block of an expandable segment: its pages' header
+ *       and descriptors go to FILE, `ipc_test cuda consume-pages FILE`
+ *       takes them from this process (pidfd_getfd) and maps them.
  *
  * It prints `ok WHAT` per check and exits 1 at the first failure.
  */
@@ -143,6 +147,63 @@ static void cuda_consume(const char *file) {
     printf("ok consumer: opened %p on device 1\n", p);
 }
 
+/* A block of an expandable segment, shared as its pages. */
+static void cuda_export_pages(const char *self, const char *file) {
+    void *first = cachealloc_alloc(8 << 20, 0, NULL);
+    void *x = cachealloc_alloc(24 << 20, 0, NULL);
+    CHECK(first && x, "alloc");
+    cachealloc_ipc_handle h;
+    CHECK(cachealloc_share_ipc_handle(x, &h) == -1 && error_has("expandable segment"),
+          "an expandable block has no segment handle");
+    int fds[8];
+    cachealloc_ipc_pages p;
+    CHECK(cachealloc_share_ipc_pages(x, fds, 1, &p) == -1 && error_has("buffer too small: 2"),
+          "room for one descriptor: %s", last_error());
+    CHECK(cachealloc_share_ipc_pages(x, fds, 8, &p) == 0 && p.pages == 2 &&
+              p.offset == (8 << 20) && p.page_size == (20 << 20),
+          "share the pages: %s", last_error());
+    FILE *f = fopen(file, "wb");
+    CHECK(f && fwrite(&p, sizeof p, 1, f) == 1 && fwrite(fds, sizeof(int), 2, f) == 2 &&
+              fclose(f) == 0,
+          "write %s", file);
+    cachealloc_free(x, 24 << 20, 0, NULL); /* held until the release */
+    cachealloc_free(first, 8 << 20, 0, NULL);
+    uint64_t mapped = counters().live_mappings;
+    CHECK(cachealloc_empty_cache(0) == 0 && counters().live_mappings == mapped && mapped > 0,
+          "the pages stay mapped while shared");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' cuda consume-pages '%s'", self, file);
+    fflush(stdout);
+    int status = system(cmd);
+    CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the consumer process");
+    CHECK(cachealloc_release_ipc_share(x) == 0, "release");
+    CHECK(cachealloc_empty_cache(0) == 0 && counters().live_mappings == 0,
+          "released: the pages are unmapped");
+    printf("ok exporter of pages: mapped until released, then unmapped\n");
+}
+
+static void cuda_consume_pages(const char *file) {
+    cachealloc_ipc_pages p;
+    int fds[2];
+    FILE *f = fopen(file, "rb");
+    CHECK(f && fread(&p, sizeof p, 1, f) == 1 && fread(fds, sizeof(int), 2, f) == 2, "read %s",
+          file);
+    fclose(f);
+    char *q = cachealloc_open_ipc_pages(&p, fds, 0);
+    CHECK(q, "open the pages: %s", last_error());
+    CHECK(cachealloc_open_ipc_pages(&p, fds, 0) == q, "opened again: the same mapping");
+    void *y = cachealloc_alloc(4096, 0, NULL);
+    CHECK(cachealloc_memcpy_async(q, 0, y, 0, 4096, NULL, 0) == 0 &&
+              cachealloc_memcpy_async(y, 0, q + (23 << 20), 0, 4096, NULL, 0) == 0,
+          "copies into and out of the shared block: %s", last_error());
+    cachealloc_free(y, 4096, 0, NULL);
+    CHECK(cachealloc_close_ipc_pages(&p, fds, 0) == 0 && cachealloc_close_ipc_pages(&p, fds, 0) == 0,
+          "close twice");
+    CHECK(cachealloc_close_ipc_pages(&p, fds, 0) == -1, "closed");
+    CHECK(counters().live_mappings == 0 || cachealloc_empty_cache(0) == 0, "unmapped");
+    printf("ok consumer: opened the pages at %p\n", (void *)q);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "mock") == 0) {
         mock();
@@ -150,6 +211,11 @@ int main(int argc, char **argv) {
         cuda_export(argv[0], argv[3]);
     } else if (argc >= 4 && strcmp(argv[1], "cuda") == 0 && strcmp(argv[2], "consume") == 0) {
         cuda_consume(argv[3]);
+        return 0;
+    } else if (argc >= 4 && strcmp(argv[1], "cuda") == 0 && strcmp(argv[2], "export-pages") == 0) {
+        cuda_export_pages(argv[0], argv[3]);
+    } else if (argc >= 4 && strcmp(argv[1], "cuda") == 0 && strcmp(argv[2], "consume-pages") == 0) {
+        cuda_consume_pages(argv[3]);
         return 0;
     } else {
         fprintf(stderr, "usage: ipc_test mock | ipc_test cuda export|consume FILE\n");

@@ -5,8 +5,8 @@
 //!
 //! - [`share_ipc_handle`](DeviceAllocator::share_ipc_handle): for the start
 //!   of a live allocation, the driver's handle of its segment's base and the
-//!   allocation's offset in it (PyTorch's `'c'` handle). Expandable segments
-//!   are refused (PyTorch's older path refuses them too).
+//!   allocation's offset in it (PyTorch's `'c'` handle). A block of an
+//!   expandable segment is shared as its pages instead (`ipc_pages.rs`).
 //! - [`open_ipc_handle`](DeviceAllocator::open_ipc_handle): the handle's
 //!   segment is opened once per allocator and kept with a use count; opening
 //!   it again returns the same mapping (PyTorch's per-process cache).
@@ -53,15 +53,20 @@ pub struct ShareableHandle {
 
 /// One opened handle: where it is mapped and how many users it has.
 #[derive(Clone, Copy, Debug)]
-struct OpenedHandle {
-    handle: IpcMemHandle,
-    base: DevicePtr,
-    uses: u32,
+pub(super) struct OpenedHandle {
+    /// The handle (for pages of an expandable segment, a key made of
+    /// their exporter and descriptors: see `ipc_pages.rs`).
+    pub(super) handle: IpcMemHandle,
+    pub(super) base: DevicePtr,
+    pub(super) uses: u32,
+    /// Pages of another process's expandable segment (closed with
+    /// `ipc_close_pages`), not a segment's handle.
+    pub(super) pages: bool,
 }
 
 /// The handles opened by one allocator.
 #[derive(Clone, Debug)]
-pub(super) struct Opened(heapless::Vec<OpenedHandle, DEFAULT_IPC_HANDLES>);
+pub(super) struct Opened(pub(super) heapless::Vec<OpenedHandle, DEFAULT_IPC_HANDLES>);
 
 impl Opened {
     pub(super) const EMPTY: Opened = Opened(heapless::Vec::new());
@@ -69,7 +74,7 @@ impl Opened {
 
 /// One allocation shared with other processes.
 #[derive(Clone, Copy, Debug)]
-struct SharedBlock {
+pub(super) struct SharedBlock {
     /// The allocation's address.
     ptr: u64,
     /// Shares not yet released.
@@ -80,7 +85,7 @@ struct SharedBlock {
 
 /// The allocations this allocator shared, with consumers outstanding.
 #[derive(Clone, Debug)]
-pub(super) struct Shared(heapless::Vec<SharedBlock, DEFAULT_IPC_SHARES>);
+pub(super) struct Shared(pub(super) heapless::Vec<SharedBlock, DEFAULT_IPC_SHARES>);
 
 impl Shared {
     pub(super) const EMPTY: Shared = Shared(heapless::Vec::new());
@@ -121,6 +126,23 @@ where
                 backend: B::NAME,
             });
         }
+        let known = self.may_share(ptr)?;
+        let base = self.slot(self.segment_of(ptr)?).addr;
+        let handle = self
+            .backend
+            .ipc_get_handle(DevicePtr(base))
+            .map_err(optional_error::<B>(IPC))?;
+        self.count_share(ptr, known)?;
+        Ok(ShareableHandle {
+            handle,
+            offset: ptr.0 - base,
+        })
+    }
+
+    /// Whether the live allocation at `ptr` may be shared once more: not
+    /// held for its consumers (its owner freed it), and room in the table.
+    /// Its entry in the table, if it has one.
+    pub(super) fn may_share(&self, ptr: DevicePtr) -> Res<Option<usize>, B> {
         let known = self.ipc_shared.0.iter().position(|e| e.ptr == ptr.0);
         if known.is_some_and(|k| self.ipc_shared.0[k].freed) {
             // Its owner freed it: held for its consumers only.
@@ -131,11 +153,12 @@ where
                 capacity: DEFAULT_IPC_SHARES,
             });
         }
-        let base = self.slot(self.segment_of(ptr)?).addr;
-        let handle = self
-            .backend
-            .ipc_get_handle(DevicePtr(base))
-            .map_err(optional_error::<B>(IPC))?;
+        Ok(known)
+    }
+
+    /// Count one more consumer of the allocation at `ptr` (`known`: its
+    /// entry, from [`may_share`](Self::may_share)).
+    pub(super) fn count_share(&mut self, ptr: DevicePtr, known: Option<usize>) -> Res<(), B> {
         if known.is_some_and(|k| self.ipc_shared.0[k].consumers == u32::MAX) {
             return Err(Error::IpcSharesFull {
                 capacity: DEFAULT_IPC_SHARES,
@@ -143,7 +166,7 @@ where
         }
         match known {
             Some(k) => self.ipc_shared.0[k].consumers += 1,
-            // Not full: checked above.
+            // Not full: checked by `may_share`.
             None => {
                 let _ = self.ipc_shared.0.push(SharedBlock {
                     ptr: ptr.0,
@@ -152,10 +175,7 @@ where
                 });
             }
         }
-        Ok(ShareableHandle {
-            handle,
-            offset: ptr.0 - base,
-        })
+        Ok(())
     }
 
     /// One consumer of a share of the allocation at `ptr` is done with it
@@ -276,6 +296,7 @@ where
             handle: h.handle,
             base,
             uses: 1,
+            pages: false,
         });
         Ok(ptr)
     }
@@ -294,22 +315,28 @@ where
             e.uses -= 1;
             return Ok(());
         }
-        let base = e.base;
-        self.backend
-            .ipc_close_handle(base)
-            .map_err(optional_error::<B>(IPC))?;
+        let (base, pages) = (e.base, e.pages);
+        self.close_opened(base, pages)?;
         self.ipc_opened.0.swap_remove(k);
         Ok(())
+    }
+
+    /// Close an opened handle's mapping with the driver.
+    pub(super) fn close_opened(&mut self, base: DevicePtr, pages: bool) -> Res<(), B> {
+        if pages {
+            self.backend.ipc_close_pages(base)
+        } else {
+            self.backend.ipc_close_handle(base)
+        }
+        .map_err(optional_error::<B>(IPC))
     }
 
     /// Close every handle opened here with the driver, whatever its use
     /// count (teardown: `release_all`). One that fails stays, to retry.
     pub(super) fn close_all_ipc_handles(&mut self) -> Res<(), B> {
         while let Some(e) = self.ipc_opened.0.last() {
-            let base = e.base;
-            self.backend
-                .ipc_close_handle(base)
-                .map_err(optional_error::<B>(IPC))?;
+            let (base, pages) = (e.base, e.pages);
+            self.close_opened(base, pages)?;
             self.ipc_opened.0.pop();
         }
         Ok(())
@@ -390,11 +417,11 @@ pub fn needs_peer_copy(src_device: usize, dst_device: usize, expandable: bool) -
 }
 
 /// What an unsupported IPC call names.
-const IPC: &str = "sharing memory through IPC handles";
+pub(super) const IPC: &str = "sharing memory through IPC handles";
 
 /// A failed optional backend call as the allocator reports it: an
 /// unsupported one names `what`.
-fn optional_error<B: DeviceBackend>(
+pub(super) fn optional_error<B: DeviceBackend>(
     what: &'static str,
 ) -> impl Fn(crate::VmError<B::Error>) -> Error<B::Error> {
     move |e| match e {

@@ -23,6 +23,8 @@ mod history;
 mod invariants;
 mod ipc;
 pub use ipc::{needs_peer_copy, ShareableHandle, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES};
+mod ipc_pages;
+pub use ipc_pages::PagesShare;
 mod lookup;
 mod malloc;
 mod oom_notices;

@@ -620,16 +620,48 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 
     CA::ShareableHandle shareIpcHandle(void* ptr) override {
         cachealloc_ipc_handle h;
-        check(cachealloc_share_ipc_handle(ptr, &h), "shareIpcHandle");
+        if (cachealloc_share_ipc_handle(ptr, &h) != 0) {
+            if (last_error("").find("expandable segment") == std::string::npos)
+                fail("shareIpcHandle");
+            return share_pages(ptr);
+        }
         // torch keeps the memory alive (its ref-counted sent data), not the
         // allocator: no share is held here.
         check(cachealloc_release_ipc_share(ptr), "shareIpcHandle (release)");
         return CA::ShareableHandle{static_cast<ptrdiff_t>(h.offset), handle_string(h)};
     }
 
+    // A block of an expandable segment: torch's 'e' handle of the pages
+    // that hold it (their descriptors stay this process's while mapped).
+    CA::ShareableHandle share_pages(void* ptr) {
+        std::vector<int> fds(64);
+        cachealloc_ipc_pages p{};
+        int rc = cachealloc_share_ipc_pages(ptr, fds.data(), fds.size(), &p);
+        if (rc != 0) {
+            std::string e = last_error("");
+            size_t at = e.find("buffer too small: ");
+            if (at == std::string::npos) fail("shareIpcHandle (pages)");
+            fds.resize(std::stoul(e.substr(at + 18)));
+            check(cachealloc_share_ipc_pages(ptr, fds.data(), fds.size(), &p),
+                  "shareIpcHandle (pages)");
+        }
+        check(cachealloc_release_ipc_share(ptr), "shareIpcHandle (release)");
+        return CA::ShareableHandle{static_cast<ptrdiff_t>(p.offset), pages_string(p, fds.data())};
+    }
+
     std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-        cachealloc_ipc_handle h = parse_handle_string(handle);
         int device = c10::cuda::current_device();
+        if (is_pages_string(handle)) {
+            std::vector<int> fds;
+            cachealloc_ipc_pages p = parse_pages_string(handle, fds);
+            void* base = cachealloc_open_ipc_pages(&p, fds.data(), device);
+            if (base == nullptr) fail("getIpcDevPtr (expandable segment)");
+            return std::shared_ptr<void>(base, [p, fds, device](void*) {
+                cachealloc_close_ipc_pages(&p, fds.data(), device);
+                pending_exception = nullptr;  // a deleter reports nothing
+            });
+        }
+        cachealloc_ipc_handle h = parse_handle_string(handle);
         void* p = cachealloc_open_ipc_handle(&h, device);
         if (p == nullptr) fail("getIpcDevPtr");
         return std::shared_ptr<void>(p, [h, device](void*) {

@@ -5,7 +5,7 @@
 
 use cachealloc_core::{
     Allocation, BlockSlot, CachingAllocator, CheckpointBlock, Config, DeviceAllocator, DevicePtr,
-    Error, MallocFlags, MempoolId, OutOfMemoryObserver, PeerAccess, Pool, PoolOptions,
+    Error, MallocFlags, MempoolId, OutOfMemoryObserver, PagesShare, PeerAccess, Pool, PoolOptions,
     SegmentSource, SegmentTable, SharedAllocator, StreamFilter, TraceActions, TraceEntry,
     TraceTracker,
 };
@@ -193,6 +193,17 @@ fn every_method_through_dyn_shared_allocator() {
     a.capture_end(g).unwrap();
     a.free_ptr(c.ptr).unwrap();
     a.release_pool(g).unwrap();
+    // Pages of an expandable segment across processes: the simulated
+    // device has no file descriptors to export, and says so.
+    let mut fds = [0i32; 4];
+    let share = PagesShare {
+        page_size: 2 << 20,
+        pages: 1,
+        offset: 0,
+    };
+    assert!(a.share_ipc_pages(p.ptr, &mut fds).is_err());
+    assert!(a.open_ipc_pages(1, &share, &fds[..1]).is_err());
+    assert!(a.close_ipc_pages(1, &share, &fds[..1]).is_err());
     // An allocation at the address a freed one had.
     let w = a.malloc(MIB, 0).unwrap();
     a.free_ptr(w.ptr).unwrap();
