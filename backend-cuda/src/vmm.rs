@@ -11,10 +11,10 @@ use cachealloc_core::{DevicePtr, VmError};
 use cachealloc_vmm::{map_with_rollback, PageDriver};
 use cudarc::driver::sys;
 
-type Vm<T> = Result<T, VmError<CudaError>>;
+pub(crate) type Vm<T> = Result<T, VmError<CudaError>>;
 
 /// A driver result as a virtual-memory result.
-fn vm(r: sys::CUresult, call: &'static str) -> Vm<()> {
+pub(crate) fn vm(r: sys::CUresult, call: &'static str) -> Vm<()> {
     r.result().map_err(|e| {
         if is_out_of_memory(&e) {
             VmError::OutOfMemory
@@ -172,10 +172,11 @@ impl CudaBackend {
     }
 }
 
-/// The driver's page calls, for [`map_with_rollback`].
-struct Driver<'a> {
+/// The driver's page calls, for [`map_with_rollback`] (and, with the
+/// import calls of `vmm_ipc.rs`, `import_with_rollback`).
+pub(crate) struct Driver<'a> {
     /// The physical allocations' properties (device, pinned).
-    prop: &'a sys::CUmemAllocationProp,
+    pub(crate) prop: &'a sys::CUmemAllocationProp,
 }
 
 impl PageDriver for Driver<'_> {

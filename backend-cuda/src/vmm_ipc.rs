@@ -5,29 +5,18 @@
 //! exactly their size (PyTorch 2.11 to 2.14 reserve 9/8 of the device's
 //! memory per import, pytorch#198129; 2.15 reserves what the pages fill).
 
-use crate::conv::{driver_error, is_out_of_memory};
+use crate::vmm::{vm, Driver, Vm};
 use crate::{CudaBackend, CudaError};
 use cachealloc_core::{DevicePtr, VmError};
+use cachealloc_vmm::{import_with_rollback, ImportDriver};
 use cudarc::driver::sys;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-type Vm<T> = Result<T, VmError<CudaError>>;
 
 /// Pages imported from another process, mapped at a base.
 #[derive(Debug)]
 pub(crate) struct ImportedPages {
     handles: Vec<sys::CUmemGenericAllocationHandle>,
     page: u64,
-}
-
-fn vm(r: sys::CUresult, call: &'static str) -> Vm<()> {
-    r.result().map_err(|e| {
-        if is_out_of_memory(&e) {
-            VmError::OutOfMemory
-        } else {
-            VmError::Other(driver_error(e, call))
-        }
-    })
 }
 
 /// Whether the driver has the two handle calls (cudarc panics on a call
@@ -99,72 +88,13 @@ impl CudaBackend {
                 },
             })
         })?;
-        let mut handles = Vec::with_capacity(taken.len());
-        let undo = |handles: &[sys::CUmemGenericAllocationHandle]| {
-            for &h in handles {
-                // SAFETY: imported here, not mapped: released once.
-                let _ = unsafe { sys::cuMemRelease(h) };
-            }
-        };
-        for fd in &taken {
-            let mut h: sys::CUmemGenericAllocationHandle = 0;
-            // SAFETY: valid out-pointer; the descriptor is open (the driver
-            // reads it as an int passed in the pointer's bits).
-            let r = unsafe {
-                sys::cuMemImportFromShareableHandle(
-                    &mut h,
-                    fd.as_raw_fd() as usize as *mut std::ffi::c_void,
-                    POSIX_FD,
-                )
-            };
-            if let Err(e) = vm(r, "cuMemImportFromShareableHandle") {
-                undo(&handles);
-                return Err(e);
-            }
-            handles.push(h);
-        }
-        drop(taken); // the driver keeps what it needs: the copies go
-        let size = page * handles.len() as u64;
-        let base = match self.vm_reserve(size) {
-            Ok(b) => b,
-            Err(e) => {
-                undo(&handles);
-                return Err(e);
-            }
-        };
-        for (k, &h) in handles.iter().enumerate() {
-            let addr = base.0 + k as u64 * page;
-            // SAFETY: inside the reservation just made, nothing mapped there;
-            // `h` an imported allocation of one page.
-            let r = unsafe { sys::cuMemMap(addr, page as usize, 0, h, 0) };
-            if let Err(e) = vm(r, "cuMemMap") {
-                for j in 0..k {
-                    // SAFETY: undoing this call's own maps.
-                    let _ = unsafe { sys::cuMemUnmap(base.0 + j as u64 * page, page as usize) };
-                }
-                undo(&handles);
-                let _ = self.vm_free(base, size);
-                return Err(e);
-            }
-        }
-        let desc = sys::CUmemAccessDesc {
-            location: self.allocation_prop().location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the whole range was just mapped; one valid descriptor.
-        let r = unsafe { sys::cuMemSetAccess(base.0, size as usize, &desc, 1) };
-        if let Err(e) = vm(r, "cuMemSetAccess") {
-            for j in 0..handles.len() {
-                // SAFETY: undoing this call's own maps.
-                let _ = unsafe { sys::cuMemUnmap(base.0 + j as u64 * page, page as usize) };
-            }
-            undo(&handles);
-            let _ = self.vm_free(base, size);
-            return Err(e);
-        }
-        self.imported
-            .insert(base.0, ImportedPages { handles, page });
-        Ok(base)
+        let raw: Vec<i32> = taken.iter().map(AsRawFd::as_raw_fd).collect();
+        let prop = self.allocation_prop();
+        // The copies taken here close when `taken` goes: the driver keeps
+        // what it needs.
+        let (base, handles) = import_with_rollback(&mut Driver { prop: &prop }, &raw, page)?;
+        self.imported.insert(base, ImportedPages { handles, page });
+        Ok(DevicePtr(base))
     }
 
     pub(crate) fn vm_close_import(&mut self, base: DevicePtr) -> Vm<()> {
@@ -198,5 +128,35 @@ impl CudaBackend {
             // else owns: closed once, here.
             drop(unsafe { OwnedFd::from_raw_fd(fd) });
         }
+    }
+}
+
+impl ImportDriver for Driver<'_> {
+    fn import(&mut self, fd: i32) -> Vm<Self::Handle> {
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer; `fd` is open (the driver reads it as an
+        // int passed in the pointer's bits).
+        let r = unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut h,
+                fd as usize as *mut std::ffi::c_void,
+                POSIX_FD,
+            )
+        };
+        vm(r, "cuMemImportFromShareableHandle")?;
+        Ok(h)
+    }
+
+    fn reserve(&mut self, size: u64) -> Vm<u64> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; no fixed address, default alignment.
+        let r = unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, 0, 0, 0) };
+        vm(r, "cuMemAddressReserve")?;
+        Ok(ptr)
+    }
+
+    fn free_reservation(&mut self, base: u64, size: u64) {
+        // SAFETY: undoing this call's own reservation, nothing mapped in it.
+        let _ = unsafe { sys::cuMemAddressFree(base, size as usize) };
     }
 }

@@ -13,10 +13,10 @@ use cachealloc_vmm::{map_with_rollback, PageDriver};
 use core::ffi::c_void;
 use hip_sys::hiprt as hip;
 
-type Vm<T> = Result<T, VmError<HipError>>;
+pub(crate) type Vm<T> = Result<T, VmError<HipError>>;
 
 /// A runtime result as a virtual-memory result.
-fn vm(e: hip::hipError_t, call: &'static str) -> Vm<()> {
+pub(crate) fn vm(e: hip::hipError_t, call: &'static str) -> Vm<()> {
     if is_success(e) {
         Ok(())
     } else if is_out_of_memory(e) {
@@ -27,13 +27,13 @@ fn vm(e: hip::hipError_t, call: &'static str) -> Vm<()> {
 }
 
 /// A handle as the backend stores it (a plain number, so the backend stays `Send`).
-fn handle(raw: usize) -> hip::hipMemGenericAllocationHandle_t {
+pub(crate) fn handle(raw: usize) -> hip::hipMemGenericAllocationHandle_t {
     raw as hip::hipMemGenericAllocationHandle_t
 }
 
 impl HipBackend {
     /// Pinned memory on this device, shareable through a file descriptor.
-    fn allocation_prop(&self) -> hip::hipMemAllocationProp {
+    pub(crate) fn allocation_prop(&self) -> hip::hipMemAllocationProp {
         hip::hipMemAllocationProp {
             type_: hip::hipMemAllocationType::hipMemAllocationTypePinned,
             requestedHandleType:
@@ -148,11 +148,11 @@ impl HipBackend {
 
 /// HIP's page calls, for [`map_with_rollback`] (handles as plain numbers,
 /// as the backend stores them).
-struct Driver<'a> {
+pub(crate) struct Driver<'a> {
     /// The physical allocations' properties (device, pinned).
-    prop: &'a hip::hipMemAllocationProp,
+    pub(crate) prop: &'a hip::hipMemAllocationProp,
     /// The device that gets access.
-    location: hip::hipMemLocation,
+    pub(crate) location: hip::hipMemLocation,
 }
 
 impl PageDriver for Driver<'_> {

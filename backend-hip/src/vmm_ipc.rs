@@ -6,13 +6,13 @@
 //! translated.
 
 use crate::backend::HipBackend;
-use crate::conv::{error, is_out_of_memory, is_success, HipError};
+use crate::conv::HipError;
+use crate::vmm::{handle, vm, Driver, Vm};
 use cachealloc_core::{DevicePtr, VmError};
+use cachealloc_vmm::{import_with_rollback, ImportDriver};
 use core::ffi::c_void;
 use hip_sys::hiprt as hip;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-type Vm<T> = Result<T, VmError<HipError>>;
 
 /// Pages imported from another process, mapped at a base (handles as
 /// numbers, so the backend stays `Send`).
@@ -20,20 +20,6 @@ type Vm<T> = Result<T, VmError<HipError>>;
 pub(crate) struct ImportedPages {
     handles: Vec<usize>,
     page: u64,
-}
-
-fn vm(e: hip::hipError_t, call: &'static str) -> Vm<()> {
-    if is_success(e) {
-        Ok(())
-    } else if is_out_of_memory(e) {
-        Err(VmError::OutOfMemory)
-    } else {
-        Err(VmError::Other(error(e, call)))
-    }
-}
-
-fn handle(raw: usize) -> hip::hipMemGenericAllocationHandle_t {
-    raw as hip::hipMemGenericAllocationHandle_t
 }
 
 const POSIX_FD: hip::hipMemAllocationHandleType =
@@ -91,74 +77,17 @@ impl HipBackend {
     pub(crate) fn vm_import(&mut self, pid: u32, fds: &[i32], page: u64) -> Vm<DevicePtr> {
         let _bound = self.bind().map_err(VmError::Other)?;
         let taken = cachealloc_vmm::take_fds(pid, fds).map_err(|(call, e)| system(call, e))?;
-        let mut handles: Vec<usize> = Vec::with_capacity(taken.len());
-        let undo = |handles: &[usize]| {
-            for &h in handles {
-                // SAFETY: imported here, not mapped: released once.
-                let _ = unsafe { hip::hipMemRelease(handle(h)) };
-            }
-        };
-        for fd in &taken {
-            let mut h: hip::hipMemGenericAllocationHandle_t = core::ptr::null_mut();
-            // SAFETY: valid out-pointer; the descriptor is open (the runtime
-            // reads it as an int passed in the pointer's bits).
-            let r = unsafe {
-                hip::hipMemImportFromShareableHandle(
-                    &mut h,
-                    fd.as_raw_fd() as usize as *mut c_void,
-                    POSIX_FD,
-                )
-            };
-            if let Err(e) = vm(r, "hipMemImportFromShareableHandle") {
-                undo(&handles);
-                return Err(e);
-            }
-            handles.push(h as usize);
-        }
-        drop(taken);
-        let size = page * handles.len() as u64;
-        let base = match self.vm_reserve(size) {
-            Ok(b) => b,
-            Err(e) => {
-                undo(&handles);
-                return Err(e);
-            }
-        };
-        let unmap = |n: usize| {
-            for j in 0..n {
-                // SAFETY: undoing this call's own maps.
-                let _ = unsafe {
-                    hip::hipMemUnmap((base.0 + j as u64 * page) as *mut c_void, page as usize)
-                };
-            }
-        };
-        for (k, &h) in handles.iter().enumerate() {
-            let addr = base.0 + k as u64 * page;
-            // SAFETY: inside the reservation just made, nothing mapped there;
-            // `h` an imported allocation of one page.
-            let r = unsafe { hip::hipMemMap(addr as *mut c_void, page as usize, 0, handle(h), 0) };
-            if let Err(e) = vm(r, "hipMemMap") {
-                unmap(k);
-                undo(&handles);
-                let _ = self.vm_free(base, size);
-                return Err(e);
-            }
-        }
-        let desc = hip::hipMemAccessDesc {
+        let raw: Vec<i32> = taken.iter().map(AsRawFd::as_raw_fd).collect();
+        let prop = self.allocation_prop();
+        let mut driver = Driver {
+            prop: &prop,
             location: self.location(),
-            flags: hip::hipMemAccessFlags::hipMemAccessFlagsProtReadWrite,
         };
-        // SAFETY: the whole range was just mapped; one valid descriptor.
-        let r = unsafe { hip::hipMemSetAccess(base.0 as *mut c_void, size as usize, &desc, 1) };
-        if let Err(e) = vm(r, "hipMemSetAccess") {
-            unmap(handles.len());
-            undo(&handles);
-            let _ = self.vm_free(base, size);
-            return Err(e);
-        }
-        self.imported
-            .insert(base.0, ImportedPages { handles, page });
-        Ok(base)
+        // The copies taken here close when `taken` goes: the runtime keeps
+        // what it needs.
+        let (base, handles) = import_with_rollback(&mut driver, &raw, page)?;
+        self.imported.insert(base, ImportedPages { handles, page });
+        Ok(DevicePtr(base))
     }
 
     pub(crate) fn vm_close_import(&mut self, base: DevicePtr) -> Vm<()> {
@@ -192,5 +121,33 @@ impl HipBackend {
             // else owns: closed once, here.
             drop(unsafe { OwnedFd::from_raw_fd(fd) });
         }
+    }
+}
+
+impl ImportDriver for Driver<'_> {
+    fn import(&mut self, fd: i32) -> Vm<usize> {
+        let mut h: hip::hipMemGenericAllocationHandle_t = core::ptr::null_mut();
+        // SAFETY: valid out-pointer; `fd` is open (the runtime reads it as an
+        // int passed in the pointer's bits).
+        let r = unsafe {
+            hip::hipMemImportFromShareableHandle(&mut h, fd as usize as *mut c_void, POSIX_FD)
+        };
+        vm(r, "hipMemImportFromShareableHandle")?;
+        Ok(h as usize)
+    }
+
+    fn reserve(&mut self, size: u64) -> Vm<u64> {
+        let mut p: *mut c_void = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer; no fixed address, default alignment.
+        let r = unsafe {
+            hip::hipMemAddressReserve(&mut p, size as usize, 0, core::ptr::null_mut(), 0)
+        };
+        vm(r, "hipMemAddressReserve")?;
+        Ok(p as u64)
+    }
+
+    fn free_reservation(&mut self, base: u64, size: u64) {
+        // SAFETY: undoing this call's own reservation, nothing mapped in it.
+        let _ = unsafe { hip::hipMemAddressFree(base as *mut c_void, size as usize) };
     }
 }

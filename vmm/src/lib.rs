@@ -99,3 +99,107 @@ pub fn map_with_rollback<D: PageDriver>(
         }
     }
 }
+
+/// The driver calls that map another process's pages here: those of
+/// [`PageDriver`] (map, access, unmap, release), plus importing a page's
+/// exported POSIX file descriptor (`cuMemImportFromShareableHandle`) and
+/// reserving and freeing address space (`cuMemAddressReserve`,
+/// `cuMemAddressFree`).
+pub trait ImportDriver: PageDriver {
+    /// The physical allocation behind exported descriptor `fd` (open in
+    /// this process; the caller closes it).
+    fn import(&mut self, fd: i32) -> Result<Self::Handle, Self::Error>;
+    /// Reserve `size` bytes of address space; its base.
+    fn reserve(&mut self, size: u64) -> Result<u64, Self::Error>;
+    /// Undo a [`reserve`](Self::reserve) (best effort).
+    fn free_reservation(&mut self, base: u64, size: u64);
+}
+
+/// Import the pages behind descriptors `fds` (a page of `page` bytes
+/// each), reserve exactly the address space they fill, map them there in
+/// order and grant the device access (the receiving side of PyTorch's
+/// `ExpandableSegment::fromShared`). The base and the handles; on a
+/// failure nothing stays imported, reserved or mapped.
+///
+/// ```
+/// use cachealloc_vmm::{import_with_rollback, ImportDriver, PageDriver};
+/// /// A driver whose second map fails.
+/// #[derive(Default)]
+/// struct Toy { live: i32, mapped: i32, reserved: u64 }
+/// impl PageDriver for Toy {
+///     type Handle = i32;
+///     type Error = &'static str;
+///     fn create(&mut self, _size: u64) -> Result<i32, &'static str> { unreachable!() }
+///     fn map(&mut self, _addr: u64, _size: u64, _h: i32) -> Result<(), &'static str> {
+///         if self.mapped == 1 { return Err("map failed"); }
+///         self.mapped += 1;
+///         Ok(())
+///     }
+///     fn set_access(&mut self, _addr: u64, _size: u64) -> Result<(), &'static str> { Ok(()) }
+///     fn unmap(&mut self, _addr: u64, _size: u64) { self.mapped -= 1; }
+///     fn release(&mut self, _h: i32) { self.live -= 1; }
+/// }
+/// impl ImportDriver for Toy {
+///     fn import(&mut self, fd: i32) -> Result<i32, &'static str> { self.live += 1; Ok(fd) }
+///     fn reserve(&mut self, size: u64) -> Result<u64, &'static str> { self.reserved += size; Ok(1 << 40) }
+///     fn free_reservation(&mut self, _base: u64, size: u64) { self.reserved -= size; }
+/// }
+/// let mut d = Toy::default();
+/// assert_eq!(import_with_rollback(&mut d, &[5, 6], 1 << 21), Err("map failed"));
+/// assert_eq!((d.live, d.mapped, d.reserved), (0, 0, 0)); // nothing left behind
+/// let mut d = Toy::default();
+/// assert_eq!(import_with_rollback(&mut d, &[5], 1 << 21), Ok((1 << 40, vec![5])));
+/// assert_eq!(d.reserved, 1 << 21); // exactly what the pages fill
+/// ```
+pub fn import_with_rollback<D: ImportDriver>(
+    driver: &mut D,
+    fds: &[i32],
+    page: u64,
+) -> Result<(u64, Vec<D::Handle>), D::Error> {
+    let mut handles: Vec<D::Handle> = Vec::with_capacity(fds.len());
+    let release = |driver: &mut D, handles: &[D::Handle]| {
+        for &h in handles {
+            driver.release(h);
+        }
+    };
+    for &fd in fds {
+        match driver.import(fd) {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                release(driver, &handles);
+                return Err(e);
+            }
+        }
+    }
+    let size = page * handles.len() as u64;
+    let base = match driver.reserve(size) {
+        Ok(b) => b,
+        Err(e) => {
+            release(driver, &handles);
+            return Err(e);
+        }
+    };
+    let mut mapped = 0u64;
+    let mut failure = None;
+    for &h in &handles {
+        if let Err(e) = driver.map(base + mapped * page, page, h) {
+            failure = Some(e);
+            break;
+        }
+        mapped += 1;
+    }
+    if failure.is_none() {
+        failure = driver.set_access(base, size).err();
+    }
+    match failure {
+        None => Ok((base, handles)),
+        Some(e) => {
+            for k in 0..mapped {
+                driver.unmap(base + k * page, page);
+            }
+            release(driver, &handles);
+            driver.free_reservation(base, size);
+            Err(e)
+        }
+    }
+}
