@@ -43,30 +43,31 @@ impl CudaBackend {
             return Err(VmError::Unsupported);
         }
         let _bound = self.bind().map_err(VmError::Other)?;
-        for (k, out) in fds.iter_mut().enumerate() {
-            let addr = ptr.0 + k as u64 * page;
-            if let Some(&fd) = self.exported.get(&addr) {
-                *out = fd;
-                continue;
-            }
-            let Some(&h) = self.pages.get(&addr) else {
-                return Err(VmError::Other(CudaError::System {
-                    call: "cuMemExportToShareableHandle",
-                    errno: 0,
-                    message: format!("no page of this backend is mapped at {addr:#x}"),
-                }));
-            };
+        let export = |h| {
             let mut fd: i32 = -1;
             // SAFETY: `h` is a live allocation of this backend (created with
             // the POSIX file descriptor type); the driver writes an int.
             let r = unsafe {
                 sys::cuMemExportToShareableHandle((&mut fd as *mut i32).cast(), h, POSIX_FD, 0)
             };
-            vm(r, "cuMemExportToShareableHandle")?;
-            self.exported.insert(addr, fd);
-            *out = fd;
-        }
-        Ok(())
+            vm(r, "cuMemExportToShareableHandle").map(|()| fd)
+        };
+        let missing = |addr: u64| {
+            VmError::Other(CudaError::System {
+                call: "cuMemExportToShareableHandle",
+                errno: 0,
+                message: format!("no page of this backend is mapped at {addr:#x}"),
+            })
+        };
+        cachealloc_vmm::export_pages(
+            &self.pages,
+            &mut self.exported,
+            ptr.0,
+            page,
+            fds,
+            export,
+            missing,
+        )
     }
 
     pub(crate) fn vm_import(&mut self, pid: u32, fds: &[i32], page: u64) -> Vm<DevicePtr> {
@@ -78,14 +79,7 @@ impl CudaBackend {
             VmError::Other(CudaError::System {
                 call,
                 errno: e.raw_os_error().unwrap_or(0),
-                message: if e.raw_os_error() == Some(38) {
-                    format!(
-                        "the kernel on this machine does not support the {call} syscall needed to \
-                         use IPC for CUDA tensors when expandable_segments:True is set"
-                    )
-                } else {
-                    e.to_string()
-                },
+                message: cachealloc_vmm::take_fds_message(call, &e),
             })
         })?;
         let raw: Vec<i32> = taken.iter().map(AsRawFd::as_raw_fd).collect();

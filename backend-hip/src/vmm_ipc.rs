@@ -29,33 +29,14 @@ fn system(call: &'static str, e: std::io::Error) -> VmError<HipError> {
     VmError::Other(HipError::System {
         call,
         errno: e.raw_os_error().unwrap_or(0),
-        message: if e.raw_os_error() == Some(38) {
-            format!(
-                "the kernel on this machine does not support the {call} syscall needed to share \
-                 expandable segments between processes"
-            )
-        } else {
-            e.to_string()
-        },
+        message: cachealloc_vmm::take_fds_message(call, &e),
     })
 }
 
 impl HipBackend {
     pub(crate) fn vm_export(&mut self, ptr: DevicePtr, page: u64, fds: &mut [i32]) -> Vm<()> {
         let _bound = self.bind().map_err(VmError::Other)?;
-        for (k, out) in fds.iter_mut().enumerate() {
-            let addr = ptr.0 + k as u64 * page;
-            if let Some(&fd) = self.exported.get(&addr) {
-                *out = fd;
-                continue;
-            }
-            let Some(&h) = self.pages.get(&addr) else {
-                return Err(VmError::Other(HipError::System {
-                    call: "hipMemExportToShareableHandle",
-                    errno: 0,
-                    message: format!("no page of this backend is mapped at {addr:#x}"),
-                }));
-            };
+        let export = |h: usize| {
             let mut fd: i32 = -1;
             // SAFETY: `h` is a live allocation of this backend (created with
             // the POSIX file descriptor type); the runtime writes an int.
@@ -67,11 +48,24 @@ impl HipBackend {
                     0,
                 )
             };
-            vm(r, "hipMemExportToShareableHandle")?;
-            self.exported.insert(addr, fd);
-            *out = fd;
-        }
-        Ok(())
+            vm(r, "hipMemExportToShareableHandle").map(|()| fd)
+        };
+        let missing = |addr: u64| {
+            VmError::Other(HipError::System {
+                call: "hipMemExportToShareableHandle",
+                errno: 0,
+                message: format!("no page of this backend is mapped at {addr:#x}"),
+            })
+        };
+        cachealloc_vmm::export_pages(
+            &self.pages,
+            &mut self.exported,
+            ptr.0,
+            page,
+            fds,
+            export,
+            missing,
+        )
     }
 
     pub(crate) fn vm_import(&mut self, pid: u32, fds: &[i32], page: u64) -> Vm<DevicePtr> {

@@ -41,7 +41,7 @@
 #[cfg(target_os = "linux")]
 mod pidfd;
 #[cfg(target_os = "linux")]
-pub use pidfd::take_fds;
+pub use pidfd::{take_fds, take_fds_message};
 
 /// The driver calls that map pages. The undo calls are best effort: the
 /// failure being undone is what gets reported.
@@ -98,6 +98,34 @@ pub fn map_with_rollback<D: PageDriver>(
             Err(e)
         }
     }
+}
+
+/// Fill `fds` with the POSIX file descriptors of the `fds.len()` pages of
+/// `page` bytes from `base`: a page's descriptor from before (`exported`),
+/// else a new one from `export` of its allocation (`pages`, by address),
+/// kept in `exported` (a page keeps its descriptor until it is unmapped).
+/// A page not in `pages` is `missing(address)`.
+pub fn export_pages<H: Copy, E>(
+    pages: &std::collections::BTreeMap<u64, H>,
+    exported: &mut std::collections::BTreeMap<u64, i32>,
+    base: u64,
+    page: u64,
+    fds: &mut [i32],
+    mut export: impl FnMut(H) -> Result<i32, E>,
+    missing: impl Fn(u64) -> E,
+) -> Result<(), E> {
+    for (k, out) in fds.iter_mut().enumerate() {
+        let addr = base + k as u64 * page;
+        if let Some(&fd) = exported.get(&addr) {
+            *out = fd;
+            continue;
+        }
+        let h = *pages.get(&addr).ok_or_else(|| missing(addr))?;
+        let fd = export(h)?;
+        exported.insert(addr, fd);
+        *out = fd;
+    }
+    Ok(())
 }
 
 /// The driver calls that map another process's pages here: those of

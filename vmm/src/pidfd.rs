@@ -33,6 +33,19 @@ pub fn take_fds(pid: u32, fds: &[i32]) -> Result<Vec<OwnedFd>, (&'static str, io
     Ok(taken)
 }
 
+/// What a failure of [`take_fds`] means, for an error message: for
+/// `ENOSYS`, that the kernel lacks the syscall (PyTorch's hint).
+pub fn take_fds_message(call: &str, e: &io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ENOSYS) {
+        format!(
+            "the kernel on this machine does not support the {call} syscall needed to share \
+             expandable segments between processes"
+        )
+    } else {
+        e.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
