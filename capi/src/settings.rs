@@ -88,28 +88,27 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         .iter()
         .find_map(|n| env(n).map(|v| (*n, v)))
         .unwrap_or(("", String::new()));
+    // Every bad value is given as `VARIABLE="value": why`.
     let config = Config::parse_for(&conf_text, torch)
-        .map_err(|e| format!("{e} (in {conf_name}={conf_text:?}, read as torch {torch})"))?;
+        .map_err(|e| format!("{conf_name}={conf_text:?}: {e} (read as torch {torch})"))?;
     let mock_capacity = match env("CACHEALLOC_MOCK_CAPACITY") {
         Some(s) if !s.trim().is_empty() => Some(
             cachealloc_snapshot::parse_bytes(&s)
-                .map_err(|e| format!("CACHEALLOC_MOCK_CAPACITY: {e}"))?,
+                .map_err(|e| format!("CACHEALLOC_MOCK_CAPACITY={s:?}: {e}"))?,
         ),
         _ => None,
     };
-    let count = |name: &str, default: usize| -> Res<usize> {
+    let count = |name: &str, default: usize, most: usize| -> Res<usize> {
         match env(name) {
             Some(s) if !s.trim().is_empty() => match s.trim().parse::<usize>() {
+                Ok(n) if n > most => Err(format!("{name}={s:?}: at most {most}")),
                 Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{name}: expected a positive count, got {s:?}")),
+                _ => Err(format!("{name}={s:?}: expected a positive count")),
             },
             _ => Ok(default),
         }
     };
-    let slots = count("CACHEALLOC_SLOTS", DEFAULT_SLOTS)?;
-    if slots > u32::MAX as usize {
-        return Err(format!("CACHEALLOC_SLOTS: at most {} slots", u32::MAX));
-    }
+    let slots = count("CACHEALLOC_SLOTS", DEFAULT_SLOTS, u32::MAX as usize)?;
     Ok(Settings {
         backend,
         conf_c: std::ffi::CString::new(conf_text.replace('\0', " ")).unwrap_or_default(),
@@ -117,14 +116,15 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         config,
         mock_capacity,
         slots,
-        history: count("CACHEALLOC_HISTORY_CAPACITY", DEFAULT_HISTORY)?,
+        history: count("CACHEALLOC_HISTORY_CAPACITY", DEFAULT_HISTORY, usize::MAX)?,
     })
 }
 
 /// The backend a `CACHEALLOC_BACKEND` value names.
 fn backend(name: Option<&str>) -> Res<BackendKind> {
     let name = name.map(str::trim).filter(|n| !n.is_empty());
-    match name.unwrap_or("cuda").to_ascii_lowercase().as_str() {
+    let given = name.unwrap_or("cuda");
+    match given.to_ascii_lowercase().as_str() {
         "mock" => Ok(BackendKind::Mock),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(BackendKind::Cuda),
@@ -134,8 +134,8 @@ fn backend(name: Option<&str>) -> Res<BackendKind> {
         "hip" => Ok(BackendKind::Hip),
         #[cfg(not(feature = "hip"))]
         "hip" => Err("CACHEALLOC_BACKEND=hip: this library was built without the `hip` feature (cargo build -p cachealloc-capi --features hip)".to_string()),
-        other => Err(format!(
-            "CACHEALLOC_BACKEND={other:?}: expected cuda, hip or mock"
+        _ => Err(format!(
+            "CACHEALLOC_BACKEND={given:?}: expected cuda, hip or mock"
         )),
     }
 }
@@ -246,5 +246,69 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    /// A bad value is given as `VARIABLE="value": why`, the variable it
+    /// came from first (of the four settings variables, the one read); a
+    /// misspelt key with the key it is likely a misspelling of.
+    #[test]
+    fn a_bad_value_starts_with_its_variable() {
+        let mock = ("CACHEALLOC_BACKEND", "mock");
+        for var in [
+            "CACHEALLOC_CONF",
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "PYTORCH_ALLOC_CONF",
+        ] {
+            let e = with(&[mock, (var, "expandable_segment:True")]).unwrap_err();
+            assert_eq!(
+                e,
+                format!(
+                    "{var}=\"expandable_segment:True\": allocator config: option `expandable_segment` value `True`: \
+                     unknown option (not a key of torch's allocator config); did you mean `expandable_segments`? \
+                     (read as torch {})",
+                    TorchVersion::NEWEST
+                )
+            );
+        }
+        // The one read is named, not one torch would read after it.
+        let e = with(&[
+            mock,
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:3"),
+            ("PYTORCH_ALLOC_CONF", "max_split_size_mb:64"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.starts_with("PYTORCH_CUDA_ALLOC_CONF=\"max_split_size_mb:3\": "),
+            "{e}"
+        );
+        for (vars, start) in [
+            (
+                vec![("CACHEALLOC_BACKEND", "TPU")],
+                "CACHEALLOC_BACKEND=\"TPU\": ",
+            ),
+            (
+                vec![mock, ("CACHEALLOC_MOCK_CAPACITY", "lots")],
+                "CACHEALLOC_MOCK_CAPACITY=\"lots\": ",
+            ),
+            (
+                vec![mock, ("CACHEALLOC_SLOTS", "0")],
+                "CACHEALLOC_SLOTS=\"0\": ",
+            ),
+            (
+                vec![mock, ("CACHEALLOC_SLOTS", "99999999999")],
+                "CACHEALLOC_SLOTS=\"99999999999\": at most 4294967295",
+            ),
+            (
+                vec![mock, ("CACHEALLOC_HISTORY_CAPACITY", "-3")],
+                "CACHEALLOC_HISTORY_CAPACITY=\"-3\": ",
+            ),
+            (
+                vec![mock, ("CACHEALLOC_TORCH_VERSION", "latest")],
+                "CACHEALLOC_TORCH_VERSION=\"latest\": ",
+            ),
+        ] {
+            let e = with(&vars).unwrap_err();
+            assert!(e.starts_with(start), "{vars:?}: {e}");
+        }
     }
 }

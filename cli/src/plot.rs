@@ -340,36 +340,54 @@ fn draw_advice(a: &cachealloc_trace::advise::Advice, out: &str) -> Drawn {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(480)
-        .build_cartesian_2d(0f64..gib(top) * 1.1, 0f64..n as f64)?;
+        // One segment a bar (the best on top), each labelled at its
+        // middle: plotters puts a segmented axis's ticks there.
+        .build_cartesian_2d(0f64..gib(top) * 1.1, (0..n.max(1) - 1).into_segmented())?;
+    // The bar at segment `y`: the setting ranked `n - 1 - y`.
+    let rank_of = |y: usize| n.checked_sub(y + 1);
     chart
         .configure_mesh()
         .disable_y_mesh()
         .x_desc("GiB")
-        .y_labels(n)
-        .y_label_formatter(&|y| {
-            let k = n as f64 - *y - 0.5;
-            if k >= 0.0 && (k - k.round()).abs() < 1e-6 {
-                labels.get(k.round() as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
+        .y_labels(n.max(1))
+        .y_label_formatter(&|y| match y {
+            SegmentValue::CenterOf(y) => rank_of(*y)
+                .and_then(|k| labels.get(k).cloned())
+                .unwrap_or_default(),
+            _ => String::new(),
         })
         .draw()?;
     let good = RGBColor(31, 119, 180);
     let grey = RGBColor(170, 170, 170);
+    // A segment's lower and upper edges.
+    let edges = |y: usize| {
+        let upper = if y + 1 < n {
+            SegmentValue::Exact(y + 1)
+        } else {
+            SegmentValue::Last
+        };
+        (SegmentValue::Exact(y), upper)
+    };
+    // Bars 70% of their segment high, as before.
+    let gap = (28.0 * 0.15) as u32;
     chart.draw_series(a.ranked.iter().enumerate().map(|(i, o)| {
-        let y = (n - 1 - i) as f64;
+        let (lower, upper) = edges(n - 1 - i);
         let colour = if o.fits == Some(false) { grey } else { good };
-        Rectangle::new(
-            [(0.0, y + 0.15), (gib(o.peak_reserved_bytes), y + 0.85)],
+        let mut bar = Rectangle::new(
+            [(0.0, lower), (gib(o.peak_reserved_bytes), upper)],
             colour.filled(),
-        )
+        );
+        bar.set_margin(gap, gap, 0, 0);
+        bar
     }))?;
     if let Some(c) = a.capacity {
         let red = RGBColor(214, 39, 40);
         chart
             .draw_series(std::iter::once(PathElement::new(
-                vec![(gib(c), 0.0), (gib(c), n as f64)],
+                vec![
+                    (gib(c), SegmentValue::Exact(0)),
+                    (gib(c), SegmentValue::Last),
+                ],
                 red.stroke_width(2),
             )))?
             .label(format!("capacity {}", human::bytes(c)))
@@ -378,4 +396,94 @@ fn draw_advice(a: &cachealloc_trace::advise::Advice, out: &str) -> Drawn {
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachealloc_trace::advise::{Advice, Candidate, Outcome};
+
+    fn outcome(conf: &str, what: &str, peak: u64, fits: Option<bool>) -> Outcome {
+        Outcome {
+            candidate: Candidate {
+                conf: conf.to_string(),
+                extra: String::new(),
+                what: what.to_string(),
+                pytorch: true,
+                memory_fraction: None,
+            },
+            peak_reserved_bytes: peak,
+            num_device_alloc: 1,
+            num_device_free: 0,
+            ooms: 0,
+            first_oom_class: None,
+            fits,
+            min_capacity: None,
+        }
+    }
+
+    /// Every bar of `advise --plot` carries its setting's label (the text
+    /// of the SVG, unescaped), not only the title.
+    #[test]
+    fn the_advice_chart_labels_every_bar() {
+        let gib = 1u64 << 30;
+        let a = Advice {
+            trace: "dir/small.jsonl.gz".to_string(),
+            capacity: Some(3 * gib),
+            ranked: vec![
+                outcome(
+                    "expandable_segments:True",
+                    "expandable segments",
+                    gib,
+                    Some(true),
+                ),
+                outcome("", "recorded", 2 * gib, Some(true)),
+                outcome(
+                    "roundup_power2_divisions:[256:1,>:4]",
+                    "rounding divisions by size",
+                    3 * gib,
+                    Some(true),
+                ),
+                outcome("max_split_size_mb:21", "no split", 4 * gib, Some(false)),
+            ],
+            recorded: 1,
+            recommended: Some(0),
+            any_fits: Some(true),
+        };
+        let out =
+            std::env::temp_dir().join(format!("cachealloc-plot-{}-advice.svg", std::process::id()));
+        let out = out.to_str().unwrap();
+        match advice_chart(&a, out) {
+            Err(e) if e.contains("no TrueType font") => {
+                println!("skipped: {e}");
+                return;
+            }
+            r => r.unwrap(),
+        }
+        let svg = std::fs::read_to_string(out).unwrap();
+        std::fs::remove_file(out).ok();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let texts: Vec<String> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .filter_map(|n| n.text().map(|t| t.trim().to_string()))
+            .collect();
+        assert!(
+            texts
+                .iter()
+                .any(|t| t == "small.jsonl.gz: peak reserved bytes by allocator setting"),
+            "{texts:?}"
+        );
+        for label in [
+            "expandable_segments:True",
+            "(default) (recorded)",
+            "roundup_power2_divisions:[256:1,>:4]",
+            "max_split_size_mb:21",
+        ] {
+            assert!(
+                texts.iter().any(|t| t == label),
+                "no {label:?} in {texts:?}"
+            );
+        }
+    }
 }

@@ -274,6 +274,78 @@ fn missing_files_bad_gzip_and_bad_conf_exit_2() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// A gzip trace cut short: `FILE:LINE: cannot read: truncated or corrupt
+/// gzip file (DETAIL)`, the line the reader had reached, exit 2, from
+/// every subcommand that reads traces.
+#[test]
+fn a_truncated_gzip_trace_says_so() {
+    let dir = scratch("truncated");
+    let whole = std::fs::read(bundled_testdata().join("traces/resnet50-train.jsonl.gz")).unwrap();
+    let cut = dir.join("resnet50-cut.jsonl.gz");
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
+    let p = cut.to_str().unwrap();
+    for args in [
+        vec!["replay", p],
+        vec!["check", p],
+        vec!["compare", "--conf", "", p],
+        vec!["advise", "-q", p],
+    ] {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let rest = err
+            .strip_prefix(&format!("{p}:"))
+            .unwrap_or_else(|| panic!("{args:?}: {err}"));
+        let (line, why) = rest.split_once(": ").unwrap();
+        assert!(line.parse::<u64>().is_ok_and(|l| l > 1), "{args:?}: {err}");
+        assert!(
+            why.starts_with("cannot read: truncated or corrupt gzip file (")
+                && why.trim_end().ends_with(')'),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A misspelt `--conf` key is the option's fault, named as such with the
+/// key it is likely a misspelling of, by every subcommand that takes one
+/// (`advise` too: it does not blame the trace).
+#[test]
+fn a_misspelt_conf_names_the_option_and_suggests_the_key() {
+    let t = bundled_testdata().join("traces/resnet50-train.jsonl.gz");
+    let t = t.to_str().unwrap();
+    let dir = scratch("misspelt");
+    let svg = dir.join("x.svg");
+    let svg = svg.to_str().unwrap();
+    let bad = "expandable_segment:True";
+    for args in [
+        vec!["replay", "--conf", bad, t],
+        vec!["compare", "--conf", "", "--conf", bad, t],
+        vec!["plot", "--conf", bad, "-o", svg, t],
+        vec!["advise", "-q", "--conf", bad, t],
+        vec!["advise", "-q", "--conf", bad, "--plot", svg, t],
+    ] {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("--conf {bad:?}: "))
+                && err.contains("option `expandable_segment`")
+                && err.contains("unknown option")
+                && err
+                    .trim_end()
+                    .ends_with("did you mean `expandable_segments`?"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("recorded settings") && !err.contains(t),
+            "{args:?}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn check_prints_statistics() {
     let t = bundled_testdata().join("traces/resnet50-train.jsonl.gz");

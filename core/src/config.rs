@@ -166,6 +166,9 @@ pub struct ConfigError<'a> {
     pub reason: &'static str,
     /// The bound the reason ends with, when it has one ("must be >= 20").
     pub limit: Option<u64>,
+    /// For an unknown key, the known key it is most likely a misspelling
+    /// of ([`suggest_key`]).
+    pub suggestion: Option<&'static str>,
 }
 
 impl fmt::Display for ConfigError<'_> {
@@ -177,6 +180,9 @@ impl fmt::Display for ConfigError<'_> {
         write!(f, ": {}", self.reason)?;
         if let Some(limit) = self.limit {
             write!(f, "{limit}")?;
+        }
+        if let Some(key) = self.suggestion {
+            write!(f, "; did you mean `{key}`?")?;
         }
         Ok(())
     }
@@ -264,6 +270,7 @@ impl Config {
                     value: "",
                     reason: "expected `key:value`",
                     limit: None,
+                    suggestion: None,
                 }),
             }
         }
@@ -277,6 +284,7 @@ impl Config {
                     value,
                     reason,
                     limit,
+                    suggestion: None,
                 };
                 let mb: u64 = value
                     .parse()
@@ -299,6 +307,7 @@ impl Config {
                 value,
                 reason,
                 limit: None,
+                suggestion: None,
             };
             if let Some(since) = key_added_in(key) {
                 if version.decisions_of() < since {
@@ -307,6 +316,7 @@ impl Config {
                         value,
                         reason: added_later(since),
                         limit: None,
+                        suggestion: None,
                     });
                 }
             }
@@ -327,6 +337,7 @@ impl Config {
                                 "CachingAllocator option max_non_split_rounding_mb too small, must be >= "
                             },
                             limit: Some(least),
+                            suggestion: None,
                         });
                     }
                     let bytes = mb.min(MAX_MB) * MIB;
@@ -415,6 +426,7 @@ impl Config {
                             value,
                             reason: "Number of register threads should be less than or equal to ",
                             limit: Some(MAX_REGISTER_THREADS),
+                            suggestion: None,
                         });
                     }
                     c.host.pinned_num_register_threads = n as u32;
@@ -441,7 +453,12 @@ impl Config {
                     // default; so does this parser (without the warning),
                     // and it changes nothing here.
                 }
-                _ => return Err(err(UNKNOWN_KEY)),
+                _ => {
+                    return Err(ConfigError {
+                        suggestion: suggest_key(key, version),
+                        ..err(UNKNOWN_KEY)
+                    })
+                }
             }
         }
         Ok(c)
@@ -501,6 +518,116 @@ impl Config {
 
 /// The reason for a key torch does not have.
 pub const UNKNOWN_KEY: &str = "unknown option (not a key of torch's allocator config)";
+
+/// Every key [`Config::parse_for`] takes (torch's newest, and `policy`),
+/// the common ones first: the candidates of [`suggest_key`].
+const KEYS: [&str; 23] = [
+    "expandable_segments",
+    "max_split_size_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "large_segment_size_mb",
+    "max_non_split_rounding_mb",
+    "per_process_memory_fraction",
+    "throw_on_cudamalloc_oom",
+    "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
+    "backend",
+    "policy",
+    "graph_capture_record_stream_reuse",
+    "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
+    "pinned_use_background_threads",
+    "pinned_free_catch_all",
+    "pinned_num_register_threads",
+    "pinned_reserve_segment_size_mb",
+    "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
+    "expandable_segments_reserve",
+    "expandable_segments_reserve_by_class",
+];
+
+/// Keys longer than this get no suggestion (the longest known has 36
+/// bytes): the edit distance works in rows of this many on the stack.
+const MAX_SUGGESTED_LEN: usize = 48;
+
+/// The edit distance of `a` and `b` (insertions, deletions, substitutions
+/// and swaps of neighbours, each 1; ASCII case ignored), or `None` when
+/// either is longer than [`MAX_SUGGESTED_LEN`]. No heap: three rows on
+/// the stack.
+fn edit_distance(a: &[u8], b: &[u8]) -> Option<usize> {
+    if a.len() > MAX_SUGGESTED_LEN || b.len() > MAX_SUGGESTED_LEN {
+        return None;
+    }
+    let eq = |x: u8, y: u8| x.eq_ignore_ascii_case(&y);
+    // Rows i-2, i-1 and i of the table, at i % 3.
+    let mut rows = [[0usize; MAX_SUGGESTED_LEN + 1]; 3];
+    for (j, d) in rows[0].iter_mut().enumerate().take(b.len() + 1) {
+        *d = j;
+    }
+    for i in 1..=a.len() {
+        let (cur, prev, prev2) = (i % 3, (i + 2) % 3, (i + 1) % 3);
+        rows[cur][0] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(!eq(a[i - 1], b[j - 1]));
+            let mut d = (rows[prev][j] + 1)
+                .min(rows[cur][j - 1] + 1)
+                .min(rows[prev][j - 1] + cost);
+            if i > 1 && j > 1 && eq(a[i - 1], b[j - 2]) && eq(a[i - 2], b[j - 1]) {
+                d = d.min(rows[prev2][j - 2] + 1);
+            }
+            rows[cur][j] = d;
+        }
+    }
+    Some(rows[a.len() % 3][b.len()])
+}
+
+/// Whether `s` starts with `prefix`, ASCII case ignored.
+fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
+    s.len() >= prefix.len() && s.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
+/// The known key (of torch `version`) that `key`, which is not one, is
+/// most likely a misspelling of: the nearest within 2 edits, or one per 8
+/// letters for long keys (fewer edits than the key has letters), else the shortest key that starts with it (of 4
+/// letters or more), else the longest key it starts with. `None` when no
+/// key is near. Computed without the heap.
+///
+/// ```
+/// use cachealloc_core::{config::suggest_key, TorchVersion};
+/// assert_eq!(suggest_key("expandable_segment", TorchVersion::NEWEST), Some("expandable_segments"));
+/// assert_eq!(suggest_key("max_split_size", TorchVersion::NEWEST), Some("max_split_size_mb"));
+/// assert_eq!(suggest_key("colour", TorchVersion::NEWEST), None);
+/// ```
+pub fn suggest_key(key: &str, version: TorchVersion) -> Option<&'static str> {
+    let candidates = || {
+        KEYS.iter()
+            .copied()
+            .filter(move |k| key_added_in(k).is_none_or(|since| version.decisions_of() >= since))
+    };
+    let mut best: Option<(usize, &'static str)> = None;
+    for k in candidates() {
+        if let Some(d) = edit_distance(key.as_bytes(), k.as_bytes()) {
+            if d <= (key.len() / 8).max(2) && d < key.len() && best.is_none_or(|(b, _)| d < b) {
+                best = Some((d, k));
+            }
+        }
+    }
+    if let Some((_, k)) = best {
+        return Some(k);
+    }
+    if key.len() >= 4 {
+        let longer = candidates()
+            .filter(|k| starts_with_ignore_case(k, key))
+            .min_by_key(|k| k.len());
+        if longer.is_some() {
+            return longer;
+        }
+    }
+    candidates()
+        .filter(|k| k.len() >= 4 && starts_with_ignore_case(key, k))
+        .max_by_key(|k| k.len())
+}
 
 /// `large_segment_size_mb` must be more than this (the largest request
 /// it serves, 10 MiB, must fit).
@@ -982,6 +1109,78 @@ mod tests {
             let c = Config::parse(s).unwrap();
             let text = format!("{c}");
             assert_eq!(Config::parse(&text).unwrap(), c, "{s} -> {text}");
+        }
+    }
+
+    /// A misspelt key is refused with the key it is likely a misspelling
+    /// of; a key far from every one gets no guess.
+    #[test]
+    fn an_unknown_key_suggests_the_nearest() {
+        let e = Config::parse("expandable_segment:True").unwrap_err();
+        assert_eq!(
+            (e.key, e.reason, e.suggestion),
+            (
+                "expandable_segment",
+                UNKNOWN_KEY,
+                Some("expandable_segments")
+            )
+        );
+        assert_eq!(
+            format!("{e}"),
+            "allocator config: option `expandable_segment` value `True`: unknown option (not a key of torch's allocator config); did you mean `expandable_segments`?"
+        );
+        let v = TorchVersion::NEWEST;
+        for (typed, want) in [
+            ("expandable_segmets", Some("expandable_segments")),
+            ("Expandable_Segments", Some("expandable_segments")),
+            ("max_spilt_size_mb", Some("max_split_size_mb")),
+            ("max_split_size", Some("max_split_size_mb")),
+            (
+                "garbage_collect_threshold",
+                Some("garbage_collection_threshold"),
+            ),
+            (
+                "garbage_collection_treshold",
+                Some("garbage_collection_threshold"),
+            ),
+            ("roundup_power2_division", Some("roundup_power2_divisions")),
+            ("polcy", Some("policy")),
+            ("backnd", Some("backend")),
+            ("expandable", Some("expandable_segments")),
+            ("release_lock_on_malloc", None),
+            ("pinned_use_host_register", None),
+            ("bogus", None),
+            ("a", None),
+            ("", None),
+        ] {
+            assert_eq!(suggest_key(typed, v), want, "{typed}");
+        }
+        // The prefix rule: a key that starts with the typed one.
+        assert_eq!(
+            suggest_key("garbage_coll", v),
+            Some("garbage_collection_threshold")
+        );
+        // A very long key: no suggestion, and no overflow of the rows.
+        let long = "expandable_segments_".repeat(10);
+        assert_eq!(suggest_key(&long, v), Some("expandable_segments"));
+        assert_eq!(suggest_key(&"x".repeat(200), v), None);
+        // Only keys of the release asked for.
+        assert_eq!(
+            suggest_key("throw_on_cudamaloc_oom", TorchVersion::NEWEST),
+            Some("throw_on_cudamalloc_oom")
+        );
+        assert_eq!(
+            suggest_key("throw_on_cudamaloc_oom", TorchVersion::V2_11),
+            None
+        );
+        // Every key suggested is one the parser takes.
+        for k in KEYS {
+            let e = Config::parse(k).unwrap_err();
+            assert_eq!(e.reason, "expected `key:value`", "{k}");
+            let bad = format!("{k}:\u{1}");
+            if let Err(e) = Config::parse(&bad) {
+                assert_ne!(e.reason, UNKNOWN_KEY, "{k}");
+            }
         }
     }
 }

@@ -54,10 +54,12 @@ CACHEALLOC_LIB
     (a source checkout); also read by the wheel build.
 
 Failures of the library raise ``CacheallocError`` (a RuntimeError) with
-the library's message (``cachealloc_last_error()``).
+the library's message (``cachealloc_last_error()``); an allocation that
+finds no room raises its subclass ``OutOfMemoryError`` (the library's
+``CACHEALLOC_ERROR_OUT_OF_MEMORY``, PyTorch's "CUDA out of memory").
 """
 
-from ._lib import CacheallocError, library_path, version
+from ._lib import CacheallocError, OutOfMemoryError, library_path, version
 from .stats import (
     CacheInfo,
     attach_oom_cause_observer,
@@ -99,6 +101,7 @@ except ImportError:  # Python < 3.8
 __all__ = [
     "CacheInfo",
     "CacheallocError",
+    "OutOfMemoryError",
     "attach_oom_cause_observer",
     "attach_oom_observer",
     "attach_oom_rejection_observer",

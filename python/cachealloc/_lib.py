@@ -139,6 +139,21 @@ class CacheallocError(RuntimeError):
     """A call into libcachealloc failed; the message is ``cachealloc_last_error()``."""
 
 
+class OutOfMemoryError(CacheallocError):
+    """An allocation found no room on the device (or under its memory
+    fraction): the library's ``CACHEALLOC_ERROR_OUT_OF_MEMORY``, PyTorch's
+    "CUDA out of memory" (which torch raises as ``torch.OutOfMemoryError``).
+    The message is the library's."""
+
+
+#: ``cachealloc_last_error_code()``: the last call succeeded.
+OK = 0
+#: ``cachealloc_last_error_code()``: the last call ran out of memory.
+ERROR_OUT_OF_MEMORY = 1
+#: ``cachealloc_last_error_code()``: the last call failed otherwise.
+ERROR_OTHER = 2
+
+
 def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     yield os.path.join(here, LIBRARY_NAME)
@@ -212,10 +227,24 @@ def last_error():
     return None if msg is None else msg.decode("utf-8", "replace")
 
 
+def last_error_code():
+    """The kind of the last failed call on this thread: ``ERROR_OUT_OF_MEMORY``,
+    ``ERROR_OTHER``, or ``OK`` (0) when it succeeded."""
+    return lib().cachealloc_last_error_code()
+
+
+def error(message):
+    """The exception for the last failed call on this thread, with
+    ``message``: an ``OutOfMemoryError`` if the library says it ran out of
+    memory, else a ``CacheallocError``."""
+    kind = OutOfMemoryError if last_error_code() == ERROR_OUT_OF_MEMORY else CacheallocError
+    return kind(message)
+
+
 def fail(what):
-    """A CacheallocError for a failed call, with the library's message."""
+    """The exception for a failed call (``error``), with the library's message."""
     msg = last_error()
-    return CacheallocError("%s failed: %s" % (what, msg or "no message from the library"))
+    return error("%s failed: %s" % (what, msg or "no message from the library"))
 
 
 def check(status, what):
@@ -228,7 +257,7 @@ def check_void(what):
     """Raise if the void call just made on this thread left an error."""
     msg = last_error()
     if msg is not None:
-        raise CacheallocError("%s failed: %s" % (what, msg))
+        raise error("%s failed: %s" % (what, msg))
 
 
 def version():

@@ -10,6 +10,7 @@ the current torch device if torch's CUDA is initialised, else 0.
 
 import collections
 import ctypes
+import operator
 import os
 import pickle
 import sys
@@ -281,7 +282,12 @@ def snapshot(path=None, device=-1):
 
 
 _RAW = {}  # caching_allocator_alloc's live allocations: ptr -> (size, device, stream)
+# The addresses caching_allocator_delete freed last (not handed out again
+# since), to tell a double free from an address never allocated here.
+_FREED = collections.OrderedDict()
+_FREED_KEPT = 4096
 _RAW_LOCK = threading.Lock()
+_SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
 
 
 def _stream_handle(stream):
@@ -301,32 +307,57 @@ def caching_allocator_alloc(size, device=None, stream=None):
     ``cudaStream_t`` as an int, or None: the default stream); the address,
     an int. Free it with ``caching_allocator_delete``. (On the simulated
     device the address is a number, not memory.)"""
+    if isinstance(size, bool):
+        raise TypeError("cachealloc: caching_allocator_alloc: size must be an int (bytes), got %r" % (size,))
+    try:
+        size = operator.index(size)
+    except TypeError:
+        raise TypeError("cachealloc: caching_allocator_alloc: size must be an int (bytes), got %r"
+                        % (size,)) from None
+    if size < 0:
+        raise ValueError("cachealloc: caching_allocator_alloc: size must not be negative, got %d" % size)
+    if size > _SIZE_MAX:
+        raise ValueError("cachealloc: caching_allocator_alloc: size %d is more than a size_t holds (%d)"
+                         % (size, _SIZE_MAX))
     d = device_index(device)
     s = _stream_handle(stream)
-    size = int(size)
     ptr = _lib.lib().cachealloc_alloc(size, d, s)
     if ptr is None:
         msg = _lib.last_error()
         if msg is not None:
-            raise _lib.CacheallocError("cachealloc_alloc(%d) failed: %s" % (size, msg))
+            raise _lib.error("cachealloc_alloc(%d) failed: %s" % (size, msg))
         return 0  # zero bytes: NULL, as in PyTorch
     with _RAW_LOCK:
         _RAW[ptr] = (size, d, s)
+        _FREED.pop(ptr, None)
     return ptr
 
 
 def caching_allocator_delete(ptr):
     """``torch.cuda.caching_allocator_delete``: free an address that
-    ``caching_allocator_alloc`` returned (0 is a no-op)."""
+    ``caching_allocator_alloc`` returned (0 is a no-op). Any other address,
+    or one already freed, raises ``CacheallocError`` ("invalid device
+    pointer", as torch's RuntimeError says)."""
     if not ptr:
         return
+    ptr = operator.index(ptr)
     with _RAW_LOCK:
-        entry = _RAW.pop(int(ptr), None)
+        entry = _RAW.pop(ptr, None)
+        freed = entry is None and ptr in _FREED
     if entry is None:
-        raise ValueError("cachealloc: %#x was not allocated by caching_allocator_alloc" % int(ptr))
+        raise _lib.CacheallocError(
+            "cachealloc: invalid device pointer: %#x (%s)"
+            % (ptr, "already freed by caching_allocator_delete" if freed
+               else "not an address caching_allocator_alloc returned"))
     size, d, s = entry
-    if _lib.lib().cachealloc_free_checked(int(ptr), size, d, s) != 0:
-        raise _lib.fail("cachealloc_free(%#x)" % int(ptr))
+    if _lib.lib().cachealloc_free_checked(ptr, size, d, s) != 0:
+        raise _lib.fail("cachealloc_free(%#x)" % ptr)
+    with _RAW_LOCK:
+        if ptr not in _RAW:  # not handed out again meanwhile
+            _FREED[ptr] = None
+            _FREED.move_to_end(ptr)
+            while len(_FREED) > _FREED_KEPT:
+                _FREED.popitem(last=False)
 
 
 _OBSERVERS = []  # the ctypes callbacks attached: they must live as long as the process

@@ -391,12 +391,55 @@ class CachingAllocatorAlloc(unittest.TestCase):
         cachealloc.caching_allocator_delete(p)
         cachealloc.caching_allocator_delete(q)
         self.assertEqual(cachealloc.memory_allocated(d), 0)
-        with self.assertRaises(ValueError):
+        with self.assertRaises(cachealloc.CacheallocError):
             cachealloc.caching_allocator_delete(p)
         self.assertEqual(cachealloc.caching_allocator_alloc(0, device=d), 0)
         cachealloc.caching_allocator_delete(0)
         with self.assertRaisesRegex(RuntimeError, "out of memory"):
             cachealloc.caching_allocator_alloc(4 * GiB, device=d)
+
+    def test_delete_of_a_bad_pointer_is_an_invalid_device_pointer(self):
+        """As torch: a RuntimeError, "invalid device pointer: 0x...", here
+        saying whether the address was freed already or never handed out."""
+        d = fresh_device()
+        p = cachealloc.caching_allocator_alloc(MiB, device=d)
+        cachealloc.caching_allocator_delete(p)
+        with self.assertRaises(cachealloc.CacheallocError) as cm:
+            cachealloc.caching_allocator_delete(p)
+        self.assertIsInstance(cm.exception, RuntimeError)
+        self.assertNotIsInstance(cm.exception, cachealloc.OutOfMemoryError)
+        self.assertIn("invalid device pointer: %#x" % p, str(cm.exception))
+        self.assertIn("already freed", str(cm.exception))
+        with self.assertRaises(cachealloc.CacheallocError) as cm:
+            cachealloc.caching_allocator_delete(p + 512)
+        self.assertIn("invalid device pointer: %#x" % (p + 512), str(cm.exception))
+        self.assertIn("not an address caching_allocator_alloc returned", str(cm.exception))
+        # Handed out again, the address frees once more, then is freed again.
+        q = cachealloc.caching_allocator_alloc(MiB, device=d)
+        self.assertEqual(q, p)  # the cached block
+        cachealloc.caching_allocator_delete(q)
+        with self.assertRaisesRegex(cachealloc.CacheallocError, "already freed"):
+            cachealloc.caching_allocator_delete(q)
+        self.assertEqual(cachealloc.memory_allocated(d), 0)
+
+    def test_bad_sizes_are_refused_before_the_library(self):
+        d = fresh_device()
+        for size in (-1, -(1 << 64)):
+            with self.assertRaisesRegex(ValueError, "size must not be negative, got %d" % size):
+                cachealloc.caching_allocator_alloc(size, device=d)
+        for size in (1.5, "1024", None, 2.0):
+            with self.assertRaisesRegex(TypeError, "size must be an int"):
+                cachealloc.caching_allocator_alloc(size, device=d)
+        # More than a size_t holds (ctypes would wrap it to 0: NULL, no error).
+        with self.assertRaisesRegex(ValueError, "more than a size_t holds"):
+            cachealloc.caching_allocator_alloc(1 << 64, device=d)
+        # The largest size_t overflows the allocator's rounding: an
+        # out-of-memory (as torch says it), not a crash.
+        with self.assertRaises(cachealloc.OutOfMemoryError) as cm:
+            cachealloc.caching_allocator_alloc((1 << 64) - 1, device=d)
+        self.assertIn("more than 1EB", str(cm.exception))
+        self.assertIn("18446744073709551615 bytes requested", str(cm.exception))
+        self.assertEqual(cachealloc.memory_stats(d)["allocation.all.current"], 0)
 
 
 class HistoryAndSnapshot(unittest.TestCase):
@@ -439,6 +482,25 @@ class HistoryAndSnapshot(unittest.TestCase):
 
 
 class OutOfMemory(unittest.TestCase):
+    def test_out_of_memory_has_its_own_exception(self):
+        self.assertIn("OutOfMemoryError", cachealloc.__all__)
+        self.assertTrue(issubclass(cachealloc.OutOfMemoryError, cachealloc.CacheallocError))
+        self.assertTrue(issubclass(cachealloc.OutOfMemoryError, RuntimeError))
+        d = fresh_device()
+        with self.assertRaises(cachealloc.OutOfMemoryError) as cm:
+            cachealloc.caching_allocator_alloc(4 * GiB, device=d)
+        self.assertIn("CUDA out of memory", str(cm.exception))
+        self.assertEqual(_lib.last_error_code(), _lib.ERROR_OUT_OF_MEMORY)
+        # Other failures are not out-of-memories.
+        with self.assertRaises(cachealloc.CacheallocError) as cm:
+            cachealloc.memory_stats(99)
+        self.assertNotIsInstance(cm.exception, cachealloc.OutOfMemoryError)
+        self.assertEqual(_lib.last_error_code(), _lib.ERROR_OTHER)
+        # An out-of-memory of any call the package makes, as the library reports it.
+        alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
+        self.assertIsNone(alloc(4 * GiB, d, None))
+        self.assertIsInstance(_lib.fail("cachealloc_alloc"), cachealloc.OutOfMemoryError)
+
     def test_oom_gives_null_and_the_message(self):
         alloc = torch_style("cachealloc_alloc", _ALLOC_FN)
         d = fresh_device()
@@ -609,6 +671,38 @@ def fake_torch(cuda_available, initialized=False):
     memory.change_current_allocator = lambda a: calls.append(("change_current_allocator", a))
     modules = {"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory}
     return modules, calls
+
+
+class Settings(unittest.TestCase):
+    def run_with(self, **settings):
+        """A fresh process with the settings variables `settings` (the rest
+        cleared): what its first call raises."""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   CACHEALLOC_BACKEND="mock")
+        for v in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                  "CACHEALLOC_TORCH_VERSION", "CACHEALLOC_MOCK_CAPACITY", "CACHEALLOC_SLOTS",
+                  "CACHEALLOC_HISTORY_CAPACITY"):
+            env.pop(v, None)
+        env.update(settings)
+        code = ("import cachealloc\n"
+                "try:\n"
+                "    cachealloc.memory_stats(0)\n"
+                "except cachealloc.CacheallocError as e:\n"
+                "    print(e)\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r.stdout.strip()
+
+    def test_a_bad_setting_names_its_variable(self):
+        for var in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+            msg = self.run_with(**{var: "expandable_segment:True"})
+            self.assertIn('%s="expandable_segment:True": allocator config: option `expandable_segment`' % var, msg)
+            self.assertIn("unknown option", msg)
+            self.assertIn("did you mean `expandable_segments`?", msg)
+        for var, value in (("CACHEALLOC_MOCK_CAPACITY", "lots"), ("CACHEALLOC_SLOTS", "0"),
+                           ("CACHEALLOC_TORCH_VERSION", "latest"), ("CACHEALLOC_BACKEND", "tpu")):
+            msg = self.run_with(**{var: value})
+            self.assertIn('%s="%s": ' % (var, value), msg)
 
 
 class Install(unittest.TestCase):

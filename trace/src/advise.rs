@@ -158,12 +158,17 @@ fn split_sizes(sizes: &[u64]) -> Vec<u64> {
 
 /// The settings tried one at a time.
 pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, TraceError> {
-    let recorded = with_settings(&opts.recorded, "").ok_or_else(|| {
+    let bad_recorded = |why: String| {
         option_error(
             trace,
-            format!("the recorded settings {:?} do not parse", opts.recorded),
+            format!(
+                "the recorded settings {:?} do not parse{why}",
+                opts.recorded
+            ),
         )
-    })?;
+    };
+    Config::parse(&opts.recorded).map_err(|e| bad_recorded(format!(": {e}")))?;
+    let recorded = with_settings(&opts.recorded, "").ok_or_else(|| bad_recorded(String::new()))?;
     let mut tries: Vec<(String, String, bool, Option<f64>)> = vec![(
         "expandable_segments:True".into(),
         "expandable segments".into(),

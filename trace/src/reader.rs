@@ -39,6 +39,17 @@ pub(crate) fn event_of_line(line: &[u8], version: u64) -> Option<Result<Event, R
     })
 }
 
+/// A failed read: a gzip file the decoder cannot read to its end (cut
+/// short, or damaged) says so, with the decoder's words in parentheses;
+/// an error of the system (a disk, a permission) is given as it is.
+fn read_failure(gzip: bool, e: &io::Error) -> Reason {
+    if gzip && e.raw_os_error().is_none() {
+        Reason::Io(format!("cannot read: truncated or corrupt gzip file ({e})"))
+    } else {
+        Reason::Io(format!("cannot read: {e}"))
+    }
+}
+
 /// Lines of a trace, read but not parsed (see [`TraceReader::read_lines`]).
 pub(crate) struct RawLines {
     /// The number of the first line.
@@ -69,6 +80,8 @@ pub struct TraceReader {
     buf: Vec<u8>,
     bytes: Arc<AtomicU64>,
     file_len: u64,
+    /// Whether the file is read through the gzip decoder.
+    gzip: bool,
     /// The header.
     pub header: Header,
 }
@@ -131,6 +144,7 @@ impl TraceReader {
             buf: Vec::with_capacity(256),
             bytes,
             file_len,
+            gzip,
             header: Header::default(),
         };
         let header = loop {
@@ -168,12 +182,12 @@ impl TraceReader {
             self.reader.consume(self.pending);
             self.pending = 0;
         }
+        let (gzip, line_no) = (self.gzip, self.line);
         let io_error = |line: u64, e: io::Error| TraceError {
             path: self.path.clone(),
             line: line + 1,
-            reason: Reason::Io(format!("cannot read: {e}")),
+            reason: read_failure(gzip, &e),
         };
-        let line_no = self.line;
         let found = {
             let avail = self.reader.fill_buf().map_err(|e| io_error(line_no, e))?;
             if avail.is_empty() {
@@ -239,7 +253,7 @@ impl TraceReader {
                 Ok(a) => a,
                 Err(e) => {
                     let at = first + n as u64;
-                    error = Some(self.error(at, Reason::Io(format!("cannot read: {e}"))));
+                    error = Some(self.error(at, read_failure(self.gzip, &e)));
                     last = true;
                     break;
                 }
@@ -270,7 +284,7 @@ impl TraceReader {
                 Err(e) => {
                     bytes.truncate(keep);
                     let at = first + n as u64;
-                    error = Some(self.error(at, Reason::Io(format!("cannot read: {e}"))));
+                    error = Some(self.error(at, read_failure(self.gzip, &e)));
                     last = true;
                     break;
                 }

@@ -95,6 +95,12 @@ impl AdviseArgs {
             eprintln!("--plot draws one input: give one");
             return 2;
         }
+        // A bad --conf is the option's fault, not the recording's.
+        if let Some(conf) = &self.conf {
+            if let Err(status) = super::parse_conf(conf, self.torch_version) {
+                return status;
+            }
+        }
         let mut status = 0;
         for name in &self.inputs {
             let input = match self.input(name) {

@@ -30,19 +30,23 @@ fn torch_version(s: &str) -> Result<TorchVersion, String> {
 /// reads it; the newest's without one) and a capacity; a bad `--conf` is
 /// printed and gives exit status 2.
 fn options(conf: &str, capacity: Option<u64>, torch: Option<TorchVersion>) -> Result<Options, u8> {
-    match Config::parse_for(conf, torch.unwrap_or(TorchVersion::NEWEST)) {
-        Ok(config) => Ok(Options {
-            config,
-            torch,
-            conf: conf.to_string(),
-            capacity,
-            ..Options::default()
-        }),
-        Err(e) => {
-            eprintln!("--conf {conf:?}: {e}");
-            Err(2)
-        }
-    }
+    Ok(Options {
+        config: parse_conf(conf, torch)?,
+        torch,
+        conf: conf.to_string(),
+        capacity,
+        ..Options::default()
+    })
+}
+
+/// `--conf` as torch `torch`'s parser reads it (the newest's without one);
+/// a bad one is printed naming the option (`--conf "...": ...`) and gives
+/// exit status 2.
+fn parse_conf(conf: &str, torch: Option<TorchVersion>) -> Result<Config, u8> {
+    Config::parse_for(conf, torch.unwrap_or(TorchVersion::NEWEST)).map_err(|e| {
+        eprintln!("--conf {conf:?}: {e}");
+        2
+    })
 }
 
 /// Print `e`; its exit status: 2 for bad input, 1 for the rest.
