@@ -11,10 +11,9 @@
 //! of the number of classes in use.
 //!
 //! A small index is one treap: below [`BINS_FROM`] blocks the classes cost
-//! more than they save (the cache-hit pair of the benchmarks keeps a handful
-//! of blocks: 877 instructions per two pairs with one treap, 1,135 with
-//! classes; gpt2-generate's small pool holds 16 to 32 blocks and runs twice
-//! as fast with classes as with one treap). New blocks go to the classes from [`BINS_FROM`] blocks on,
+//! more than they save (a cache-hit loop over a handful of blocks runs more
+//! instructions with classes; a pool of a few dozen blocks already runs
+//! faster with them). New blocks go to the classes from [`BINS_FROM`] blocks on,
 //! and to the one treap again from [`BINS_UNTIL`] down. Nothing moves when
 //! the mode changes: a block stays where it was put until it leaves, and
 //! queries always consult both parts, so a workload that hovers around a
@@ -27,8 +26,8 @@ use crate::arena::{BlockSlot, NIL};
 use crate::bin_map::{size_class, BinMap, BINS};
 use crate::index::{self, FreeKey, Links};
 
-/// Blocks from which new blocks go to the size classes (8, 16 and always
-/// were measured alike on the real traces; 32 and 64 were 1.2-1.9x slower).
+/// Blocks from which new blocks go to the size classes (chosen on the
+/// bundled traces: lower thresholds did as well, higher ones were slower).
 pub(crate) const BINS_FROM: u32 = 16;
 /// Blocks from which new blocks go to the one treap again.
 pub(crate) const BINS_UNTIL: u32 = 4;
@@ -391,7 +390,7 @@ mod tests {
         );
     }
 
-    /// The property test of the issue: the index and one treap over the
+    /// The property test: the index and one treap over the
     /// same blocks (each in its own copy of the slots) give the same answer
     /// to every query, over random insert / remove sequences with one to
     /// five streams, growing and shrinking through the bins' thresholds.

@@ -36,8 +36,8 @@ pub(crate) const ANY_STREAM: u64 = u64::MAX;
 /// A free block the compact policy unmaps pages of to make room: one of at
 /// least this many bytes, or one of the small pool. Unmapping the pages of
 /// smaller large-pool blocks costs more than it saves: later requests of
-/// their size no longer fit there, and the layout drifts (measured on the
-/// bundled traces: 8 pages is best of 4, 8, 16, 32; all blocks, worst).
+/// their size no longer fit there, and the layout drifts (8 pages did best
+/// on the bundled traces; unmapping every block's pages did worst).
 const RECLAIM_MIN_BLOCK: u64 = 8 * COMPACT_PAGE;
 
 /// The compact segments' page size.
