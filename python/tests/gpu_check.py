@@ -4,15 +4,18 @@ own on PyTorch's native allocator and again with cachealloc installed
 (``cachealloc.install()``), comparing the results and every
 ``memory_stats()`` key. Needs an NVIDIA GPU, a CUDA build of torch and the
 cachealloc package with a library built with ``--features cuda`` (the
-default); not run by CI. One command, under 5 minutes on one GPU:
+default); not run by CI. One command, about 3 minutes on one GPU and 16
+cores (the processes run ``--jobs`` at a time, 8 by default):
 
-    python3 python/tests/gpu_check.py --out gpu-summary.json
+    python3 python/tests/gpu_check.py --out gpu-summary.json --status-md gpu-status.md
     python3 python/tests/gpu_check.py --only graph,oom_fraction   # a few
 
 It prints a table and writes one JSON summary (``--out``): per workload its
 status, the keys that differ (and which may, with why), the result
-comparison and the time taken. Exit status 1 if a workload fails that is
-not a known failure (``expect``: what a later issue fixes), 0 otherwise.
+comparison and the time taken; ``--status-md`` writes the same as the
+markdown rows of the README's status table's GPU column (device, torch,
+date, commit from ``$GPUCHECK_COMMIT``). Exit status 1 if a workload fails that is
+not a known failure (``expect``: why it is known to fail), 0 otherwise.
 
 Keys allowed to differ, and why:
 - ``two_streams``: the device calls and the cache's shape depend on when
@@ -31,6 +34,8 @@ The module imports without torch (``--list`` prints the matrix).
 """
 
 import argparse
+import concurrent.futures
+import datetime
 import json
 import os
 import subprocess
@@ -568,7 +573,7 @@ def ipc_to_native(torch, dev):
 
 
 # name -> (function, CACHEALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF, keys allowed
-# to differ (a predicate) and why, what fails until which issue)
+# to differ (a predicate) and why, why it is known to fail (or None))
 WORKLOADS = [
     ("mlp", mlp, "", None, None),
     ("conv", conv, "", None, None),
@@ -720,6 +725,23 @@ def compare(name, conf, allowed, expect, native, ours):
     return row
 
 
+def status_markdown(summary):
+    """The GPU column of the README's status table: one line of where and
+    when, then a row per workload."""
+    out = ["%s, torch %s, %s, commit %s, `%s` path: %d passed, %d failed, %d expected failures (%s s)\n" % (
+        summary.get("device"), summary.get("torch"), summary.get("date"), summary.get("commit") or "unknown",
+        summary.get("install_mode"), summary["passed"], summary["failed"], summary["expected_failures"],
+        summary["seconds"]),
+        "| workload | settings | status | memory_stats keys equal | native s | cachealloc s |",
+        "| --- | --- | --- | ---: | ---: | ---: |"]
+    for r in summary["workloads"]:
+        out.append("| %s | %s | %s | %d of %d | %s | %s |" % (
+            r["workload"], r["conf"] or "(default)", r["status"] + (": " + "; ".join(r["problems"])[:120].replace("|", "/") if r["problems"] else ""),
+            r["keys_compared"] - len(r["keys_differ"]), r["keys_compared"],
+            r.get("native_seconds"), r.get("cachealloc_seconds")))
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker")
@@ -728,6 +750,9 @@ def main():
     ap.add_argument("--only", help="comma-separated workload names")
     ap.add_argument("--list", action="store_true", help="print the matrix and exit")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per process")
+    ap.add_argument("--jobs", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
+                    help="processes at once (each workload runs twice: native and cachealloc)")
+    ap.add_argument("--status-md", help="the GPU column of the README's status table, as markdown")
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.backend)
@@ -750,18 +775,24 @@ def main():
     except Exception as e:  # noqa: BLE001 - reported; the workers fall back and say so
         print("native allocator NOT built: %s" % e, flush=True)
     rows = []
-    for name, _, conf, allowed, expect in WORKLOADS:
-        if name not in chosen:
-            continue
-        native = run_one(name, "native", conf, args.timeout)
-        ours = run_one(name, "cachealloc", conf, args.timeout)
-        row = compare(name, conf, allowed, expect, native, ours)
-        rows.append(row)
-        secs = lambda v: "-" if v is None else "%.1fs" % v  # noqa: E731
-        print("%-24s %-17s native %6s  cachealloc %6s  %d keys, %d differ  %s" % (
-            name, row["status"], secs(row["native_seconds"]), secs(row["cachealloc_seconds"]),
-            row["keys_compared"], len(row["keys_differ"]), "; ".join(row["problems"])[:160]), flush=True)
-        meta = ours if ours.get("device") else native
+    chosen_rows = [w for w in WORKLOADS if w[0] in chosen]
+    # Every process of the matrix, --jobs at a time: the workloads share the
+    # GPU (each takes little of it) and the statistics compared are each
+    # process's own.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        runs = {(name, backend): pool.submit(run_one, name, backend, conf, args.timeout)
+                for name, _, conf, _, _ in chosen_rows for backend in ("native", "cachealloc")}
+        meta = {}
+        for name, _, conf, allowed, expect in chosen_rows:
+            native, ours = runs[(name, "native")].result(), runs[(name, "cachealloc")].result()
+            row = compare(name, conf, allowed, expect, native, ours)
+            rows.append(row)
+            secs = lambda v: "-" if v is None else "%.1fs" % v  # noqa: E731
+            print("%-28s %-17s native %6s  cachealloc %6s  %d keys, %d differ  %s" % (
+                name, row["status"], secs(row["native_seconds"]), secs(row["cachealloc_seconds"]),
+                row["keys_compared"], len(row["keys_differ"]), "; ".join(row["problems"])[:160]), flush=True)
+            if not meta.get("device"):
+                meta = ours if ours.get("device") else native
     summary = {
         "device": meta.get("device") if rows else None,
         "install_mode": meta.get("install_mode") if rows else None,
@@ -776,9 +807,14 @@ def main():
     }
     print("gpu_check: %(passed)d passed, %(failed)d failed, %(expected_failures)d expected failures, "
           "%(unexpected_passes)d unexpected passes in %(seconds)s s" % summary)
+    summary["commit"] = os.environ.get("GPUCHECK_COMMIT")
+    summary["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=1, sort_keys=True)
+    if args.status_md:
+        with open(args.status_md, "w") as f:
+            f.write(status_markdown(summary))
     return 1 if summary["failed"] else 0
 
 
