@@ -1,8 +1,8 @@
-/* cachealloc from C: the README's "Use from C" example.
+/* cachealloc from C: the README's C quick start.
  *
  *   cargo build --release -p cachealloc-capi
- *   gcc -Icapi/include capi/examples/hello.c -Ltarget/release -lcachealloc -o hello
- *   CACHEALLOC_BACKEND=mock LD_LIBRARY_PATH=target/release ./hello
+ *   gcc -Icapi/include capi/examples/hello.c -L"${CARGO_TARGET_DIR:-target}/release" -lcachealloc -o hello
+ *   CACHEALLOC_BACKEND=mock LD_LIBRARY_PATH="${CARGO_TARGET_DIR:-target}/release" ./hello
  */
 #include <stdio.h>
 #include <string.h>

@@ -633,21 +633,22 @@ int main() {
 #[test]
 fn readme_example() {
     let readme = std::fs::read_to_string(manifest_dir().join("../README.md")).expect("README");
+    let doc = std::fs::read_to_string(manifest_dir().join("../docs/c-library.md")).expect("docs");
     for line in [
         "cargo build --release -p cachealloc-capi",
-        "gcc -Icapi/include capi/examples/hello.c -Ltarget/release -lcachealloc -o hello",
-        "CACHEALLOC_BACKEND=mock LD_LIBRARY_PATH=target/release ./hello",
+        r#"gcc -Icapi/include capi/examples/hello.c -L"${CARGO_TARGET_DIR:-target}/release" -lcachealloc -o hello"#,
+        r#"CACHEALLOC_BACKEND=mock LD_LIBRARY_PATH="${CARGO_TARGET_DIR:-target}/release" ./hello"#,
     ] {
         assert!(
-            readme.contains(line),
-            "the README's \"Use from C\" has `{line}`"
+            readme.contains(line) && doc.contains(line),
+            "the README's C quick start and docs/c-library.md have `{line}`"
         );
     }
     let source = manifest_dir().join("examples/hello.c");
     let text = std::fs::read_to_string(&source).expect("hello.c");
     assert!(
-        readme.contains(&format!("```c\n{text}```")),
-        "the README shows examples/hello.c as it is"
+        doc.contains(&format!("```c\n{text}```")),
+        "docs/c-library.md shows examples/hello.c as it is"
     );
     let dir = scratch("hello");
     let exe = dir.join("hello");

@@ -17,6 +17,11 @@ use std::path::PathBuf;
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+/// The Rust examples of `docs/rust.md`, compiled and run by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/rust.md")]
+pub struct RustDocDoctests;
+
 pub mod backend_suite;
 pub mod fuzz;
 pub mod gpu;
