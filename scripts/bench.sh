@@ -3,7 +3,7 @@
 # raw outputs in OUT (default target/bench), and prints the tables in
 # markdown with the commit, the date and the machine.
 #
-#   bash scripts/bench.sh [OUT]            # about 12 minutes on 2 cores
+#   bash scripts/bench.sh [OUT]            # 8 to 13 minutes on 2 cores
 #   BENCH_QUICK=1 bash scripts/bench.sh    # a minute: checks the script, not the figures
 #
 # Needs Rust and python3; valgrind for the instruction counts (skipped,

@@ -25,7 +25,7 @@ pub struct AdviseArgs {
     /// Also find each setting's smallest device (to 2 MiB) and rank by it.
     #[arg(long)]
     min_capacity: bool,
-    /// One JSON object per input (documented in the README).
+    /// One JSON object per input (documented in docs/cli.md).
     #[arg(long)]
     json: bool,
     /// Draw the peak reserved bytes of every setting into this SVG file (one input).
@@ -379,7 +379,7 @@ fn outcome_json(o: &Outcome) -> serde_json::Value {
     })
 }
 
-/// The advice as the JSON object the README documents.
+/// The advice as the JSON object docs/cli.md documents.
 pub fn to_json(a: &Advice) -> serde_json::Value {
     let rec = &a.ranked[a.recorded];
     serde_json::json!({
