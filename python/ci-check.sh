@@ -70,6 +70,24 @@ print("cachealloc %s from %s" % (cachealloc.__version__, os.path.dirname(cacheal
 print("library %s (version %s)" % (cachealloc.library_path(), cachealloc.version()))
 PY
 
+echo "== the wheel's one library serves cuda, hip and mock (the GPU runtimes loaded at run time)"
+"$venv/bin/python" - <<'PY'
+import subprocess, sys
+code = ("import cachealloc, sys\n"
+        "try:\n"
+        "    print(cachealloc.backend(), cachealloc.memory_allocated(0))\n"
+        "except cachealloc.CacheallocError as e:\n"
+        "    print('error:', e)\n")
+# A machine without the GPU: the runtime's own "no driver / no device".
+for backend, expect in (("mock", ("mock 0",)), ("cuda", ("cuda 0", "no CUDA driver", "no CUDA device")),
+                        ("hip", ("hip 0", "no HIP runtime", "no HIP device"))):
+    out = subprocess.run([sys.executable, "-c", code], env={"CACHEALLOC_BACKEND": backend},
+                         capture_output=True, text=True).stdout.strip()
+    if not any(e in out for e in expect) or "built without" in out:
+        sys.exit("FAIL: CACHEALLOC_BACKEND=%s: %s" % (backend, out))
+    print("%-4s %s" % (backend, out))
+PY
+
 echo "== python/tests (unittest, simulated device)"
 CACHEALLOC_EXPECT_PREFIX="$venv" "$venv/bin/python" - "$root/python/tests" <<'PY'
 import sys, unittest

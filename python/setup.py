@@ -3,7 +3,8 @@
 The library is `$CACHEALLOC_LIB` when set (an already built
 libcachealloc.so), else built here with `cargo build --release -p
 cachealloc-capi` from the repository root (`$CACHEALLOC_CARGO_FEATURES`,
-e.g. `hip`, adds cargo features). It is copied into the package, its debug
+e.g. `debug-hooks`, adds cargo features; the default library has the
+CUDA, HIP and simulated backends). It is copied into the package, its debug
 info stripped when `strip` is here (`CACHEALLOC_STRIP=0` keeps it), and the
 wheel is tagged for this platform (py3-none-linux_x86_64): the code is pure
 Python, the library is not. `auditwheel repair` then makes it the

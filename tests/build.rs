@@ -28,6 +28,7 @@ fn main() {
         "libamdhip64.so.5",
         Some(&src.join("hip.map")),
     );
+    link(&out.join("hip"), "libamdhip64.so.5", "libamdhip64.so");
     println!("cargo:rustc-env=CACHEALLOC_STUB_DIR={}", out.display());
 }
 
@@ -59,7 +60,7 @@ fn build(cc: &cc::Tool, source: &Path, dir: &Path, soname: &str, version_script:
     assert!(status.success(), "compiling {} failed", source.display());
 }
 
-/// `dir/alias` -> `target` (cudarc tries `libcuda.so` first).
+/// `dir/alias` -> `target` (the development name a loader may try).
 fn link(dir: &Path, target: &str, alias: &str) {
     let path = dir.join(alias);
     let _ = std::fs::remove_file(&path);

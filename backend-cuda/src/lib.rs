@@ -138,6 +138,19 @@ pub struct CudaBackend {
 // driver objects, not thread-bound memory.
 unsafe impl Send for CudaBackend {}
 
+/// The number of CUDA devices: `NoDriver` without a driver, 0 when the
+/// driver finds no device.
+pub fn device_count() -> Result<u32, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    match result::init() {
+        Err(e) if is_no_device(&e) => return Ok(0),
+        r => check(r, "cuInit")?,
+    }
+    Ok(check(result::device::get_count(), "cuDeviceGetCount")?.max(0) as u32)
+}
+
 impl CudaBackend {
     /// Open device `ordinal`: checks that the driver library loads and that
     /// the device exists, then retains its primary context.

@@ -2,10 +2,10 @@
 
 use crate::conv::HipError;
 use crate::conv::{check, error, is_no_device, is_not_ready, is_out_of_memory, is_success};
+use crate::hip;
 use cachealloc_core::{
     DeviceBackend, DevicePtr, EventStatus, IpcMemHandle, MallocError, MemInfo, PeerAccess, VmError,
 };
-use hip_sys::hiprt as hip;
 use std::collections::BTreeMap;
 
 /// A HIP stream handle (`hipStream_t`), compared by raw value.
@@ -79,8 +79,26 @@ pub struct HipBackend {
     pub(crate) graph: cachealloc_capture_graph::CaptureGraph<HipStream>,
 }
 
+/// The HIP runtime of the process, loaded at the first call: the library
+/// it came from, or why there is none.
+pub fn open_runtime() -> Result<String, HipError> {
+    hip::api()
+        .map(|a| a.library().to_string())
+        .map_err(HipError::from)
+}
+
+/// Load the HIP runtime from `library` (a path or soname) apart from the
+/// process's own, and resolve every entry point the backend needs: the
+/// check [`open_runtime`] makes, for one library.
+pub fn check_runtime(library: &str) -> Result<String, HipError> {
+    hip::load(&[library.to_string()])
+        .map(|a| a.library().to_string())
+        .map_err(|e| HipError::from(&e))
+}
+
 /// The number of HIP devices (0 when the runtime reports `hipErrorNoDevice`).
 pub fn device_count() -> Result<u32, HipError> {
+    open_runtime()?;
     let mut n: i32 = 0;
     // SAFETY: `n` is a valid out-pointer for the duration of the call.
     let e = unsafe { hip::hipGetDeviceCount(&mut n) };

@@ -8,7 +8,7 @@
 
 use crate::backend::HipBackend;
 use crate::conv::{check, HipError};
-use hip_sys::hiprt as hip;
+use crate::hip;
 
 /// The calling thread in relaxed capture mode until dropped; then the mode
 /// it had before (`hipThreadExchangeStreamCaptureMode`, push-pop).

@@ -1,6 +1,6 @@
 //! The one place where HIP status codes become this crate's errors.
 
-use hip_sys::hiprt::{hipError_t, hipGetErrorName};
+use crate::hip::{hipError_t, hipGetErrorName};
 use std::ffi::CStr;
 use std::fmt;
 
@@ -24,6 +24,20 @@ pub enum HipError {
         /// Its name (`hipError...`).
         name: String,
     },
+    /// No HIP runtime could be loaded (`libamdhip64`).
+    NoRuntime {
+        /// What was tried, and why it failed.
+        message: String,
+    },
+    /// The HIP runtime lacks an entry point the backend needs.
+    MissingSymbol {
+        /// The library.
+        library: String,
+        /// The entry point.
+        symbol: &'static str,
+        /// Its symbol version.
+        version: &'static str,
+    },
     /// A call of the operating system, or a request the backend cannot
     /// serve (taking another process's descriptors for its pages).
     System {
@@ -44,11 +58,35 @@ impl fmt::Display for HipError {
             }
             HipError::Runtime { call, code, name } => write!(f, "{call} failed: {name} ({code})"),
             HipError::System { call, message, .. } => write!(f, "{call} failed: {message}"),
+            HipError::NoRuntime { message } => f.write_str(message),
+            HipError::MissingSymbol { library, symbol, version } => write!(
+                f,
+                "{library} lacks {symbol} (version {version}), which cachealloc needs: a HIP runtime of ROCm 5.1 or later is required"
+            ),
         }
     }
 }
 
 impl std::error::Error for HipError {}
+
+impl From<&crate::hip::LoadError> for HipError {
+    fn from(e: &crate::hip::LoadError) -> HipError {
+        match e {
+            crate::hip::LoadError::NoLibrary { .. } => HipError::NoRuntime {
+                message: e.to_string(),
+            },
+            crate::hip::LoadError::MissingSymbol {
+                library,
+                symbol,
+                version,
+            } => HipError::MissingSymbol {
+                library: library.clone(),
+                symbol,
+                version,
+            },
+        }
+    }
+}
 
 /// The name of a status code.
 pub(crate) fn name(e: hipError_t) -> String {
@@ -75,7 +113,7 @@ pub(crate) fn check(e: hipError_t, call: &'static str) -> Result<(), HipError> {
 pub(crate) fn error(e: hipError_t, call: &'static str) -> HipError {
     HipError::Runtime {
         call,
-        code: e as u32,
+        code: e.0 as u32,
         name: name(e),
     }
 }

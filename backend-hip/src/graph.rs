@@ -5,27 +5,26 @@
 //! unsafe during a capture.
 use crate::backend::{HipBackend, HipStream};
 use crate::conv::{check, error, HipError};
+use crate::hip;
 use cachealloc_capture_graph::{Capture, GraphDriver, Node};
-use hip_sys::hiprt as hip;
 
 /// The capture `stream` is part of (`None`: it is not capturing); an
 /// invalidated capture is an error. The caller has the context bound.
 fn capture_info(stream: HipStream) -> Result<Option<Capture>, HipError> {
     const CALL: &str = "hipStreamGetCaptureInfo_v2";
-    // Read as a plain number: a status this crate does not know must not be
-    // taken for a Rust enum value.
-    let mut status: u32 = hip::hipStreamCaptureStatus::hipStreamCaptureStatusNone as u32;
+    // A plain number: a status this crate does not name is still read.
+    let mut status = hip::hipStreamCaptureStatus::hipStreamCaptureStatusNone;
     let mut id: std::ffi::c_ulonglong = 0;
     let mut graph: hip::hipGraph_t = std::ptr::null_mut();
     let mut deps: *const hip::hipGraphNode_t = std::ptr::null();
     let mut n: usize = 0;
     // SAFETY: every out-pointer is valid and writable for the call;
-    // hipStreamCaptureStatus is a `repr(u32)` enum, so the runtime writes a
-    // u32 through the cast pointer. The stream is the caller's, alive.
+    // hipStreamCaptureStatus is a transparent C int. The stream is the
+    // caller's, alive.
     let e = unsafe {
         hip::hipStreamGetCaptureInfo_v2(
             stream.as_raw(),
-            (&mut status as *mut u32).cast::<hip::hipStreamCaptureStatus>(),
+            &mut status,
             &mut id,
             &mut graph,
             &mut deps,
@@ -33,10 +32,10 @@ fn capture_info(stream: HipStream) -> Result<Option<Capture>, HipError> {
         )
     };
     check(e, CALL)?;
-    if status == hip::hipStreamCaptureStatus::hipStreamCaptureStatusNone as u32 {
+    if status == hip::hipStreamCaptureStatus::hipStreamCaptureStatusNone {
         return Ok(None);
     }
-    if status != hip::hipStreamCaptureStatus::hipStreamCaptureStatusActive as u32 {
+    if status != hip::hipStreamCaptureStatus::hipStreamCaptureStatusActive {
         // Invalidated (or a status this crate does not know).
         return Err(error(
             hip::hipError_t::hipErrorStreamCaptureInvalidated,

@@ -8,8 +8,8 @@
 
 use crate::backend::{HipBackend, HipStream};
 use crate::conv::{error, is_success, HipError};
+use crate::hip;
 use cachealloc_core::{DevicePtr, IpcMemHandle, PeerAccess, VmError};
-use hip_sys::hiprt as hip;
 
 type Vm<T> = Result<T, VmError<HipError>>;
 

@@ -23,28 +23,26 @@
 //! `hipGraphNodeGetDependencies`), as PyTorch does to hand out again, within
 //! the capture, a block freed after other streams used it.
 //!
-//! The FFI sits behind the cargo feature `rocm` (off by default), because
-//! building it needs the HIP headers and `libamdhip64`: on Debian
-//! `apt-get install libamdhip64-dev` and `HIP_PATH=/usr`, then
-//! `cargo build -p cachealloc-hip --features rocm`. Without the feature the
-//! crate is empty, so a workspace build needs no ROCm.
+//! The runtime is loaded when the backend is first opened, not linked:
+//! `libamdhip64.so.7` (then `.so.6`, `.so.5`, `.so`; a copy already in the
+//! process first, such as the one a ROCm build of torch carries;
+//! `CACHEALLOC_HIP_LIBRARY=/path` names one), each entry point resolved at
+//! the symbol version the real library gives it. Building needs no ROCm;
+//! a machine without the runtime gets [`HipError::NoRuntime`], one whose
+//! runtime lacks an entry point the backend needs gets
+//! [`HipError::MissingSymbol`] naming it. The feature `rocm` only adds a
+//! test that checks this crate's declarations of HIP's types and constants
+//! against `hip-sys`'s bindings (which need the HIP headers and link
+//! `libamdhip64`).
 
-#[cfg(feature = "rocm")]
 mod backend;
-#[cfg(feature = "rocm")]
 mod capture;
-#[cfg(feature = "rocm")]
 mod conv;
-#[cfg(feature = "rocm")]
 mod graph;
-#[cfg(feature = "rocm")]
+pub mod hip;
 mod ipc;
-#[cfg(feature = "rocm")]
 mod vmm;
-#[cfg(feature = "rocm")]
 mod vmm_ipc;
 
-#[cfg(feature = "rocm")]
-pub use backend::{device_count, HipBackend, HipEvent, HipStream};
-#[cfg(feature = "rocm")]
+pub use backend::{check_runtime, device_count, open_runtime, HipBackend, HipEvent, HipStream};
 pub use conv::HipError;

@@ -8,10 +8,10 @@
 
 use crate::backend::HipBackend;
 use crate::conv::{error, is_out_of_memory, is_success, HipError};
+use crate::hip;
 use cachealloc_core::{DeviceBackend, DevicePtr, VmError};
 use cachealloc_vmm::{map_with_rollback, PageDriver};
 use core::ffi::c_void;
-use hip_sys::hiprt as hip;
 
 pub(crate) type Vm<T> = Result<T, VmError<HipError>>;
 

@@ -7,11 +7,11 @@
 
 use crate::backend::HipBackend;
 use crate::conv::HipError;
+use crate::hip;
 use crate::vmm::{handle, vm, Driver, Vm};
 use cachealloc_core::{DevicePtr, VmError};
 use cachealloc_vmm::{import_with_rollback, ImportDriver};
 use core::ffi::c_void;
-use hip_sys::hiprt as hip;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// Pages imported from another process, mapped at a base (handles as
@@ -118,14 +118,38 @@ impl HipBackend {
     }
 }
 
+/// The HIP version from which `hipMemImportFromShareableHandle` takes the
+/// file descriptor by value: ROCm 7.1 (`HIP_VERSION` encoding, major times
+/// 10^7 plus minor times 10^5 plus patch).
+const IMPORT_BY_VALUE_FROM: i32 = 70_100_000;
+
+/// The runtime's HIP version (0 when it does not say).
+fn runtime_version() -> i32 {
+    let mut v = 0;
+    // SAFETY: a valid out-pointer for the call.
+    let r = unsafe { hip::hipRuntimeGetVersion(&mut v) };
+    if crate::conv::is_success(r) {
+        v
+    } else {
+        0
+    }
+}
+
 impl ImportDriver for Driver<'_> {
     fn import(&mut self, fd: i32) -> Vm<usize> {
         let mut h: hip::hipMemGenericAllocationHandle_t = core::ptr::null_mut();
-        // SAFETY: valid out-pointer; `fd` is open (the runtime reads it as an
-        // int passed in the pointer's bits).
-        let r = unsafe {
-            hip::hipMemImportFromShareableHandle(&mut h, fd as usize as *mut c_void, POSIX_FD)
+        let mut fd = fd;
+        // From ROCm 7.1 the runtime takes the descriptor in the pointer's
+        // bits, before it a pointer to the descriptor (torch's
+        // `ROCM_VERSION >= 70100` split).
+        let os_handle = if runtime_version() >= IMPORT_BY_VALUE_FROM {
+            fd as usize as *mut c_void
+        } else {
+            (&mut fd as *mut i32).cast::<c_void>()
         };
+        // SAFETY: valid out-pointer; `fd` is open and, for an older runtime,
+        // `os_handle` points at it for the duration of the call.
+        let r = unsafe { hip::hipMemImportFromShareableHandle(&mut h, os_handle, POSIX_FD) };
         vm(r, "hipMemImportFromShareableHandle")?;
         Ok(h as usize)
     }

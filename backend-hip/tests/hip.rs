@@ -1,4 +1,4 @@
-//! The HIP backend (feature `rocm`), three ways:
+//! The HIP backend, the runtime loaded at run time, three ways:
 //!
 //! - as this machine is: without an AMD GPU the runtime reports no device,
 //!   and the backend turns that into an error value;
@@ -10,20 +10,17 @@
 //!   another thread, the caller's device restored, a failure at every
 //!   runtime call, the capture rules and a graph capture as
 //!   torch.cuda.graph makes it, the free markers and walks of a capture's
-//!   graph, the symbol inventory (the binary binds
-//!   every HIP symbol at start, so a missing one stops the child outright);
+//!   graph, the symbol inventory;
 //! - on a real GPU (`real_device_conformance`, ignored unless asked for
 //!   with `-- --ignored real_device`): the conformance suite, leaving out
 //!   the scenarios that need a simulated capacity or event timing.
-#![cfg(feature = "rocm")]
-
 use cachealloc_core::{DeviceBackend, DevicePtr};
+use cachealloc_hip::hip;
 use cachealloc_hip::{device_count, HipBackend, HipError, HipStream};
 use cachealloc_tests::gpu::{GpuApi, GpuHarness, StreamOf};
 use cachealloc_tests::stub::{in_child, StubKind};
 use cachealloc_tests::stub_suite::{self, child_stub};
 use cachealloc_tests::{backend_suite, testdata_dir};
-use hip_sys::hiprt as hip;
 
 /// The HIP backend, for the shared GPU tests.
 struct Hip;
@@ -112,7 +109,18 @@ fn opening_a_device_without_a_gpu_is_no_device() {
     if in_child() {
         return;
     }
-    let count = device_count().expect("hipGetDeviceCount");
+    let count = match device_count() {
+        Ok(n) => n,
+        Err(e @ HipError::NoRuntime { .. }) => {
+            println!("no HIP runtime on this machine: {e}");
+            assert!(matches!(
+                HipBackend::new(0),
+                Err(HipError::NoRuntime { .. })
+            ));
+            return;
+        }
+        Err(e) => panic!("hipGetDeviceCount: {e}"),
+    };
     match HipBackend::new(0) {
         Err(HipError::NoDevice {
             ordinal: 0,
@@ -131,7 +139,7 @@ fn opening_a_device_without_a_gpu_is_no_device() {
 }
 
 #[test]
-#[ignore = "needs an AMD GPU (run on a GPU machine with `--features rocm -- --ignored real_device`)"]
+#[ignore = "needs an AMD GPU (run on a GPU machine with `-- --ignored real_device`)"]
 fn real_device_conformance() {
     backend_suite::run_and_report(&GpuHarness::<Hip>::new(None), &testdata_dir());
 }
@@ -205,4 +213,94 @@ fn stub_errors_name_the_call_and_the_code() {
     );
     assert_eq!(s.counters().bad_handles, 1);
     s.reset(2, u64::MAX);
+}
+
+/// A `libamdhip64` that lacks an entry point the backend needs is refused,
+/// naming it (and its symbol version), and one without the optional
+/// entry points loads; a name that loads nothing is `NoRuntime`.
+#[test]
+fn a_runtime_that_lacks_a_needed_symbol_is_refused_naming_it() {
+    if in_child() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cachealloc-hip-partial-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let build = |name: &str, source: &str| -> String {
+        let c = dir.join(format!("{name}.c"));
+        std::fs::write(&c, source).unwrap();
+        let so = dir.join(format!("{name}.so"));
+        let status =
+            std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(&so)
+                .arg(&c)
+                .status()
+                .expect("run the C compiler");
+        assert!(status.success(), "cc {}", c.display());
+        so.to_string_lossy().into_owned()
+    };
+    // Every required entry point but hipEventQuery.
+    let required = [
+        "hipGetDeviceCount",
+        "hipGetDevice",
+        "hipSetDevice",
+        "hipDeviceSynchronize",
+        "hipDeviceTotalMem",
+        "hipGetErrorName",
+        "hipGetLastError",
+        "hipMalloc",
+        "hipFree",
+        "hipMemGetInfo",
+        "hipStreamCreateWithFlags",
+        "hipStreamDestroy",
+        "hipStreamSynchronize",
+        "hipStreamWaitEvent",
+        "hipEventCreateWithFlags",
+        "hipEventDestroy",
+        "hipEventRecord",
+        "hipEventSynchronize",
+        "hipMemcpyAsync",
+    ];
+    let defs: String = required
+        .iter()
+        .map(|f| format!("int {f}(void) {{ return 0; }}\n"))
+        .collect();
+    let partial = build("partial", &defs);
+    match cachealloc_hip::check_runtime(&partial) {
+        Err(
+            e @ HipError::MissingSymbol {
+                symbol: "hipEventQuery",
+                version: "hip_4.2",
+                ..
+            },
+        ) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("lacks hipEventQuery") && msg.contains(&partial),
+                "{msg}"
+            );
+            println!("refused: {msg}");
+        }
+        other => panic!("expected hipEventQuery missing: {other:?}"),
+    }
+    let full = build(
+        "full",
+        &format!("{defs}int hipEventQuery(void) {{ return 0; }}\n"),
+    );
+    assert_eq!(
+        cachealloc_hip::check_runtime(&full).unwrap(),
+        full,
+        "the optional entry points may be missing"
+    );
+    let none = dir
+        .join("no-such-libamdhip64.so")
+        .to_string_lossy()
+        .into_owned();
+    match cachealloc_hip::check_runtime(&none) {
+        Err(e @ HipError::NoRuntime { .. }) => {
+            assert!(e.to_string().contains("no HIP runtime"), "{e}")
+        }
+        other => panic!("expected NoRuntime: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

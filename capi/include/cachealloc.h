@@ -694,6 +694,16 @@ extern "C" {
  */
 const char *cachealloc_version(void);
 
+/**
+ * The kind of device the process's allocators run on: `"cuda"`, `"hip"`
+ * or `"mock"` (with `CACHEALLOC_BACKEND` unset or `auto`, the GPU that was
+ * found: CUDA's first, then HIP's), a static string; NULL when the
+ * settings do not parse or no GPU was found, with the reason in
+ * `cachealloc_last_error()`. Reading it reads the settings (and, for
+ * `auto`, loads the GPU runtimes), as a first allocation would.
+ */
+const char *cachealloc_backend(void);
+
 #if defined(CACHEALLOC_DEBUG_HOOKS)
 /**
  * For tests of the error path: the next call into cachealloc on this

@@ -139,3 +139,21 @@ pub extern "C" fn cachealloc_version() -> *const c_char {
         };
     VERSION.as_ptr()
 }
+
+/// The kind of device the process's allocators run on: `"cuda"`, `"hip"`
+/// or `"mock"` (with `CACHEALLOC_BACKEND` unset or `auto`, the GPU that was
+/// found: CUDA's first, then HIP's), a static string; NULL when the
+/// settings do not parse or no GPU was found, with the reason in
+/// `cachealloc_last_error()`. Reading it reads the settings (and, for
+/// `auto`, loads the GPU runtimes), as a first allocation would.
+#[no_mangle]
+pub extern "C" fn cachealloc_backend() -> *const c_char {
+    error::guard("cachealloc_backend", std::ptr::null(), || {
+        let name = match settings::settings()?.backend.name() {
+            "cuda" => c"cuda",
+            "hip" => c"hip",
+            _ => c"mock",
+        };
+        Ok(name.as_ptr())
+    })
+}

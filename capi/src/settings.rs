@@ -2,7 +2,7 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `CACHEALLOC_BACKEND` | `cuda`, `hip` or `mock` | `cuda` |
+//! | `CACHEALLOC_BACKEND` | `cuda`, `hip`, `mock`, or `auto`: the GPU that is present (CUDA first, then HIP; `cachealloc_backend()` says which) | `auto` |
 //! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | torch's variables in torch's order: `PYTORCH_CUDA_ALLOC_CONF`, (on HIP) `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_ALLOC_CONF`; the first set wins |
 //! | `CACHEALLOC_TORCH_VERSION` | the torch release whose decisions to take (`2.13`, `2.15.0+cu132`; `cachealloc.install()` sets it from `torch.__version__`) | the newest known (2.15) |
 //! | `CACHEALLOC_MOCK_CAPACITY` | the simulated device's size: bytes, or with a unit (`4GiB`) | unlimited |
@@ -61,7 +61,19 @@ pub(crate) fn settings() -> Res<&'static Settings> {
 
 /// The settings from `env` (a variable's value, if set).
 fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
-    let backend = backend(env("CACHEALLOC_BACKEND").as_deref())?;
+    read_probing(env, &probe_gpus)
+}
+
+/// [`read`], with `probe` choosing the backend when `CACHEALLOC_BACKEND`
+/// leaves it to the machine.
+fn read_probing(
+    env: &dyn Fn(&str) -> Option<String>,
+    probe: &dyn Fn() -> Res<BackendKind>,
+) -> Res<Settings> {
+    let backend = match backend(env("CACHEALLOC_BACKEND").as_deref())? {
+        Some(kind) => kind,
+        None => probe()?,
+    };
     let torch = match env("CACHEALLOC_TORCH_VERSION") {
         Some(s) if !s.trim().is_empty() => TorchVersion::parse(&s).ok_or_else(|| {
             format!("CACHEALLOC_TORCH_VERSION={s:?}: expected a torch version such as 2.13 or 2.15.0+cu132")
@@ -120,23 +132,64 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
     })
 }
 
-/// The backend a `CACHEALLOC_BACKEND` value names.
-fn backend(name: Option<&str>) -> Res<BackendKind> {
+/// The backend a `CACHEALLOC_BACKEND` value names (`None`: the machine's
+/// GPU, [`probe_gpus`]).
+fn backend(name: Option<&str>) -> Res<Option<BackendKind>> {
     let name = name.map(str::trim).filter(|n| !n.is_empty());
-    let given = name.unwrap_or("cuda");
+    let given = name.unwrap_or("auto");
     match given.to_ascii_lowercase().as_str() {
-        "mock" => Ok(BackendKind::Mock),
+        "auto" => Ok(None),
+        "mock" => Ok(Some(BackendKind::Mock)),
         #[cfg(feature = "cuda")]
-        "cuda" => Ok(BackendKind::Cuda),
+        "cuda" => Ok(Some(BackendKind::Cuda)),
         #[cfg(not(feature = "cuda"))]
-        "cuda" => Err("CACHEALLOC_BACKEND=cuda: this library was built without the `cuda` feature (CACHEALLOC_BACKEND=mock for the simulated device)".to_string()),
+        "cuda" => Err("CACHEALLOC_BACKEND=\"cuda\": this library was built without the `cuda` feature (CACHEALLOC_BACKEND=mock for the simulated device)".to_string()),
         #[cfg(feature = "hip")]
-        "hip" => Ok(BackendKind::Hip),
+        "hip" => Ok(Some(BackendKind::Hip)),
         #[cfg(not(feature = "hip"))]
-        "hip" => Err("CACHEALLOC_BACKEND=hip: this library was built without the `hip` feature (cargo build -p cachealloc-capi --features hip)".to_string()),
+        "hip" => Err("CACHEALLOC_BACKEND=\"hip\": this library was built without the `hip` feature (CACHEALLOC_BACKEND=mock for the simulated device)".to_string()),
         _ => Err(format!(
-            "CACHEALLOC_BACKEND={given:?}: expected cuda, hip or mock"
+            "CACHEALLOC_BACKEND={given:?}: expected cuda, hip, mock or auto"
         )),
+    }
+}
+
+/// The GPU this machine has: CUDA's if its driver finds a device, else
+/// HIP's; neither is an error naming what each said.
+fn probe_gpus() -> Res<BackendKind> {
+    let mut why = Vec::new();
+    #[cfg(feature = "cuda")]
+    match cachealloc_cuda::device_count() {
+        Ok(n) if n > 0 => return Ok(BackendKind::Cuda),
+        Ok(_) => why.push("CUDA: the driver found no device".to_string()),
+        Err(e) => why.push(format!("CUDA: {e}")),
+    }
+    #[cfg(not(feature = "cuda"))]
+    why.push("CUDA: not built in".to_string());
+    #[cfg(feature = "hip")]
+    match cachealloc_hip::device_count() {
+        Ok(n) if n > 0 => return Ok(BackendKind::Hip),
+        Ok(_) => why.push("HIP: the runtime found no device".to_string()),
+        Err(e) => why.push(format!("HIP: {e}")),
+    }
+    #[cfg(not(feature = "hip"))]
+    why.push("HIP: not built in".to_string());
+    Err(format!(
+        "no GPU found ({}); CACHEALLOC_BACKEND=mock runs on the simulated device",
+        why.join("; ")
+    ))
+}
+
+impl BackendKind {
+    /// The name `CACHEALLOC_BACKEND` gives it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            BackendKind::Mock => "mock",
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => "cuda",
+            #[cfg(feature = "hip")]
+            BackendKind::Hip => "hip",
+        }
     }
 }
 
@@ -226,6 +279,44 @@ mod tests {
         assert_eq!(s.config.torch_version(), TorchVersion::V2_12);
         let e = with(&[mock, ("CACHEALLOC_TORCH_VERSION", "latest")]).unwrap_err();
         assert!(e.contains("CACHEALLOC_TORCH_VERSION"), "{e}");
+    }
+
+    #[test]
+    fn auto_takes_the_gpu_that_is_present_and_says_why_when_none_is() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let found = |kind: BackendKind| move || -> Res<BackendKind> { Ok(kind) };
+        for vars in [
+            &[][..],
+            &[("CACHEALLOC_BACKEND", "auto")][..],
+            &[("CACHEALLOC_BACKEND", " AUTO ")][..],
+        ] {
+            let s = read_probing(&env(vars), &found(BackendKind::Mock)).unwrap();
+            assert_eq!(s.backend, BackendKind::Mock, "{vars:?}");
+        }
+        // A named backend is never probed for.
+        let never = || -> Res<BackendKind> { panic!("probed") };
+        assert_eq!(
+            read_probing(&env(&[("CACHEALLOC_BACKEND", "mock")]), &never)
+                .unwrap()
+                .backend,
+            BackendKind::Mock
+        );
+        // On this machine (no GPU) the probe names what each runtime said.
+        if let Err(e) = probe_gpus() {
+            assert!(
+                e.starts_with("no GPU found (CUDA: ") && e.contains("; HIP: "),
+                "{e}"
+            );
+            assert!(e.contains("CACHEALLOC_BACKEND=mock"), "{e}");
+            let e = read(&env(&[])).unwrap_err();
+            assert!(e.starts_with("no GPU found"), "{e}");
+        }
     }
 
     #[test]

@@ -379,7 +379,7 @@ impl Config {
                     "native" => {}
                     "cudaMallocAsync" | "hipMallocAsync" => {
                         return Err(err(
-                            "cachealloc is a native caching allocator; the driver's stream-ordered allocator (backend:cudaMallocAsync) is not implemented",
+                            "cachealloc is a native caching allocator; the driver's stream-ordered allocator (cudaMallocAsync, hipMallocAsync) is not implemented",
                         ))
                     }
                     _ => {

@@ -34,13 +34,16 @@ The library (``libcachealloc.so``, shipped inside the wheel; see
 first call, so set them before:
 
 CACHEALLOC_BACKEND
-    ``cuda`` (default), ``hip`` (a library built with the ``hip`` feature)
-    or ``mock``: a simulated device, for trying the API without a GPU
-    (``install()`` refuses it: its addresses are not real memory).
+    ``cuda``, ``hip``, ``mock`` (a simulated device, for trying the API
+    without a GPU; ``install()`` refuses it: its addresses are not real
+    memory), or ``auto`` (the default): the GPU that is present, CUDA's
+    first (``backend()`` says which). ``install()`` sets it from the torch
+    build: ``hip`` for a ROCm build (``torch.version.hip``), else ``cuda``.
 CACHEALLOC_CONF
     the allocator's settings in ``PYTORCH_CUDA_ALLOC_CONF`` syntax, e.g.
-    ``max_split_size_mb:128,expandable_segments:True`` (default:
-    ``PYTORCH_CUDA_ALLOC_CONF``).
+    ``max_split_size_mb:128,expandable_segments:True`` (default: torch's
+    variables in torch's order, ``PYTORCH_CUDA_ALLOC_CONF``, on HIP
+    ``PYTORCH_HIP_ALLOC_CONF``, then ``PYTORCH_ALLOC_CONF``).
 CACHEALLOC_MOCK_CAPACITY
     the simulated device's size, in bytes or with a unit (``4GiB``);
     unlimited by default.
@@ -59,7 +62,7 @@ finds no room raises its subclass ``OutOfMemoryError`` (the library's
 ``CACHEALLOC_ERROR_OUT_OF_MEMORY``, PyTorch's "CUDA out of memory").
 """
 
-from ._lib import CacheallocError, OutOfMemoryError, library_path, version
+from ._lib import CacheallocError, OutOfMemoryError, backend, library_path, version
 from .stats import (
     CacheInfo,
     attach_oom_cause_observer,
@@ -103,6 +106,7 @@ __all__ = [
     "CacheallocError",
     "OutOfMemoryError",
     "attach_oom_cause_observer",
+    "backend",
     "attach_oom_observer",
     "attach_oom_rejection_observer",
     "cache_info",

@@ -74,6 +74,7 @@ DEBUG_PROTOTYPES = {
 #: name: (restype, argtypes), in the header's order.
 PROTOTYPES = {
     "cachealloc_version": (c_char_p, []),
+    "cachealloc_backend": (c_char_p, []),
     "cachealloc_last_error": (c_char_p, []),
     "cachealloc_last_error_code": (c_int, []),
     "cachealloc_get_fragmentation": (c_int, [c_int, c_void_p, POINTER(Fragmentation)]),
@@ -263,3 +264,13 @@ def check_void(what):
 def version():
     """The C library's version, e.g. ``"0.1.0"``."""
     return lib().cachealloc_version().decode("ascii")
+
+
+def backend():
+    """The kind of device the library runs on: ``"cuda"``, ``"hip"`` or
+    ``"mock"`` (``CACHEALLOC_BACKEND``; unset or ``auto``, the GPU that is
+    present). Raises when the settings are wrong or no GPU was found."""
+    name = lib().cachealloc_backend()
+    if name is None:
+        raise fail("cachealloc_backend")
+    return name.decode("ascii")

@@ -99,12 +99,24 @@ def install(native=True, verbose=False):
                 "CPU-only torch build): there is no CUDA allocator to replace. cachealloc's own "
                 "functions still work on the simulated device (CACHEALLOC_BACKEND=mock)."
             )
+        # A ROCm build of torch (torch.version.hip set) runs on HIP: the
+        # library takes the HIP backend and torch's ROCm settings variables.
+        hip = getattr(getattr(torch, "version", None), "hip", None)
+        wanted = "hip" if hip else "cuda"
         backend = os.environ.get("CACHEALLOC_BACKEND", "").strip().lower()
         if backend == "mock":
             raise RuntimeError(
                 "cachealloc.install(): CACHEALLOC_BACKEND=mock hands out simulated addresses, "
-                "which torch's kernels cannot use; unset it (or set cuda / hip) to install."
+                "which torch's kernels cannot use; unset it (or set %s) to install." % wanted
             )
+        if backend in ("cuda", "hip") and backend != wanted:
+            raise RuntimeError(
+                "cachealloc.install(): this torch is a %s build%s, but CACHEALLOC_BACKEND=%s; "
+                "unset it (or set %s)." % ("ROCm" if hip else "CUDA", " (HIP %s)" % hip if hip else "",
+                                           backend, wanted)
+            )
+        if backend in ("", "auto"):
+            os.environ["CACHEALLOC_BACKEND"] = wanted
         is_initialized = getattr(torch.cuda, "is_initialized", None)
         if is_initialized is not None and is_initialized():
             raise RuntimeError(
@@ -121,6 +133,23 @@ def install(native=True, verbose=False):
         # errors: check the settings here, with a message.
         lib.cachealloc_init(0)
         _lib.check_void("cachealloc_init (the CACHEALLOC_* settings)")
+        running = _lib.backend()
+        if running != wanted:
+            raise RuntimeError(
+                "cachealloc.install(): the library already runs on the %s backend (its settings were "
+                "read at an earlier call), but this torch needs %s: call install() before any other "
+                "cachealloc function, or set CACHEALLOC_BACKEND=%s." % (running, wanted, wanted)
+            )
+        if native and hip:
+            # The C++ allocator is written against torch's CUDA build only.
+            warnings.warn(
+                "cachealloc.install(): on a ROCm build of torch (HIP %s) cachealloc installs through "
+                "torch's pluggable allocator interface (the native allocator is built for CUDA "
+                "builds only), where %s." % (hip, PLUGGABLE_LOSES),
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            native = False
         if native:
             from . import native as _native
 

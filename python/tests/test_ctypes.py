@@ -737,8 +737,9 @@ class Install(unittest.TestCase):
         from cachealloc import torch_glue
 
         modules, calls = fake_torch(cuda_available=True)
-        # The library read CACHEALLOC_BACKEND=mock already; install() only looks at the variable.
+        # The library read CACHEALLOC_BACKEND=mock already: it is said to run on CUDA.
         with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules), \
+                mock.patch.object(_lib, "backend", lambda: "cuda"), \
                 mock.patch.object(torch_glue, "_INSTALLED", None), mock.patch.object(torch_glue, "_MODE", None):
             a = cachealloc.install(native=False)
             self.assertIs(cachealloc.install(), a)  # once
@@ -762,6 +763,7 @@ class Install(unittest.TestCase):
 
         modules, calls = fake_torch(cuda_available=True)
         with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules), \
+                mock.patch.object(_lib, "backend", lambda: "cuda"), \
                 mock.patch.object(torch_glue, "_INSTALLED", None), mock.patch.object(torch_glue, "_MODE", None):
             with self.assertWarns(RuntimeWarning) as w:
                 a = cachealloc.install()
@@ -858,6 +860,100 @@ class Install(unittest.TestCase):
                                timeout=300)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("native", r.stdout)
+
+
+#: The HIP stub runtime's sources (tests/stubs), from this file.
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "stubs")
+
+#: A ROCm build of torch, as far as install() sees one: torch.version.hip
+#: set, and a CUDAPluggableAllocator whose functions the child calls as
+#: torch's hooks would.
+FAKE_ROCM_TORCH = r"""
+import ctypes, sys, types, warnings
+torch = types.ModuleType("torch")
+cuda = types.ModuleType("torch.cuda")
+memory = types.ModuleType("torch.cuda.memory")
+torch.cuda, cuda.memory = cuda, memory
+torch.__version__ = "2.11.0+rocm6.4"
+torch.version = types.SimpleNamespace(hip="6.4.43482-0f2d60242", cuda=None)
+cuda.is_available = lambda: True
+cuda.is_initialized = lambda: False
+installed = []
+
+class Inner:
+    def __getattr__(self, name):
+        if name.startswith("set_"):
+            return lambda address: None
+        raise AttributeError(name)
+
+class CUDAPluggableAllocator:
+    def __init__(self, path, alloc_name, free_name):
+        lib = ctypes.CDLL(path)
+        self.alloc = getattr(lib, alloc_name)
+        self.alloc.restype, self.alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        self.free = getattr(lib, free_name)
+        self.free.restype = None
+        self.free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        self.names = (alloc_name, free_name)
+    def allocator(self):
+        return Inner()
+
+memory.CUDAPluggableAllocator = CUDAPluggableAllocator
+memory.change_current_allocator = installed.append
+sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory})
+
+import cachealloc
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    a = cachealloc.install()
+assert installed == [a], installed
+assert cachealloc.install_mode() == "pluggable", cachealloc.install_mode()
+assert any("ROCm build of torch" in str(x.message) for x in w), [str(x.message) for x in w]
+assert cachealloc.backend() == "hip", cachealloc.backend()
+stats = cachealloc.memory_stats(0)
+assert stats["max_split_size"] == 64 << 20, stats["max_split_size"]
+p = a.alloc(3 << 20, 0, None)  # torch's allocate, on the current stream
+assert p, "no pointer"
+assert cachealloc.memory_allocated(0) == 3 << 20
+a.free(p, 3 << 20, 0, None)
+assert cachealloc.memory_allocated(0) == 0
+assert cachealloc.memory_stats(0)["num_device_alloc"] == 1
+print("rocm torch: hip backend, PYTORCH_HIP_ALLOC_CONF read, %s / %s on the HIP stub" % a.names)
+"""
+
+
+class RocmTorch(unittest.TestCase):
+    def test_a_rocm_build_of_torch_runs_on_hip(self):
+        """install() under a ROCm build of torch (a stand-in module, in a
+        child process on the project's HIP stub runtime, built here):
+        the HIP backend, torch's ROCm settings variable, the pluggable path
+        (saying why), an allocation and a free through torch's hooks."""
+        cc = os.environ.get("CC", "cc")
+        with tempfile.TemporaryDirectory() as d:
+            so = os.path.join(d, "libamdhip64.so.5")
+            r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-std=c11", "-D_GNU_SOURCE", "-pthread",
+                                "-fvisibility=hidden", "-Wl,-soname,libamdhip64.so.5",
+                                "-Wl,--version-script=" + os.path.join(STUBS, "hip.map"),
+                                "-o", so, os.path.join(STUBS, "hip_stub.c")], capture_output=True, text=True)
+            if r.returncode != 0:
+                self.skipTest("cannot build the HIP stub here: %s" % (r.stderr or r.stdout)[-300:])
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                       LD_LIBRARY_PATH=d, PYTORCH_HIP_ALLOC_CONF="max_split_size_mb:64")
+            for v in ("CACHEALLOC_BACKEND", "CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                      "CACHEALLOC_TORCH_VERSION", "CACHEALLOC_HIP_LIBRARY"):
+                env.pop(v, None)
+            r = subprocess.run([sys.executable, "-c", FAKE_ROCM_TORCH], env=env, capture_output=True, text=True,
+                               timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("rocm torch: hip backend", r.stdout)
+
+    def test_a_rocm_build_of_torch_refuses_the_cuda_backend(self):
+        modules, calls = fake_torch(cuda_available=True)
+        modules["torch"].version = types.SimpleNamespace(hip="6.4.43482", cuda=None)
+        with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules):
+            with self.assertRaisesRegex(RuntimeError, "ROCm build.*CACHEALLOC_BACKEND=cuda.*set hip"):
+                cachealloc.install()
+        self.assertEqual(calls, [])
 
 
 if __name__ == "__main__":

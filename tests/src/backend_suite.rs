@@ -20,6 +20,9 @@ pub struct SuiteReport {
     pub failed: Vec<String>,
     /// Scenarios left out (they need a simulated capacity or event timing).
     pub skipped: Vec<String>,
+    /// Scenarios left out because they choose where the device's mallocs
+    /// land, which only the simulated device can.
+    pub need_placement: Vec<String>,
 }
 
 fn check(report: &mut SuiteReport, name: &str, r: Result<(), String>) {
@@ -143,7 +146,7 @@ pub fn run<H: Harness>(h: &H, data: &Path) -> Result<SuiteReport, String> {
     // captures, begun and ended on the device as `torch.cuda.graph` does,
     // so a device that models the capture rules checks that no call
     // invalidates them), where the data has them.
-    for suite in ["expandable", "pools"] {
+    for suite in ["expandable", "pools", "versions"] {
         match scenario::load_suite(data, suite) {
             Ok(more) => all.extend(more),
             Err(e) if crate::testdata_overridden() => println!("{}: {e}", h.name()),
@@ -153,7 +156,11 @@ pub fn run<H: Harness>(h: &H, data: &Path) -> Result<SuiteReport, String> {
     for v in all {
         let sc = scenario::parse(&v)?;
         if !scenario::runnable(h, &sc) {
-            r.skipped.push(sc.name);
+            if scenario::needs_placement(&sc) && !h.places_mallocs() {
+                r.need_placement.push(sc.name);
+            } else {
+                r.skipped.push(sc.name);
+            }
             continue;
         }
         let fails = scenario::run(h, &sc);

@@ -49,6 +49,11 @@ pub trait Harness {
         let _ = (b, addr);
         false
     }
+    /// Whether [`place_next_malloc`](Self::place_next_malloc) can place one
+    /// (scenarios that need it run only where it can).
+    fn places_mallocs(&self) -> bool {
+        false
+    }
 }
 
 /// The simulated device.
@@ -86,6 +91,9 @@ impl Harness for MockHarness {
     }
     fn place_next_malloc(&self, b: &mut MockDevice, addr: u64) -> bool {
         b.place_next_malloc(addr);
+        true
+    }
+    fn places_mallocs(&self) -> bool {
         true
     }
 }

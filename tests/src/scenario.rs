@@ -290,15 +290,24 @@ pub fn parse(v: &Value) -> Result<Scenario, String> {
 /// The allocator a scenario drives on harness `H`.
 pub type HarnessAllocator<H> = DeviceAllocator<Logged<<H as Harness>::B>, Box<[BlockSlot]>, 256>;
 
+/// Whether `sc` chooses where the device's mallocs land (`next_malloc_at`).
+pub fn needs_placement(sc: &Scenario) -> bool {
+    sc.steps.iter().any(|s| matches!(s, Step::NextMallocAt(_)))
+}
+
 /// Whether scenario `sc` can run on harness `h`: capacities and memory
-/// fractions need a simulated device, and event timing (record_stream) a
-/// device whose stream work completes only when told.
+/// fractions need a simulated device, event timing (record_stream) a
+/// device whose stream work completes only when told, and placed mallocs
+/// a device that can place them.
 pub fn runnable<H: Harness>(h: &H, sc: &Scenario) -> bool {
     let needs_capacity = sc.capacity.is_some()
         || sc
             .steps
             .iter()
             .any(|s| matches!(s, Step::SetMemoryFraction(_) | Step::NextMallocAt(_)));
+    if needs_placement(sc) && !h.places_mallocs() {
+        return false;
+    }
     let needs_timing = sc
         .steps
         .iter()

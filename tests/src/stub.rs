@@ -305,6 +305,18 @@ impl Stub {
         }
     }
 
+    /// HIP's stub: act as the runtime of HIP `version` (`HIP_VERSION`
+    /// encoding, 70200000 by default): before ROCm 7.1,
+    /// `hipMemImportFromShareableHandle` takes a pointer to the file
+    /// descriptor. No-op for CUDA's.
+    pub fn set_hip_version(&self, version: i32) {
+        type SetVersionFn = unsafe extern "C" fn(i32);
+        if let Ok(f) = self.sym::<SetVersionFn>("cachealloc_stub_set_hip_version") {
+            // SAFETY: matches `void cachealloc_stub_set_hip_version(int)`.
+            unsafe { f(version) }
+        }
+    }
+
     /// The exporting process and its address of the memory that an opened
     /// IPC handle maps at `addr` here; `None` when `addr` is not in one.
     pub fn ipc_source(&self, addr: u64) -> Option<(u64, u64)> {

@@ -58,11 +58,13 @@ pub fn conformance<G: GpuApi>(stub: &Stub, data: &Path) -> StubCounters {
         println!("{} (stub): ok   {p}", G::NAME);
     }
     println!(
-        "{} (stub): {} passed, {} failed, {} not applicable",
+        "{} (stub): {} passed, {} failed, {} not applicable ({} choose where mallocs land: {:?})",
         G::NAME,
         r.passed.len(),
         r.failed.len(),
-        r.skipped.len()
+        r.skipped.len(),
+        r.need_placement.len(),
+        r.need_placement
     );
     assert!(r.failed.is_empty(), "{:#?}", r.failed);
     assert!(r.skipped.is_empty(), "not applicable: {:?}", r.skipped);

@@ -79,13 +79,29 @@ pub fn pages_between_processes<G: GpuApi>(stub: &Stub, consumer_test: &str) {
     )
     .expect("write the pages file");
     let file = path.to_string_lossy().into_owned();
-    let run = |mode: &str| {
-        stub::run_another_process(consumer_test, &[(PAGES_FILE, &file), (PAGES_MODE, mode)])
-            .unwrap_or_else(|out| panic!("the consumer process ({mode}) failed:\n{out}"))
+    let run_on = |mode: &str, hip_version: &str| {
+        stub::run_another_process(
+            consumer_test,
+            &[
+                (PAGES_FILE, &file),
+                (PAGES_MODE, mode),
+                ("CACHEALLOC_STUB_HIP_VERSION", hip_version),
+            ],
+        )
+        .unwrap_or_else(|out| panic!("the consumer process ({mode}) failed:\n{out}"))
     };
+    let run = |mode: &str| run_on(mode, "");
     let out = run("import");
     print!("{out}");
     assert!(out.contains("consumer: imported"), "{out}");
+    // HIP before ROCm 7.1 takes a pointer to the descriptor, not its value
+    // (the CUDA stub ignores the version).
+    let out = run_on("import", "60200000");
+    print!("{out}");
+    assert!(
+        out.contains("consumer: imported"),
+        "as ROCm 6.2's runtime: {out}"
+    );
 
     // The consumer closed it: the share is released, the block freed, the
     // pages go back and their descriptors close.

@@ -290,9 +290,49 @@ STUB_EXPORT hipError_t hipMemExportToShareableHandle(void *shareable, hipMemGene
     return hip(stub_op_mem_export("hipMemExportToShareableHandle", (int *)shareable, handle, type, flags));
 }
 
+/* The HIP version the stub reports (hipRuntimeGetVersion), and so how
+ * hipMemImportFromShareableHandle reads its handle: from ROCm 7.1 the file
+ * descriptor itself in the pointer's bits, before it a pointer to it
+ * (torch's ROCM_VERSION >= 70100 split; ROCm/rocm-systems#1564). */
+static int stub_hip_version = -1;
+
+/* The version: set by cachealloc_stub_set_hip_version, else
+ * CACHEALLOC_STUB_HIP_VERSION (for a process another test starts), else
+ * ROCm 7.2's. Called with the lock held. */
+static int stub_hip_version_locked(void) {
+    if (stub_hip_version < 0) {
+        const char *v = getenv("CACHEALLOC_STUB_HIP_VERSION");
+        stub_hip_version = v && *v ? atoi(v) : 70200000;
+    }
+    return stub_hip_version;
+}
+
+/* Act as the runtime of another ROCm release (HIP_VERSION encoding). */
+STUB_EXPORT void cachealloc_stub_set_hip_version(int version) {
+    pthread_mutex_lock(&stub_lock);
+    stub_hip_version = version;
+    pthread_mutex_unlock(&stub_lock);
+}
+
+STUB_EXPORT hipError_t hipRuntimeGetVersion(int *version) {
+    if (!version) return hipErrorInvalidValue;
+    pthread_mutex_lock(&stub_lock);
+    *version = stub_hip_version_locked();
+    pthread_mutex_unlock(&stub_lock);
+    return hipSuccess;
+}
+
 STUB_EXPORT hipError_t hipMemImportFromShareableHandle(hipMemGenericAllocationHandle_t *handle, void *os,
                                                        int type) {
-    return hip(stub_op_mem_import("hipMemImportFromShareableHandle", handle, (int)(uintptr_t)os, type));
+    pthread_mutex_lock(&stub_lock);
+    int by_value = stub_hip_version_locked() >= 70100000;
+    pthread_mutex_unlock(&stub_lock);
+    if (!os) return hipErrorInvalidValue;
+    /* An old runtime dereferences the pointer: a descriptor's value there
+     * (a small number) is no address, and it fails as a bad handle. */
+    if (!by_value && (uintptr_t)os < 4096) return hipErrorInvalidValue;
+    int fd = by_value ? (int)(uintptr_t)os : *(const int *)os;
+    return hip(stub_op_mem_import("hipMemImportFromShareableHandle", handle, fd, type));
 }
 
 STUB_EXPORT hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
