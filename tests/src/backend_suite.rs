@@ -1,8 +1,9 @@
 //! The backend conformance suite: the same checks for any [`Harness`] (the
 //! mock always; CUDA and HIP on their stub drivers, and where a device is
 //! present): the device checks, then every PyTorch-parity scenario, every
-//! expandable-segment scenario and every private-pool (CUDA graph)
-//! scenario the device can run.
+//! expandable-segment scenario, every private-pool (CUDA graph) scenario
+//! and every scenario that tells torch releases apart (the rejection
+//! policy among them) the device can run.
 
 use crate::harness::{Harness, Logged};
 use crate::scenario;
@@ -142,10 +143,10 @@ pub fn run<H: Harness>(h: &H, data: &Path) -> Result<SuiteReport, String> {
         check(&mut r, name, f(h));
     }
     let mut all = scenario::load_all(data)?;
-    // Expandable segments (virtual memory) and private pools (CUDA graph
+    // Expandable segments (virtual memory), private pools (CUDA graph
     // captures, begun and ended on the device as `torch.cuda.graph` does,
     // so a device that models the capture rules checks that no call
-    // invalidates them), where the data has them.
+    // invalidates them) and torch's releases, where the data has them.
     for suite in ["expandable", "pools", "versions"] {
         match scenario::load_suite(data, suite) {
             Ok(more) => all.extend(more),
