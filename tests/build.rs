@@ -28,7 +28,11 @@ fn main() {
         "libamdhip64.so.5",
         Some(&src.join("hip.map")),
     );
-    link(&out.join("hip"), "libamdhip64.so.5", "libamdhip64.so");
+    // Every name the HIP backend tries, so that the stub (first on
+    // LD_LIBRARY_PATH) is found before a ROCm installed on the machine.
+    for alias in ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so"] {
+        link(&out.join("hip"), "libamdhip64.so.5", alias);
+    }
     println!("cargo:rustc-env=CACHEALLOC_STUB_DIR={}", out.display());
 }
 

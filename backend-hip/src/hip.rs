@@ -296,14 +296,20 @@ hip_api! {
 /// The address of `name` at `version` in the library, else under its plain
 /// name (a runtime built without symbol versions).
 fn symbol(handle: *mut c_void, name: &str, version: &str) -> Option<*mut c_void> {
-    let (name, version) = (CString::new(name).ok()?, CString::new(version).ok()?);
-    // SAFETY: `handle` is a live handle from dlopen; both strings are
-    // NUL-terminated and outlive the calls.
-    let p = unsafe { libc::dlvsym(handle, name.as_ptr(), version.as_ptr()) };
-    if !p.is_null() {
-        return Some(p);
+    let name = CString::new(name).ok()?;
+    #[cfg(target_env = "gnu")]
+    {
+        let version = CString::new(version).ok()?;
+        // SAFETY: `handle` is a live handle from dlopen; both strings are
+        // NUL-terminated and outlive the call.
+        let p = unsafe { libc::dlvsym(handle, name.as_ptr(), version.as_ptr()) };
+        if !p.is_null() {
+            return Some(p);
+        }
     }
-    // SAFETY: as above.
+    #[cfg(not(target_env = "gnu"))]
+    let _ = version; // no dlvsym outside glibc: the default version
+                     // SAFETY: as above.
     let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
     (!p.is_null()).then_some(p)
 }

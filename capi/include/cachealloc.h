@@ -6,7 +6,8 @@
  * `cargo build --release -p cachealloc-capi`).
  *
  * Settings, read from the environment once, at the first call:
- *   CACHEALLOC_BACKEND           cuda (default), hip or mock (a simulated device)
+ *   CACHEALLOC_BACKEND           cuda, hip, mock (a simulated device) or auto (the default:
+ *                                the GPU that is present, CUDA first; cachealloc_backend())
  *   CACHEALLOC_CONF              allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax
  *                                (default: PYTORCH_CUDA_ALLOC_CONF), e.g.
  *                                "max_split_size_mb:128,expandable_segments:True"
@@ -699,8 +700,9 @@ const char *cachealloc_version(void);
  * or `"mock"` (with `CACHEALLOC_BACKEND` unset or `auto`, the GPU that was
  * found: CUDA's first, then HIP's), a static string; NULL when the
  * settings do not parse or no GPU was found, with the reason in
- * `cachealloc_last_error()`. Reading it reads the settings (and, for
- * `auto`, loads the GPU runtimes), as a first allocation would.
+ * `cachealloc_last_error()`. For `auto` it loads the GPU runtimes to
+ * look, as the first device open would (reading the settings alone does
+ * not).
  */
 const char *cachealloc_backend(void);
 

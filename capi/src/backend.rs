@@ -118,7 +118,7 @@ fn mock_machine() -> &'static cachealloc_mock::MockMachine {
 
 /// Open device `index` of the configured kind, with its allocator.
 pub(crate) fn open(s: &Settings, index: u32) -> Res<Device> {
-    match s.backend {
+    match crate::settings::backend_kind(s)? {
         BackendKind::Mock => {
             let base = cachealloc_mock::DEVICE_BASE + u64::from(index) * MOCK_DEVICE_SPAN;
             let device = cachealloc_mock::MockDevice::new(s.mock_capacity)
@@ -167,7 +167,7 @@ mod tests {
     #[test]
     fn slots_grow_as_blocks_need_them() {
         let s = Settings {
-            backend: BackendKind::Mock,
+            backend: Some(BackendKind::Mock),
             conf_text: String::new(),
             conf_c: Default::default(),
             config: Config::DEFAULT,

@@ -20,7 +20,7 @@
 //! ```
 //!
 //! Settings come from the environment (see `settings.rs`):
-//! `CACHEALLOC_BACKEND=cuda|hip|mock` (default `cuda`), `CACHEALLOC_CONF`
+//! `CACHEALLOC_BACKEND=cuda|hip|mock|auto` (default `auto`: the GPU that is present), `CACHEALLOC_CONF`
 //! (else `PYTORCH_CUDA_ALLOC_CONF`), `CACHEALLOC_MOCK_CAPACITY` (`4GiB`),
 //! `CACHEALLOC_SLOTS` (block slots a device starts with, 88 bytes of host
 //! memory each, doubled whenever they run out; default 65536) and `CACHEALLOC_HISTORY_CAPACITY` (default
@@ -144,12 +144,13 @@ pub extern "C" fn cachealloc_version() -> *const c_char {
 /// or `"mock"` (with `CACHEALLOC_BACKEND` unset or `auto`, the GPU that was
 /// found: CUDA's first, then HIP's), a static string; NULL when the
 /// settings do not parse or no GPU was found, with the reason in
-/// `cachealloc_last_error()`. Reading it reads the settings (and, for
-/// `auto`, loads the GPU runtimes), as a first allocation would.
+/// `cachealloc_last_error()`. For `auto` it loads the GPU runtimes to
+/// look, as the first device open would (reading the settings alone does
+/// not).
 #[no_mangle]
 pub extern "C" fn cachealloc_backend() -> *const c_char {
     error::guard("cachealloc_backend", std::ptr::null(), || {
-        let name = match settings::settings()?.backend.name() {
+        let name = match settings::backend_kind(settings::settings()?)?.name() {
             "cuda" => c"cuda",
             "hip" => c"hip",
             _ => c"mock",

@@ -940,8 +940,9 @@ class RocmTorch(unittest.TestCase):
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                        LD_LIBRARY_PATH=d, PYTORCH_HIP_ALLOC_CONF="max_split_size_mb:64")
             for v in ("CACHEALLOC_BACKEND", "CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-                      "CACHEALLOC_TORCH_VERSION", "CACHEALLOC_HIP_LIBRARY"):
+                      "CACHEALLOC_TORCH_VERSION"):
                 env.pop(v, None)
+            env["CACHEALLOC_HIP_LIBRARY"] = so  # the stub, not a ROCm this machine may have
             r = subprocess.run([sys.executable, "-c", FAKE_ROCM_TORCH], env=env, capture_output=True, text=True,
                                timeout=120)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)

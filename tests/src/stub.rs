@@ -150,6 +150,8 @@ pub fn run_in_child(kind: StubKind, filter: &str) -> Result<String, String> {
     let out = Command::new(exe)
         .args([filter, "--ignored", "--test-threads=1", "--nocapture"])
         .env("LD_LIBRARY_PATH", path)
+        // The stub, not a HIP runtime the user named.
+        .env_remove("CACHEALLOC_HIP_LIBRARY")
         .env(CHILD, "1")
         .output()
         .map_err(|e| format!("cannot start the child: {e}"))?;
