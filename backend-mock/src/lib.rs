@@ -26,7 +26,8 @@
 //!
 //! One file a concern: `calls.rs` (counters, planted failures),
 //! `memory.rs` (addresses, capacity, the malloc log), `events.rs` (streams
-//! and events).
+//! and events), `teardown.rs` (the end of a test: release everything, then
+//! nothing may be left on the device).
 //!
 //! ```
 //! use cachealloc_core::{BlockSlot, Config, DeviceAllocator};
@@ -50,6 +51,7 @@ mod events;
 mod graph;
 mod machine;
 mod memory;
+pub mod teardown;
 
 pub use calls::{CallKind, Counters};
 pub use capture::CaptureMode;

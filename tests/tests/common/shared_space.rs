@@ -6,7 +6,7 @@
 //! segment takes one slot of [`SLOT`] bytes; the most recently freed slot is
 //! handed out first. Events are always complete. Under `cfg(loom)` its lock
 //! is loom's. (A module of the integration tests and of the loom models,
-//! where loom is a dev-dependency.)
+//! `loom/tests/loom.rs`, where loom is a dev-dependency.)
 #![allow(dead_code)]
 
 use cachealloc_core::{DeviceBackend, DevicePtr, EventStatus, MallocError, MemInfo};

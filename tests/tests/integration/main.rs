@@ -2,8 +2,8 @@
 //! scenarios, the backend conformance suite on the mock, the differential
 //! test against the reference model, the real traces, bad input and error
 //! paths, fault injection, and the fuzz targets' logic on stable.
-//! (`no_heap` and `loom` are binaries of their own: a global allocator, and
-//! `cfg(loom)`.)
+//! (`no_heap` is a binary of its own: a global allocator. The loom models
+//! are the crate `loom/`.)
 
 mod aligned;
 mod backend_conformance;

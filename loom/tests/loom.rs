@@ -5,10 +5,11 @@
 //! overlap, `check_invariants()` at the end (stats == a recount), and after
 //! teardown the mock holds 0 bytes.
 //!
-//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p cachealloc-tests --test loom
+//! RUSTFLAGS="--cfg loom -C debug-assertions" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p cachealloc-loom --test loom --target-dir target/loom
 #![cfg(loom)]
 
-#[path = "common/shared_space.rs"]
+// The integration tests' backend of devices sharing one address space.
+#[path = "../../tests/tests/common/shared_space.rs"]
 mod shared_space;
 
 use cachealloc_core::SharedAllocator;
@@ -16,8 +17,8 @@ use cachealloc_core::{
     Allocation, BlockSlot, CachingAllocator, Config, DeviceAllocator, DevicePtr, Error,
     MultiDeviceAllocator, SegmentTable,
 };
+use cachealloc_mock::teardown::teardown;
 use cachealloc_mock::MockDevice;
-use cachealloc_tests::teardown;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use std::sync::atomic::{AtomicUsize, Ordering};
