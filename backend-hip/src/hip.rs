@@ -372,136 +372,66 @@ impl Api {
 
 /// This file's declarations against hip-sys's bindings of the HIP headers
 /// (the feature `rocm`, which builds them): the same sizes, layouts and
-/// values.
-#[cfg(all(test, feature = "rocm"))]
+/// values. Checked when the crate compiles, so every build with the
+/// feature (`cargo check`, clippy, the docs) checks them, and a difference
+/// is a compile error that names it.
+#[cfg(feature = "rocm")]
 mod against_hip_sys {
+    use super::*;
     use hip_sys::hiprt as h;
-    use std::mem::{align_of, size_of};
+    use std::mem::{align_of, offset_of, size_of};
 
-    #[test]
-    fn the_types_have_the_headers_layout() {
-        assert_eq!(
-            size_of::<super::hipIpcMemHandle_t>(),
-            size_of::<h::hipIpcMemHandle_t>()
-        );
-        assert_eq!(
-            size_of::<super::hipMemLocation>(),
-            size_of::<h::hipMemLocation>()
-        );
-        assert_eq!(
-            size_of::<super::hipMemAccessDesc>(),
-            size_of::<h::hipMemAccessDesc>()
-        );
-        assert_eq!(
-            size_of::<super::hipMemAllocationProp>(),
-            size_of::<h::hipMemAllocationProp>()
-        );
-        assert_eq!(
-            align_of::<super::hipMemAllocationProp>(),
-            align_of::<h::hipMemAllocationProp>()
-        );
-        assert_eq!(
-            std::mem::offset_of!(super::hipMemAllocationProp, allocFlags),
-            std::mem::offset_of!(h::hipMemAllocationProp, allocFlags)
-        );
-        assert_eq!(size_of::<super::hipError_t>(), size_of::<h::hipError_t>());
+    /// `ours == theirs`, or the build stops naming both.
+    macro_rules! same {
+        ($($ours:expr => $theirs:expr),* $(,)?) => {
+            $(const _: () = assert!(
+                $ours == $theirs,
+                concat!("backend-hip: ", stringify!($ours), " differs from hip-sys's ", stringify!($theirs))
+            );)*
+        };
     }
 
-    #[test]
-    fn the_constants_have_the_headers_values() {
-        use super::*;
-        let errors = [
-            (hipError_t::hipSuccess, h::hipError_t::hipSuccess),
-            (
-                hipError_t::hipErrorInvalidValue,
-                h::hipError_t::hipErrorInvalidValue,
-            ),
-            (
-                hipError_t::hipErrorOutOfMemory,
-                h::hipError_t::hipErrorOutOfMemory,
-            ),
-            (
-                hipError_t::hipErrorNotInitialized,
-                h::hipError_t::hipErrorNotInitialized,
-            ),
-            (
-                hipError_t::hipErrorNoDevice,
-                h::hipError_t::hipErrorNoDevice,
-            ),
-            (
-                hipError_t::hipErrorNotReady,
-                h::hipError_t::hipErrorNotReady,
-            ),
-            (
-                hipError_t::hipErrorPeerAccessAlreadyEnabled,
-                h::hipError_t::hipErrorPeerAccessAlreadyEnabled,
-            ),
-            (
-                hipError_t::hipErrorNotSupported,
-                h::hipError_t::hipErrorNotSupported,
-            ),
-            (
-                hipError_t::hipErrorStreamCaptureUnsupported,
-                h::hipError_t::hipErrorStreamCaptureUnsupported,
-            ),
-            (
-                hipError_t::hipErrorStreamCaptureInvalidated,
-                h::hipError_t::hipErrorStreamCaptureInvalidated,
-            ),
-        ];
-        for (ours, theirs) in errors {
-            assert_eq!(ours.0, theirs as i32, "{ours:?}");
-        }
-        let enums = [
-            (
-                hipStreamCaptureStatus::hipStreamCaptureStatusNone.0,
-                h::hipStreamCaptureStatus::hipStreamCaptureStatusNone as i32,
-            ),
-            (
-                hipStreamCaptureStatus::hipStreamCaptureStatusActive.0,
-                h::hipStreamCaptureStatus::hipStreamCaptureStatusActive as i32,
-            ),
-            (
-                hipStreamCaptureMode::hipStreamCaptureModeGlobal.0,
-                h::hipStreamCaptureMode::hipStreamCaptureModeGlobal as i32,
-            ),
-            (
-                hipStreamCaptureMode::hipStreamCaptureModeRelaxed.0,
-                h::hipStreamCaptureMode::hipStreamCaptureModeRelaxed as i32,
-            ),
-            (
-                hipMemcpyKind::hipMemcpyDeviceToDevice.0,
-                h::hipMemcpyKind::hipMemcpyDeviceToDevice as i32,
-            ),
-            (
-                hipMemAllocationType::hipMemAllocationTypePinned.0,
-                h::hipMemAllocationType::hipMemAllocationTypePinned as i32,
-            ),
-            (
-                hipMemAllocationHandleType::hipMemHandleTypePosixFileDescriptor.0,
-                h::hipMemAllocationHandleType::hipMemHandleTypePosixFileDescriptor as i32,
-            ),
-            (
-                hipMemLocationType::hipMemLocationTypeDevice.0,
-                h::hipMemLocationType::hipMemLocationTypeDevice as i32,
-            ),
-            (
-                hipMemAllocationGranularity_flags::hipMemAllocationGranularityMinimum.0,
-                h::hipMemAllocationGranularity_flags::hipMemAllocationGranularityMinimum as i32,
-            ),
-            (
-                hipMemAccessFlags::hipMemAccessFlagsProtReadWrite.0,
-                h::hipMemAccessFlags::hipMemAccessFlagsProtReadWrite as i32,
-            ),
-        ];
-        for (i, (ours, theirs)) in enums.into_iter().enumerate() {
-            assert_eq!(ours, theirs, "enum constant {i}");
-        }
-        assert_eq!(
-            hipIpcMemLazyEnablePeerAccess,
-            h::hipIpcMemLazyEnablePeerAccess
-        );
-        assert_eq!(hipStreamNonBlocking, h::hipStreamNonBlocking);
-        assert_eq!(hipEventDisableTiming, h::hipEventDisableTiming);
+    // The types' layouts.
+    same! {
+        size_of::<hipIpcMemHandle_t>() => size_of::<h::hipIpcMemHandle_t>(),
+        size_of::<hipMemLocation>() => size_of::<h::hipMemLocation>(),
+        size_of::<hipMemAccessDesc>() => size_of::<h::hipMemAccessDesc>(),
+        size_of::<hipMemAllocationProp>() => size_of::<h::hipMemAllocationProp>(),
+        align_of::<hipMemAllocationProp>() => align_of::<h::hipMemAllocationProp>(),
+        offset_of!(hipMemAllocationProp, allocFlags) => offset_of!(h::hipMemAllocationProp, allocFlags),
+        size_of::<hipError_t>() => size_of::<h::hipError_t>(),
+    }
+
+    // The status codes.
+    same! {
+        hipError_t::hipSuccess.0 => h::hipError_t::hipSuccess as i32,
+        hipError_t::hipErrorInvalidValue.0 => h::hipError_t::hipErrorInvalidValue as i32,
+        hipError_t::hipErrorOutOfMemory.0 => h::hipError_t::hipErrorOutOfMemory as i32,
+        hipError_t::hipErrorNotInitialized.0 => h::hipError_t::hipErrorNotInitialized as i32,
+        hipError_t::hipErrorNoDevice.0 => h::hipError_t::hipErrorNoDevice as i32,
+        hipError_t::hipErrorNotReady.0 => h::hipError_t::hipErrorNotReady as i32,
+        hipError_t::hipErrorPeerAccessAlreadyEnabled.0 => h::hipError_t::hipErrorPeerAccessAlreadyEnabled as i32,
+        hipError_t::hipErrorNotSupported.0 => h::hipError_t::hipErrorNotSupported as i32,
+        hipError_t::hipErrorStreamCaptureUnsupported.0 => h::hipError_t::hipErrorStreamCaptureUnsupported as i32,
+        hipError_t::hipErrorStreamCaptureInvalidated.0 => h::hipError_t::hipErrorStreamCaptureInvalidated as i32,
+    }
+
+    // The enums' values and the flags.
+    same! {
+        hipStreamCaptureStatus::hipStreamCaptureStatusNone.0 => h::hipStreamCaptureStatus::hipStreamCaptureStatusNone as i32,
+        hipStreamCaptureStatus::hipStreamCaptureStatusActive.0 => h::hipStreamCaptureStatus::hipStreamCaptureStatusActive as i32,
+        hipStreamCaptureMode::hipStreamCaptureModeGlobal.0 => h::hipStreamCaptureMode::hipStreamCaptureModeGlobal as i32,
+        hipStreamCaptureMode::hipStreamCaptureModeRelaxed.0 => h::hipStreamCaptureMode::hipStreamCaptureModeRelaxed as i32,
+        hipMemcpyKind::hipMemcpyDeviceToDevice.0 => h::hipMemcpyKind::hipMemcpyDeviceToDevice as i32,
+        hipMemAllocationType::hipMemAllocationTypePinned.0 => h::hipMemAllocationType::hipMemAllocationTypePinned as i32,
+        hipMemAllocationHandleType::hipMemHandleTypePosixFileDescriptor.0
+            => h::hipMemAllocationHandleType::hipMemHandleTypePosixFileDescriptor as i32,
+        hipMemLocationType::hipMemLocationTypeDevice.0 => h::hipMemLocationType::hipMemLocationTypeDevice as i32,
+        hipMemAllocationGranularity_flags::hipMemAllocationGranularityMinimum.0
+            => h::hipMemAllocationGranularity_flags::hipMemAllocationGranularityMinimum as i32,
+        hipMemAccessFlags::hipMemAccessFlagsProtReadWrite.0 => h::hipMemAccessFlags::hipMemAccessFlagsProtReadWrite as i32,
+        hipIpcMemLazyEnablePeerAccess => h::hipIpcMemLazyEnablePeerAccess,
+        hipStreamNonBlocking => h::hipStreamNonBlocking,
+        hipEventDisableTiming => h::hipEventDisableTiming,
     }
 }

@@ -31,9 +31,9 @@
 //! a machine without the runtime gets [`HipError::NoRuntime`], one whose
 //! runtime lacks an entry point the backend needs gets
 //! [`HipError::MissingSymbol`] naming it. The feature `rocm` only adds a
-//! test that checks this crate's declarations of HIP's types and constants
-//! against `hip-sys`'s bindings (which need the HIP headers and link
-//! `libamdhip64`).
+//! check, made when the crate compiles, of this crate's declarations of
+//! HIP's types and constants against `hip-sys`'s bindings (which need the
+//! HIP headers and link `libamdhip64`).
 
 mod backend;
 mod capture;
