@@ -140,9 +140,9 @@ pub(crate) fn open(s: &Settings, index: u32) -> Res<Device> {
     }
 }
 
-/// The allocator of `backend` as device `index` (about 70 KiB, most of it
-/// the event queue), boxed, with the out-of-memory forwarder attached and
-/// its segments kept in the process's segment table.
+/// The allocator of `backend` as device `index` (about 230 KiB), boxed,
+/// with the out-of-memory forwarder attached and its segments kept in the
+/// process's segment table.
 fn allocator<B>(s: &Settings, backend: B, index: u32) -> Box<Alloc<B>>
 where
     B: DeviceBackend,
