@@ -66,15 +66,17 @@ _ci_summary() {
       'BEGIN { printf "| %s | %.1f | %.1f%% |\n", n, s, (t > 0 ? 100 * s / t : 0) }'
   done
   awk -v t="$total" 'BEGIN { printf "| **all** | **%.0f** (%d min %02d s) | |\n", t, t / 60, t % 60 }'
-  if [ "$rc" -ne 0 ]; then
-    echo "FAILED in step: ${failed:-${_ci_names[-1]:-?}} (exit $rc)"
+  if [ "$rc" -ne 0 ] && [ -n "$failed" ]; then
+    echo "FAILED in step: $failed (exit $rc)"
+  elif [ "$rc" -ne 0 ]; then
+    echo "FAILED (exit $rc)"
   fi
   local budget=${CI_BUDGET_SECONDS:-1800}
   if awk -v t="$total" -v b="$budget" 'BEGIN { exit !(t > b) }'; then
     local slowest
     slowest=$(for i in "${!_ci_names[@]}"; do printf '%s\t%s\n' "${_ci_secs[$i]}" "${_ci_names[$i]}"; done \
-      | sort -rn | head -n 3 | awk -F'\t' '{ printf "%s%s (%.0f s)", NR > 1 ? ", " : "", $2, $1 }')
-    echo "warning: this run took $(awk -v t="$total" 'BEGIN { printf "%.0f", t / 60 }') min, over the budget of $((budget / 60)) min; the slowest steps: $slowest"
+      | sort -rn | head -n 3 | awk -F'\t' '{ printf "%s%s (%.0f s)", (NR > 1 ? ", " : ""), $2, $1 }')
+    echo "warning: this run took $(awk -v t="$total" 'BEGIN { printf "%d min %02d s", t / 60, t % 60 }'), over the budget of $((budget / 60)) min; the slowest steps: $slowest"
   fi
   return "$rc"
 }
