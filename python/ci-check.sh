@@ -109,8 +109,7 @@ PY
 # be found first). Built where the release build is (only the C library's
 # own crate compiles again), copied out, and the default library put back.
 step "python/tests: the failure paths, on a library with the test hooks"
-release="$(cd "$root" && cargo metadata --format-version 1 --no-deps \
-  | "$python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release"
+release="$("$root/.ci/target-dir")/release"
 mkdir -p "$tmp/hooks"
 (cd "$root" && cargo build -q --release -p cachealloc-capi --features debug-hooks)
 cp "$release/libcachealloc.so" "$tmp/hooks/"

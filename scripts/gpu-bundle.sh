@@ -18,8 +18,7 @@ source "$root/.ci/step.sh"
 out="$root/gpu-bundle"
 cd "$root"
 rm -rf "$out" && mkdir -p "$out"
-target="$(cargo metadata --format-version 1 --no-deps \
-  | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+target="$(.ci/target-dir)"
 
 step "release: the C library and the command"
 cargo build --release -p cachealloc-capi
@@ -38,7 +37,7 @@ for line in sys.stdin:
 cp "$exe" "$out/cuda-tests"
 
 step "strip, and the commit"
-# Without debug symbols: the bundle travels (7 MB instead of 88).
+# Without debug symbols: the bundle travels to the GPU machine.
 strip "$out/cachealloc" "$out/libcachealloc.so" "$out/cuda-tests"
 # The commit the GPU check reports (the GPU machine may have no git).
 commit=$(git rev-parse --short HEAD)
