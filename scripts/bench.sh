@@ -58,7 +58,8 @@ EOF
 
 say "building"
 cargo build -q --release -p cachealloc-cli -p cachealloc-capi
-cargo build -q --release -p cachealloc-capi --example pair_cost --example threads_cost
+cargo build -q --release -p cachealloc-capi --example pair_cost --example threads_cost \
+  --example release_stall
 cargo build -q --release -p cachealloc-core --example pair_loop
 cachealloc="$target/release/cachealloc"
 
@@ -73,6 +74,8 @@ say "the C library's pair against the core's"
 "$target/release/examples/pair_cost" "$pairs" >"$out/pair_cost.txt"
 say "threads through the C library"
 "$target/release/examples/threads_cost" $((pairs / 2)) >"$out/threads_cost.txt"
+say "releasing 16,384 segments while another device runs pairs"
+"$target/release/examples/release_stall" >"$out/release_stall.txt"
 
 if command -v valgrind >/dev/null; then
   say "instructions per pair (callgrind)"

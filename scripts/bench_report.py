@@ -122,6 +122,17 @@ def main():
     table(["threads", "core `CachingAllocator`, one device (criterion)", "C library: own device",
            "own device, free by pointer", "one device"], rows)
 
+    print("### Releasing segments while another device runs pairs (`capi/examples/release_stall`, best of 3)\n")
+    t = text(os.path.join(out, "release_stall.txt"))
+    if t:
+        n = re.search(r"segments released:\s+(\d+)", t)
+        r = re.search(r"release \(empty_cache\):\s+(\S+ ms)", t)
+        w = re.search(r"slowest pair on device 1:\s+(\S+ ms) \((\d+) pairs", t)
+        table(["segments released by `empty_cache` on device 0", "release", "slowest pair on device 1 (free with device -1)", "pairs during it"],
+              [["{:,}".format(int(n[1])) if n else "-", r[1] if r else "-", w[1] if w else "-", w[2] if w else "-"]])
+    else:
+        missing("release_stall")
+
     print("### Replay: parsing and bookkeeping per trace (criterion median)\n")
     rows = []
     ev = {}

@@ -64,11 +64,25 @@ struct Entry {
     base: u64,
     end: u64,
     device: u32,
+    /// A release is in flight: lookups step over it.
     hidden: bool,
+    /// Removed (a tombstone): it keeps its base, so the entries stay
+    /// sorted, and everything steps over it until a compaction drops it or
+    /// an insertion next to it takes its slot.
+    dead: bool,
+}
+
+impl Entry {
+    /// Whether lookups may answer with it.
+    fn visible(&self) -> bool {
+        !self.hidden && !self.dead
+    }
 }
 
 /// [`Entry::hidden`] in a slot's `tag` (the device is the low 32 bits).
 const HIDDEN: u64 = 1 << 32;
+/// [`Entry::dead`] in a slot's `tag`.
+const DEAD: u64 = 1 << 33;
 
 /// Room for one entry of a [`SegmentTable`]: given to
 /// [`SegmentTable::with_growth`]'s function by the host, in chunks, for
@@ -98,16 +112,15 @@ impl SegmentSlot {
             end: self.end.load(Relaxed),
             device: tag as u32,
             hidden: tag & HIDDEN != 0,
+            dead: tag & DEAD != 0,
         }
     }
 
     fn store(&self, e: Entry) {
         self.base.store(e.base, Relaxed);
         self.end.store(e.end, Relaxed);
-        self.tag.store(
-            u64::from(e.device) | if e.hidden { HIDDEN } else { 0 },
-            Relaxed,
-        );
+        let marks = if e.hidden { HIDDEN } else { 0 } | if e.dead { DEAD } else { 0 };
+        self.tag.store(u64::from(e.device) | marks, Relaxed);
     }
 }
 
@@ -124,11 +137,17 @@ const CHUNKS: usize = 32;
 /// A lookup takes no lock and writes nothing: it reads the entries between
 /// two reads of a sequence number that writers make odd while they change
 /// the table (a seqlock), and reads them again if it changed; a binary
-/// search over up to `N` entries (or the grown table's). A segment's
-/// creation or release is an insertion or removal under the writers' own
-/// lock (O(entries), as rare as a device malloc). So a free by pointer
-/// (torch's `raw_delete`, which knows no device) shares no written cache
-/// line between threads, on one device or several.
+/// search over up to `N` entries (or the grown table's). So a free by
+/// pointer (torch's `raw_delete`, which knows no device) shares no written
+/// cache line between threads, on one device or several.
+///
+/// Writes are small, so a lookup never waits long behind one: a writer
+/// finds its entry by binary search and changes one slot to hide it, show
+/// it again or remove it (a tombstone that keeps its base, so the entries
+/// stay sorted). An insertion takes a tombstone next to its place, or
+/// shifts the entries up to the nearest one (or to the end). Tombstones
+/// at the end are dropped at once; when they pass half the entries, one
+/// write compacts the table (once per as many removals as it has entries).
 ///
 /// `N` entries live inline (no heap). A full table refuses the new
 /// segment, which its allocator then gives back
@@ -150,7 +169,10 @@ const CHUNKS: usize = 32;
 pub struct SegmentTable<const N: usize> {
     /// Even while the table is stable, odd while a writer changes it.
     seq: AtomicUsize,
+    /// Slots in use, tombstones included.
     len: AtomicUsize,
+    /// Tombstones among them (changed under the writers' lock).
+    dead: AtomicUsize,
     inline: [SegmentSlot; N],
     /// Chunk `k` (from 1) at `chunks[k - 1]`, set once.
     chunks: [spin::Once<&'static [SegmentSlot]>; CHUNKS],
@@ -167,6 +189,7 @@ impl<const N: usize> SegmentTable<N> {
         SegmentTable {
             seq: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
+            dead: AtomicUsize::new(0),
             inline: [const { SegmentSlot::new() }; N],
             chunks: [const { spin::Once::new() }; CHUNKS],
             grow: None,
@@ -180,6 +203,7 @@ impl<const N: usize> SegmentTable<N> {
         SegmentTable {
             seq: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
+            dead: AtomicUsize::new(0),
             inline: core::array::from_fn(|_| SegmentSlot::default()),
             chunks: core::array::from_fn(|_| spin::Once::new()),
             grow: None,
@@ -197,12 +221,18 @@ impl<const N: usize> SegmentTable<N> {
 
     /// Segments it holds, visible or hidden.
     pub fn len(&self) -> usize {
-        self.len.load(Acquire)
+        self.read(|t, len| len.saturating_sub(t.dead.load(Relaxed)))
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Slots in use, tombstones of removed segments included (at most
+    /// twice [`len`](Self::len), plus one).
+    pub fn slots_in_use(&self) -> usize {
+        self.len.load(Acquire)
     }
 
     /// Entries it has room for now.
@@ -246,14 +276,8 @@ impl<const N: usize> SegmentTable<N> {
         }
     }
 
-    /// Change the table under the writers' lock, with the sequence number
-    /// odd while `f` runs (lookups meanwhile read again).
-    fn write<R>(&self, f: impl FnOnce(&Self) -> R) -> R {
-        let _writer = self.writer.lock();
-        self.change(f)
-    }
-
-    /// [`write`](Self::write) for a writer that holds the writers' lock.
+    /// Change the table with the sequence number odd while `f` runs
+    /// (lookups meanwhile read again). The caller holds the writers' lock.
     fn change<R>(&self, f: impl FnOnce(&Self) -> R) -> R {
         let seq = self.seq.load(Relaxed);
         self.seq.store(seq.wrapping_add(1), Relaxed);
@@ -264,7 +288,7 @@ impl<const N: usize> SegmentTable<N> {
     }
 
     /// The number of entries of the first `len` whose base is at or below
-    /// `at` (they are sorted by base).
+    /// `at` (they are sorted by base, tombstones included).
     fn partition(&self, len: usize, at: u64) -> usize {
         let (mut lo, mut hi) = (0, len);
         while lo < hi {
@@ -282,11 +306,12 @@ impl<const N: usize> SegmentTable<N> {
     fn visible_at(&self, len: usize, ptr: u64) -> Option<Entry> {
         // Visible ranges never overlap: the candidate is the visible entry
         // with the highest base at or below `ptr`. Hidden ones (a release
-        // in flight) may overlap a newer segment; they are stepped over.
+        // in flight) may overlap a newer segment, tombstones are gone: both
+        // are stepped over.
         (0..self.partition(len, ptr))
             .rev()
             .filter_map(|i| self.entry(i))
-            .find(|e| !e.hidden)
+            .find(Entry::visible)
             .filter(|e| ptr < e.end)
     }
 
@@ -315,20 +340,80 @@ impl<const N: usize> SegmentTable<N> {
         }
     }
 
-    /// The position of `device`'s entry at `base` among the first `len`,
-    /// hidden or not as asked.
+    /// The position of `device`'s live entry at `base` among the first
+    /// `len`, hidden or not as asked: a binary search, then a step back
+    /// over the entries of the same base (tombstones, or another device's
+    /// hidden one).
     fn find(&self, len: usize, device: u32, base: u64, hidden: bool) -> Option<usize> {
-        (0..len).find(|&i| {
-            self.entry(i)
-                .is_some_and(|e| e.base == base && e.device == device && e.hidden == hidden)
+        let mut i = self.partition(len, base);
+        while i > 0 {
+            i -= 1;
+            let e = self.entry(i)?;
+            if e.base != base {
+                return None;
+            }
+            if !e.dead && e.device == device && e.hidden == hidden {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Whether entry `i` is a tombstone.
+    fn is_dead(&self, i: usize) -> bool {
+        self.entry(i).is_some_and(|e| e.dead)
+    }
+
+    /// Set the marks of entry `i` (one slot's write).
+    fn mark(&self, i: usize, hidden: bool, dead: bool) {
+        if let (Some(slot), Some(e)) = (self.slot(i), self.entry(i)) {
+            slot.store(Entry { hidden, dead, ..e });
+        }
+    }
+
+    /// Move entry `from` to slot `to`.
+    fn copy(&self, from: usize, to: usize) {
+        if let (Some(e), Some(slot)) = (self.entry(from), self.slot(to)) {
+            slot.store(e);
+        }
+    }
+
+    /// The tombstone nearest to `at` among the first `len` entries, if any
+    /// (a writer's question, under the writers' lock).
+    fn nearest_dead(&self, len: usize, at: usize) -> Option<usize> {
+        if self.dead.load(Relaxed) == 0 {
+            return None;
+        }
+        (0..len.max(1)).find_map(|d| {
+            let up = at.checked_add(d).filter(|&i| i < len && self.is_dead(i));
+            up.or_else(|| at.checked_sub(d + 1).filter(|&i| self.is_dead(i)))
         })
     }
 
-    /// Set the hidden mark of entry `i`.
-    fn set_hidden(&self, i: usize, hidden: bool) {
-        if let (Some(slot), Some(e)) = (self.slot(i), self.entry(i)) {
-            slot.store(Entry { hidden, ..e });
+    /// Drop tombstones (a writer's, under the writers' lock): those at the
+    /// end at once (a length's write), all of them once they pass half the
+    /// entries (one write of every entry).
+    fn drop_tombstones(&self) {
+        let (mut len, mut dead) = (self.len.load(Relaxed), self.dead.load(Relaxed));
+        while len > 0 && self.is_dead(len - 1) {
+            (len, dead) = (len - 1, dead.saturating_sub(1));
         }
+        if dead * 2 > len {
+            self.change(|t| {
+                let mut kept = 0;
+                for i in 0..len {
+                    if !t.is_dead(i) {
+                        t.copy(i, kept);
+                        kept += 1;
+                    }
+                }
+                t.len.store(kept, Relaxed);
+            });
+            dead = 0;
+        } else if len != self.len.load(Relaxed) {
+            self.change(|t| t.len.store(len, Relaxed));
+        }
+        self.dead.store(dead, Relaxed);
     }
 }
 
@@ -341,6 +426,13 @@ impl<const N: usize> Default for SegmentTable<N> {
 impl<const N: usize> SegmentRegistry for SegmentTable<N> {
     fn insert(&self, device: u32, base: u64, size: u64) -> Result<(), RegistryRefusal> {
         let end = base.saturating_add(size);
+        let new = Entry {
+            base,
+            end,
+            device,
+            hidden: false,
+            dead: false,
+        };
         // Checked and made room for before the sequence number goes odd
         // (the writers' lock keeps the table as it is meanwhile).
         let _writer = self.writer.lock();
@@ -350,60 +442,68 @@ impl<const N: usize> SegmentRegistry for SegmentTable<N> {
         let below = (0..at)
             .rev()
             .filter_map(|i| self.entry(i))
-            .find(|e| !e.hidden);
+            .find(Entry::visible);
         if let Some(e) = below.filter(|e| e.end > base) {
             return Err(RegistryRefusal::Overlaps { device: e.device });
         }
-        let above = (at..len).filter_map(|i| self.entry(i)).find(|e| !e.hidden);
+        let above = (at..len).filter_map(|i| self.entry(i)).find(Entry::visible);
         if let Some(e) = above.filter(|e| e.base < end) {
             return Err(RegistryRefusal::Overlaps { device: e.device });
         }
-        self.room(len)?;
-        self.change(|t| {
-            // Shift the entries from `at` up by one, from the top.
-            for i in (at..len).rev() {
-                if let (Some(e), Some(to)) = (t.entry(i), t.slot(i + 1)) {
-                    to.store(e);
+        // Its place is between entries `at - 1` and `at`: a tombstone there
+        // (or the nearest one, the entries between shifted towards it)
+        // takes it; without one it goes in at the end's side.
+        let Some(d) = self.nearest_dead(len, at) else {
+            self.room(len)?;
+            self.change(|t| {
+                for i in (at..len).rev() {
+                    t.copy(i, i + 1);
                 }
+                if let Some(slot) = t.slot(at) {
+                    slot.store(new);
+                }
+                t.len.store(len + 1, Relaxed);
+            });
+            return Ok(());
+        };
+        self.change(|t| {
+            let to = if d >= at {
+                for i in (at..d).rev() {
+                    t.copy(i, i + 1);
+                }
+                at
+            } else {
+                for i in d + 1..at {
+                    t.copy(i, i - 1);
+                }
+                at - 1
+            };
+            if let Some(slot) = t.slot(to) {
+                slot.store(new);
             }
-            if let Some(slot) = t.slot(at) {
-                slot.store(Entry {
-                    base,
-                    end,
-                    device,
-                    hidden: false,
-                });
-            }
-            t.len.store(len + 1, Relaxed);
         });
+        self.dead
+            .store(self.dead.load(Relaxed).saturating_sub(1), Relaxed);
         Ok(())
     }
 
     fn hide(&self, device: u32, base: u64) {
-        self.write(|t| {
-            if let Some(i) = t.find(t.len.load(Relaxed), device, base, false) {
-                t.set_hidden(i, true);
-            }
-        });
+        let _writer = self.writer.lock();
+        if let Some(i) = self.find(self.len.load(Relaxed), device, base, false) {
+            self.change(|t| t.mark(i, true, false));
+        }
     }
 
     fn settle(&self, device: u32, base: u64, gone: bool) {
-        self.write(|t| {
-            let len = t.len.load(Relaxed);
-            let Some(k) = t.find(len, device, base, true) else {
-                return;
-            };
-            if !gone {
-                t.set_hidden(k, false);
-                return;
-            }
-            for i in k + 1..len {
-                if let (Some(e), Some(to)) = (t.entry(i), t.slot(i - 1)) {
-                    to.store(e);
-                }
-            }
-            t.len.store(len - 1, Relaxed);
-        });
+        let _writer = self.writer.lock();
+        let Some(i) = self.find(self.len.load(Relaxed), device, base, true) else {
+            return;
+        };
+        self.change(|t| t.mark(i, false, gone));
+        if gone {
+            self.dead.store(self.dead.load(Relaxed) + 1, Relaxed);
+            self.drop_tombstones();
+        }
     }
 
     fn owner(&self, ptr: u64) -> Option<u32> {
@@ -413,9 +513,9 @@ impl<const N: usize> SegmentRegistry for SegmentTable<N> {
     fn holds(&self, device: u32, base: u64, size: u64) -> bool {
         let end = base.saturating_add(size);
         self.read(|t, len| {
-            (0..len)
-                .filter_map(|i| t.entry(i))
-                .any(|e| e.device == device && e.base == base && e.end == end && !e.hidden)
+            t.find(len, device, base, false)
+                .and_then(|i| t.entry(i))
+                .is_some_and(|e| e.end == end)
         })
     }
 
@@ -423,7 +523,7 @@ impl<const N: usize> SegmentRegistry for SegmentTable<N> {
         self.read(|t, len| {
             (0..len)
                 .filter_map(|i| t.entry(i))
-                .filter(|e| e.device == device)
+                .filter(|e| !e.dead && e.device == device)
                 .count()
         })
     }
@@ -522,5 +622,122 @@ mod tests {
             fixed.insert(0, 100, 5),
             Err(RegistryRefusal::Full { capacity: 3 })
         );
+    }
+    #[test]
+    fn removals_leave_tombstones_that_insertions_take_and_compaction_drops() {
+        let t = SegmentTable::<16>::new();
+        for k in 0..10u64 {
+            t.insert(0, k * 0x100, 0x80).unwrap();
+        }
+        for k in [1u64, 3, 5] {
+            t.hide(0, k * 0x100);
+            t.settle(0, k * 0x100, true);
+        }
+        assert_eq!((t.len(), t.slots_in_use()), (7, 10), "three tombstones");
+        assert_eq!((t.owner(0x310), t.owner(0x410)), (None, Some(0)));
+        // Its place is next to a tombstone: it takes its slot.
+        t.insert(1, 0x340, 0x40).unwrap();
+        assert_eq!((t.len(), t.slots_in_use()), (8, 10));
+        // Its place is at the end: the entries from the nearest tombstone
+        // (5) shift down to it; nothing grows.
+        t.insert(2, 0x990, 0x10).unwrap();
+        assert_eq!((t.len(), t.slots_in_use()), (9, 10));
+        assert_eq!(
+            (t.owner(0x350), t.owner(0x995), t.owner(0x910)),
+            (Some(1), Some(2), Some(0))
+        );
+        // A tombstone at the end goes at once.
+        t.hide(2, 0x990);
+        t.settle(2, 0x990, true);
+        assert_eq!((t.len(), t.slots_in_use()), (8, 9));
+        // Past half the entries dead, one write compacts the table.
+        for k in [0u64, 2, 4, 6, 7] {
+            t.hide(0, k * 0x100);
+            t.settle(0, k * 0x100, true);
+        }
+        assert_eq!((t.len(), t.slots_in_use()), (3, 4));
+        assert_eq!((t.count(0), t.count(1)), (2, 1));
+        assert!(t.holds(0, 0x800, 0x80) && t.holds(0, 0x900, 0x80) && t.holds(1, 0x340, 0x40));
+    }
+
+    /// Thousands of random insertions, hides and settles (gone or kept),
+    /// on two devices whose ranges the driver reuses, against a plain list:
+    /// every lookup, `holds` and `count` agrees, and the slots in use stay
+    /// under twice the entries.
+    #[test]
+    fn random_changes_agree_with_a_plain_list() {
+        extern crate std;
+        use std::vec::Vec;
+        let t = SegmentTable::<4>::new().with_growth(chunk);
+        // (device, base, end, hidden)
+        let mut model: Vec<(u32, u64, u64, bool)> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for step in 0..6000 {
+            match rand(3) {
+                0 => {
+                    let (d, base, size) = (rand(2) as u32, rand(64) * 0x100, 0x100 * (1 + rand(2)));
+                    let clash = model
+                        .iter()
+                        .any(|&(_, b, e, h)| !h && b < base + size && base < e);
+                    let r = t.insert(d, base, size);
+                    assert_eq!(
+                        r.is_ok(),
+                        !clash,
+                        "step {step}: insert {d} {base:#x}+{size:#x}"
+                    );
+                    if r.is_ok() {
+                        model.push((d, base, base + size, false));
+                    }
+                }
+                1 if !model.is_empty() => {
+                    let k = rand(model.len() as u64) as usize;
+                    let (d, base, _, hidden) = model[k];
+                    // A device releases one segment at a time: it never
+                    // has two hidden at one base.
+                    let twice = model.iter().any(|&(e, b, _, h)| h && (e, b) == (d, base));
+                    if !hidden && !twice {
+                        t.hide(d, base);
+                        model[k].3 = true;
+                    }
+                }
+                _ => {
+                    if let Some(k) = model.iter().position(|e| e.3) {
+                        let (d, base, end, _) = model[k];
+                        // A device that refuses a free still holds the
+                        // range: the driver gave none of it to anyone else.
+                        let reused = model.iter().any(|&(_, b, e, h)| !h && b < end && base < e);
+                        let gone = reused || rand(4) != 0;
+                        t.settle(d, base, gone);
+                        if gone {
+                            model.remove(k);
+                        } else {
+                            model[k].3 = false;
+                        }
+                    }
+                }
+            }
+            for p in (0..0x4200).step_by(0x80) {
+                let want = model
+                    .iter()
+                    .find(|&&(_, b, e, h)| !h && b <= p && p < e)
+                    .map(|e| e.0);
+                assert_eq!(t.owner(p), want, "step {step}: owner of {p:#x}");
+            }
+            for &(d, b, e, _) in &model {
+                let want = model.contains(&(d, b, e, false));
+                assert_eq!(t.holds(d, b, e - b), want, "step {step}");
+            }
+            for d in 0..2 {
+                assert_eq!(t.count(d), model.iter().filter(|e| e.0 == d).count());
+            }
+            assert_eq!(t.len(), model.len());
+            assert!(t.slots_in_use() <= 2 * t.len() + 1, "step {step}");
+        }
     }
 }

@@ -431,6 +431,37 @@ fn lookups_race_the_table_shifting_under_them() {
     });
 }
 
+/// A removal leaves a tombstone (one slot's write; the first one, before
+/// the race) and, once tombstones pass half the entries, one write
+/// compacts the table, moving the stable segment down two slots under a
+/// lookup. A lookup never sees a torn
+/// table: the stable segment is always found on its device, a removed one
+/// on its device (not removed yet) or on nobody.
+#[test]
+fn lookups_race_removal_and_compaction() {
+    use cachealloc_core::SegmentRegistry;
+    model("lookups_race_removal_and_compaction", || {
+        let table: &'static SegmentTable<4> = Box::leak(Box::default());
+        table.insert(1, 0x1000, 0x800).unwrap();
+        table.insert(1, 0x1800, 0x800).unwrap();
+        table.insert(0, 0x2000, 0x1000).unwrap();
+        table.hide(1, 0x1000);
+        table.settle(1, 0x1000, true);
+        assert_eq!((table.len(), table.slots_in_use()), (2, 3), "a tombstone");
+        let writer = thread::spawn(move || {
+            table.hide(1, 0x1800);
+            table.settle(1, 0x1800, true);
+        });
+        thread::yield_now();
+        assert_eq!(table.owner(0x2800), Some(0), "the stable segment");
+        let removed = table.owner(0x1c00);
+        assert!(removed.is_none() || removed == Some(1), "{removed:?}");
+        writer.join().unwrap();
+        assert_eq!((table.len(), table.slots_in_use()), (1, 1), "compacted");
+        assert_eq!((table.owner(0x1400), table.owner(0x2000)), (None, Some(0)));
+    });
+}
+
 /// Routing ends while another thread allocates: the allocation goes to
 /// exactly one of the two pools (the private pool if it came first, the
 /// default pool after), its segment says so, and after the pool is released
