@@ -83,6 +83,7 @@ if command -v valgrind >/dev/null; then
     bash scripts/callgrind-pair.sh "$conf" >>"$out/callgrind.txt"
   done
   bash scripts/callgrind-pair.sh "" locked >>"$out/callgrind.txt"
+  bash scripts/callgrind-pair.sh c >>"$out/callgrind.txt"
 else
   echo "valgrind not installed: no instruction counts" >"$out/callgrind.txt"
 fi

@@ -86,7 +86,7 @@ def main():
 
     print("### Instructions per pair (callgrind, `scripts/callgrind-pair.sh [CONF] [locked]`)\n")
     t = text(os.path.join(out, "callgrind.txt"))
-    found = re.findall(r"pair_loop (.*): (\d+) instructions per pair", t or "")
+    found = re.findall(r"^(?:pair_loop )?(.*): (\d+) instructions per pair", t or "", re.M)
     if found:
         table(["configuration", "instructions"], [[{"locked": "(default), through the lock (`CachingAllocator`)"}.get(k.strip(), k.strip()), v]
                                                  for k, v in found])

@@ -18,6 +18,9 @@ thread_local! {
     /// [`PANIC_NEXT`]): one byte, read once per call (a call after a
     /// success reads nothing else).
     static STATE: Cell<u8> = const { Cell::new(0) };
+    /// The device whose lock is held while this thread runs one of the
+    /// library's callbacks ([`IN_CALLBACK`]).
+    static LOCKED_DEVICE: Cell<c_int> = const { Cell::new(-1) };
     /// Set by the body of a failing call whose failure is an out-of-memory;
     /// taken by its guard on the way out (only a failure sets it, so a
     /// call that succeeds pays nothing for it).
@@ -30,6 +33,44 @@ const HAS_ERROR: u8 = 1;
 /// `debug-hooks`), the next guarded call on this thread panics inside its
 /// guard.
 const PANIC_NEXT: u8 = 2;
+/// [`STATE`]: this thread runs a callback of the library while a device's
+/// lock is held ([`under_lock`]): every guarded call fails at once.
+const IN_CALLBACK: u8 = 4;
+
+/// Run `callback`, a caller's function the library calls while device
+/// `device`'s lock is held (a trace tracker, a segment source, a stream
+/// filter). A call into the library from inside it would wait for that
+/// lock for ever: it fails at once instead, with an error naming the rule
+/// (the callback sees it; the outer call's own result is untouched).
+pub(crate) fn under_lock<R>(device: c_int, callback: impl FnOnce() -> R) -> R {
+    /// Puts the thread's marks back as they were (a callback is C code and
+    /// does not unwind, but the marks must not outlive it whatever happens).
+    struct Restore {
+        nested: bool,
+        device: c_int,
+        had_error: bool,
+    }
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = LOCKED_DEVICE.try_with(|d| d.set(self.device));
+            if !self.nested {
+                update_state(0, IN_CALLBACK);
+            }
+            // A refusal inside the callback was the callback's error.
+            if !self.had_error && STATE.try_with(Cell::get).unwrap_or(0) & HAS_ERROR != 0 {
+                clear_last_error();
+            }
+        }
+    }
+    let state = STATE.try_with(Cell::get).unwrap_or(0);
+    let _restore = Restore {
+        nested: state & IN_CALLBACK != 0,
+        device: LOCKED_DEVICE.try_with(|d| d.replace(device)).unwrap_or(-1),
+        had_error: state & HAS_ERROR != 0,
+    };
+    update_state(IN_CALLBACK, 0);
+    callback()
+}
 
 /// The next guarded call on this thread panics inside its guard (the
 /// `debug-hooks` feature's `cachealloc_debug_force_internal_error`).
@@ -137,15 +178,15 @@ fn last_error_ptr() -> *const c_char {
 /// error (a panic's as "internal error in NAME: ...").
 #[inline]
 pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res<T>) -> T {
+    // One byte read, one test, on a call after a success.
     let state = STATE.try_with(Cell::get).unwrap_or(0);
-    if state & HAS_ERROR != 0 {
-        clear_last_error();
-    }
-    // Without the `debug-hooks` feature nothing sets the bit: the test is
-    // compiled out.
-    let panic_next = cfg!(feature = "debug-hooks") && state & PANIC_NEXT != 0;
-    if panic_next {
-        update_state(0, PANIC_NEXT);
+    let mut panic_next = false;
+    if state != 0 {
+        match entering(name, state) {
+            Entering::Run => {}
+            Entering::PanicNext => panic_next = true,
+            Entering::Refused => return failed,
+        }
     }
     let run = AssertUnwindSafe(|| {
         if panic_next {
@@ -164,6 +205,41 @@ pub(crate) fn guard<T>(name: &'static str, failed: T, body: impl FnOnce() -> Res
             failed
         }
     }
+}
+
+/// What [`guard`] does with a call on a thread with marks in [`STATE`].
+enum Entering {
+    Run,
+    /// Run it, panicking inside the guard (`debug-hooks`).
+    PanicNext,
+    /// Fail it: it came from a callback under a device's lock.
+    Refused,
+}
+
+/// [`guard`]'s way in for a thread with marks: the last error cleared, and
+/// a call from a callback under a device's lock refused.
+#[cold]
+#[inline(never)]
+fn entering(name: &str, state: u8) -> Entering {
+    if state & HAS_ERROR != 0 {
+        clear_last_error();
+    }
+    if state & IN_CALLBACK != 0 {
+        let device = LOCKED_DEVICE.try_with(Cell::get).unwrap_or(-1);
+        set_last_error(&format!(
+            "{name} called from a callback while device {device} is locked: trace trackers, \
+             segment sources and stream filters run under the device's lock and must not call \
+             into cachealloc (the call would wait for that lock for ever)"
+        ));
+        return Entering::Refused;
+    }
+    // Without the `debug-hooks` feature nothing sets the bit: the test is
+    // compiled out.
+    if cfg!(feature = "debug-hooks") && state & PANIC_NEXT != 0 {
+        update_state(0, PANIC_NEXT);
+        return Entering::PanicNext;
+    }
+    Entering::Run
 }
 
 /// Keep a panic caught in `name` as the thread's last error (out of the

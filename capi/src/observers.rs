@@ -154,7 +154,7 @@ impl cachealloc_core::TraceTracker for TraceForward {
         let entry = crate::snapshot_walk::entry(e);
         // Under the device's lock, at every entry: the list is read with no
         // lock of its own.
-        TRACKERS.each(|f, user| f(&entry, user));
+        crate::error::under_lock(entry.device, || TRACKERS.each(|f, user| f(&entry, user)));
     }
 }
 
@@ -165,8 +165,9 @@ impl cachealloc_core::TraceTracker for TraceForward {
 /// not the history is on. An annotation's entry has no name here
 /// (`annotation` is NULL; `context` is its id).
 ///
-/// The tracker runs while the device's lock is held, as PyTorch's do: it
-/// must not call into cachealloc, and should be quick. Until the first
+/// The tracker runs while the device's lock is held, as PyTorch's do, and
+/// should be quick: a call into cachealloc from it fails ("called from a
+/// callback while device N is locked") instead of waiting for the lock. Until the first
 /// tracker is attached, the allocator pays nothing for them. Returns 0, or
 /// -1 (NULL `tracker`, or 64 attached already).
 #[no_mangle]

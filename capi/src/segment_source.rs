@@ -8,15 +8,17 @@
 //! caller's `release`) when the core deletes the pool.
 
 use crate::backend::{on_device, text};
-use crate::error::{status, Res};
+use crate::error::{status, under_lock, Res};
 use crate::registry;
 use cachealloc_core::{DevicePtr, MempoolId, PoolOptions, SegmentSource, SharedAllocator};
 use std::ffi::{c_int, c_void};
 
 /// A pool's segment source, as C functions. `alloc` and `free` are called
 /// on the allocating (or emptying) thread while the device's lock is held:
-/// they must not call into cachealloc, and must not unwind (a C++ caller
-/// catches its exceptions; a failed `alloc` returns NULL).
+/// a call into cachealloc from them fails ("called from a callback while
+/// device N is locked") instead of waiting for the lock. They must not
+/// unwind (a C++ caller catches its exceptions; a failed `alloc` returns
+/// NULL).
 #[repr(C)]
 #[derive(Clone, Copy)]
 #[allow(non_camel_case_types)]
@@ -55,25 +57,29 @@ fn alloc(ctx: usize, size: u64, stream: u64) -> Option<DevicePtr> {
     let b = boxed(ctx);
     let f = b.source.alloc?;
     let size = usize::try_from(size).ok()?;
-    let p = f(
-        size,
-        b.device,
-        stream as usize as *mut c_void,
-        b.source.user,
-    );
+    let p = under_lock(b.device, || {
+        f(
+            size,
+            b.device,
+            stream as usize as *mut c_void,
+            b.source.user,
+        )
+    });
     (!p.is_null()).then_some(DevicePtr(p as u64))
 }
 
 fn free(ctx: usize, ptr: DevicePtr, size: u64, stream: u64) {
     let b = boxed(ctx);
     if let Some(f) = b.source.free {
-        f(
-            ptr.0 as usize as *mut c_void,
-            size as usize,
-            b.device,
-            stream as usize as *mut c_void,
-            b.source.user,
-        );
+        under_lock(b.device, || {
+            f(
+                ptr.0 as usize as *mut c_void,
+                size as usize,
+                b.device,
+                stream as usize as *mut c_void,
+                b.source.user,
+            )
+        });
     }
 }
 
@@ -82,7 +88,7 @@ fn release(ctx: usize) {
     // the box was leaked by `cachealloc_create_pool_with_source`.
     let b = unsafe { Box::from_raw(ctx as *mut Boxed) };
     if let Some(r) = b.source.release {
-        r(b.source.user);
+        under_lock(b.device, || r(b.source.user));
     }
 }
 

@@ -33,27 +33,26 @@ pub(crate) type Filter = (extern "C" fn(*mut c_void, *mut c_void) -> c_int, usiz
 /// A boxed closure over one backend's stream type.
 type Closure<St> = Box<dyn Fn(St) -> bool + Send + Sync>;
 
-/// The closures made so far, by (function, user, stream type).
-type Made = HashMap<(usize, usize, TypeId), &'static (dyn Any + Send + Sync)>;
+/// The closures made so far, by (function, user, device, stream type).
+type Made = HashMap<(usize, usize, c_int, TypeId), &'static (dyn Any + Send + Sync)>;
 
 static MADE: LazyLock<Mutex<Made>> = LazyLock::new(Mutex::default);
 
-/// The core's filter for `f` over streams of type `St`.
-pub(crate) fn stream_filter<St>(f: Option<Filter>) -> StreamFilter<St>
+/// The core's filter for `f` over streams of type `St`, called under
+/// `device`'s lock.
+pub(crate) fn stream_filter<St>(f: Option<Filter>, device: c_int) -> StreamFilter<St>
 where
     St: Into<u64> + Copy + 'static,
 {
     let Some((call, user)) = f else {
         return StreamFilter::All;
     };
-    let key = (call as usize, user, TypeId::of::<St>());
+    let key = (call as usize, user, device, TypeId::of::<St>());
     let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
     let any: &'static (dyn Any + Send + Sync) = *made.entry(key).or_insert_with(|| {
         let closure: Closure<St> = Box::new(move |s: St| {
-            call(
-                Into::<u64>::into(s) as usize as *mut c_void,
-                user as *mut c_void,
-            ) != 0
+            let stream = Into::<u64>::into(s) as usize as *mut c_void;
+            crate::error::under_lock(device, || call(stream, user as *mut c_void)) != 0
         });
         Box::leak(Box::new(closure))
     });
@@ -73,9 +72,10 @@ where
 /// until the end (no driver call that could invalidate a capture).
 ///
 /// The filter is called on the allocating thread while the device's lock
-/// is held, at each allocation while the routing lasts: it must not call
-/// into cachealloc. One small record per distinct (filter, user) pair is
-/// kept for the process's life. Returns 0, or -1 (already routing to this
+/// is held, at each allocation while the routing lasts: a call into
+/// cachealloc from it fails ("called from a callback while device N is
+/// locked"). One small record per distinct (filter, user, device) is kept
+/// for the process's life. Returns 0, or -1 (already routing to this
 /// pool, too many pools).
 #[no_mangle]
 pub extern "C" fn cachealloc_begin_allocate_to_pool_filtered(
@@ -90,7 +90,7 @@ pub extern "C" fn cachealloc_begin_allocate_to_pool_filtered(
         || -> Res<()> {
             let f = filter.map(|f| (f, user as usize));
             on_device!(registry::device(device)?, |a| a
-                .capture_begin(MempoolId(id0, id1), stream_filter(f))
+                .capture_begin(MempoolId(id0, id1), stream_filter(f, device))
                 .map_err(text))
         },
     )

@@ -384,6 +384,24 @@ fn the_verdict_does_not_depend_on_the_stream_of_small_blocks() {
     );
 }
 
+/// Through the C library: a trace tracker, a segment source and a stream
+/// filter that call `cachealloc_alloc` from inside (under their device's
+/// lock) get an error naming the rule, the outer calls return, and the
+/// devices stay usable; a hang fails the test (an alarm in the program).
+#[test]
+fn callbacks_that_call_back_in_get_an_error_not_a_hang() {
+    let dir = scratch("reentry");
+    let exe = dir.join("reentry_test");
+    compile(&manifest_dir().join("tests/c/reentry_test.c"), &exe, false);
+    let out = run(&mut program(&exe, "mock"), "reentry_test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        stdout.contains("reentry_test: all checks passed"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn c_abi_on_the_simulated_device() {
     let dir = scratch("mock");
