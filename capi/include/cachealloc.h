@@ -26,14 +26,28 @@
  * call clears it first. No panic crosses the boundary: an internal error is
  * reported the same way, as "internal error in FUNCTION: ...".
  *
- * PyTorch (whole-allocator mode, before any CUDA call):
- *   a = torch.cuda.memory.CUDAPluggableAllocator(path, "cachealloc_alloc", "cachealloc_free")
+ * Callbacks (observers, trace trackers, segment sources, stream filters,
+ * snapshot visitors, statistics and restore callbacks) must return
+ * normally: never unwind (a C++ exception) or longjmp out of one; it would
+ * cross the library's frames, which cannot be unwound (the process
+ * aborts, or worse). In C++17 and later their types are noexcept function
+ * pointers, so a lambda not marked noexcept does not convert to one.
+ * Those that run while a device's lock is held (trace trackers, segment
+ * sources, stream filters) may not call into the library: such a call
+ * fails, "called from a callback while device N is locked".
+ *
+ * PyTorch (whole-allocator mode, before any CUDA call; cachealloc's Python
+ * package does this for you, raising torch.OutOfMemoryError where it can):
+ *   a = torch.cuda.memory.CUDAPluggableAllocator(path, "cachealloc_pluggable_alloc",
+ *                                                "cachealloc_free")
  *   torch.cuda.memory.change_current_allocator(a)
  * and optionally the hooks on a.allocator(): set_init_fn(cachealloc_init),
  * set_reset_fn(cachealloc_reset), set_memory_fraction_fn(...),
  * set_base_alloc_fn(...), set_record_stream_fn(...),
  * set_begin_allocate_to_pool(...), set_end_allocate_to_pool_fn(...),
  * set_release_pool(...) (each given the function's address).
+ * cachealloc_pluggable_alloc aborts the process on a failure: torch turns
+ * the NULL cachealloc_alloc returns into a tensor at address 0.
  */
 
 #ifndef CACHEALLOC_H
@@ -44,6 +58,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
+/* The callbacks' exception specification: noexcept in C++17 and later. */
+#if defined(__cplusplus) && __cplusplus >= 201703L
+#define CACHEALLOC_NOEXCEPT noexcept
+#else
+#define CACHEALLOC_NOEXCEPT
+#endif
 
 /**
  * `cachealloc_last_error_code()`: the last call succeeded.
@@ -62,6 +82,20 @@
  * reason (a bad argument or pointer, a driver error, metadata exhausted).
  */
 #define CACHEALLOC_ERROR_OTHER 2
+
+/**
+ * `cachealloc_last_error_code()`: a buffer the caller gave is too small;
+ * the function's out-parameter holds the size needed, and nothing else
+ * changed (`cachealloc_share_ipc_pages`: `out->pages` descriptors).
+ */
+#define CACHEALLOC_ERROR_BUFFER_TOO_SMALL 3
+
+/**
+ * `cachealloc_last_error_code()`: the block lives in an expandable
+ * segment, which is shared as its pages (`cachealloc_share_ipc_pages`),
+ * not as a handle (`cachealloc_share_ipc_handle`).
+ */
+#define CACHEALLOC_ERROR_EXPANDABLE_SEGMENT 4
 
 /**
  * `cachealloc_snapshot_walk`'s flag: give the history too.
@@ -218,7 +252,7 @@ typedef struct {
     uint64_t unmapped_bytes;
 } cachealloc_oom_cause;
 
-typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*);
+typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * A handle to share an allocation with another process: the driver's IPC
@@ -272,7 +306,7 @@ typedef struct {
  * typedef calls it `device_total`, its Python wrapper `device_allocated`);
  * `device_free` is the device's free memory then.
  */
-typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*);
+typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * A trace tracker: called with every memory-history entry of every device
@@ -285,7 +319,7 @@ typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*);
  * caller's `user` pointer. Called after the device's lock is released, on
  * the allocating thread.
  */
-typedef void (*cachealloc_oom_rejection_observer)(int, size_t, size_t, size_t, void*);
+typedef void (*cachealloc_oom_rejection_observer)(int, size_t, size_t, size_t, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * One entry of the memory history (PyTorch's `TraceEntry`).
@@ -341,13 +375,15 @@ typedef struct {
     uint64_t pool_id1;
 } cachealloc_trace_entry;
 
-typedef void (*cachealloc_trace_tracker)(const cachealloc_trace_entry*, void*);
+typedef void (*cachealloc_trace_tracker)(const cachealloc_trace_entry*, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * A pool's segment source, as C functions. `alloc` and `free` are called
  * on the allocating (or emptying) thread while the device's lock is held:
- * they must not call into cachealloc, and must not unwind (a C++ caller
- * catches its exceptions; a failed `alloc` returns NULL).
+ * a call into cachealloc from them fails ("called from a callback while
+ * device N is locked") instead of waiting for the lock. They must not
+ * unwind (a C++ caller catches its exceptions; a failed `alloc` returns
+ * NULL).
  */
 typedef struct {
     /**
@@ -358,17 +394,17 @@ typedef struct {
      * segments of the pool it may free and asks again, then fails the
      * allocation).
      */
-    void *(*alloc)(size_t, int, void*, void*);
+    void *(*alloc)(size_t, int, void*, void*) CACHEALLOC_NOEXCEPT;
     /**
      * `free(ptr, size, device, stream, user)`: give back the segment at
      * `ptr` of `size` bytes, made for `stream`.
      */
-    void (*free)(void*, size_t, int, void*, void*);
+    void (*free)(void*, size_t, int, void*, void*) CACHEALLOC_NOEXCEPT;
     /**
      * Optional, `release(user)`: called once, when the pool is deleted (its last segment
      * given back after its last user released it): `user` may go.
      */
-    void (*release)(void*);
+    void (*release)(void*) CACHEALLOC_NOEXCEPT;
     /**
      * Passed back to each call.
      */
@@ -468,15 +504,15 @@ typedef struct {
      * Each segment, in address order by device; its `num_blocks` blocks
      * follow.
      */
-    void (*segment)(const cachealloc_segment_info*, void*);
+    void (*segment)(const cachealloc_segment_info*, void*) CACHEALLOC_NOEXCEPT;
     /**
      * Each block of the segment last given, in address order.
      */
-    void (*block)(const cachealloc_block_info*, void*);
+    void (*block)(const cachealloc_block_info*, void*) CACHEALLOC_NOEXCEPT;
     /**
      * Each history entry, oldest first, by device, after every segment.
      */
-    void (*trace_entry)(const cachealloc_trace_entry*, void*);
+    void (*trace_entry)(const cachealloc_trace_entry*, void*) CACHEALLOC_NOEXCEPT;
 } cachealloc_snapshot_visitor;
 
 /**
@@ -531,7 +567,7 @@ typedef struct {
  * it, e.g. `"allocated_bytes.all.current"`; valid during the call only),
  * its value, and the caller's `user` pointer.
  */
-typedef void (*cachealloc_stat_callback)(const char*, int64_t, void*);
+typedef void (*cachealloc_stat_callback)(const char*, int64_t, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * One statistic (PyTorch's `Stat`): its value now, its peak, and the sums
@@ -562,7 +598,7 @@ typedef struct {
  * (`[3]`: all, small pool, large pool; valid during the call only), and
  * the caller's `user` pointer.
  */
-typedef void (*cachealloc_pool_stats_callback)(uint64_t, uint64_t, const cachealloc_stat*, void*);
+typedef void (*cachealloc_pool_stats_callback)(uint64_t, uint64_t, const cachealloc_stat*, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * A device's statistics, PyTorch's `DeviceStats` field for field (what
@@ -649,7 +685,7 @@ typedef struct {
  * A stream filter: nonzero when requests on `stream` (a `cudaStream_t`)
  * go to the pool; called with the caller's `user` pointer.
  */
-typedef int (*cachealloc_stream_filter)(void*, void*);
+typedef int (*cachealloc_stream_filter)(void*, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * One block of a checkpointed pool (PyTorch's `BlockState`): every block
@@ -684,7 +720,7 @@ typedef struct {
  * allocation it made (`allocated` 1: the caller owns it and frees it with
  * `cachealloc_free`), with its size and the caller's `user` pointer.
  */
-typedef void (*cachealloc_restore_callback)(void*, size_t, int, void*);
+typedef void (*cachealloc_restore_callback)(void*, size_t, int, void*) CACHEALLOC_NOEXCEPT;
 
 #ifdef __cplusplus
 extern "C" {
@@ -741,8 +777,11 @@ const char *cachealloc_last_error(void);
 /**
  * The kind of the last failed call on this thread:
  * `CACHEALLOC_ERROR_OUT_OF_MEMORY` (an allocation found no room: the
- * message is PyTorch's "CUDA out of memory. ..."), `CACHEALLOC_ERROR_OTHER`,
- * or `CACHEALLOC_OK` (0) when the last call succeeded. Cleared and set as
+ * message is PyTorch's "CUDA out of memory. ..."),
+ * `CACHEALLOC_ERROR_BUFFER_TOO_SMALL` and
+ * `CACHEALLOC_ERROR_EXPANDABLE_SEGMENT` (the IPC calls say when),
+ * `CACHEALLOC_ERROR_OTHER`, or `CACHEALLOC_OK` (0) when the last call
+ * succeeded. Branch on these, never on the message's text. Cleared and set as
  * `cachealloc_last_error()` is; this call changes neither.
  */
 int cachealloc_last_error_code(void);
@@ -833,8 +872,10 @@ int cachealloc_record_annotation(int device, const char *name);
  * counts one consumer: while any is outstanding, a free of the allocation
  * is held (its memory stays allocated) until `cachealloc_release_ipc_share`
  * has been called once per call here. Returns 0, or -1 (freed, unknown or
- * interior pointer; an expandable segment; a backend without IPC; the
- * driver's error).
+ * interior pointer; the driver's error; a backend without IPC; a block
+ * of an expandable segment, with `cachealloc_last_error_code()`
+ * `CACHEALLOC_ERROR_EXPANDABLE_SEGMENT`: share it with
+ * `cachealloc_share_ipc_pages`).
  *
  * # Safety
  *
@@ -881,8 +922,10 @@ int cachealloc_close_ipc_handle(const cachealloc_ipc_handle *handle, int device)
  * `cachealloc_release_ipc_share`). The descriptors stay this process's
  * until the pages are unmapped: do not close them. Returns 0, or -1 (not
  * a block of an expandable segment: use `cachealloc_share_ipc_handle`;
- * too small a `capacity`, which the error gives; freed, unknown or
- * interior pointer; a backend without it).
+ * freed, unknown or interior pointer; a backend without it; too small a
+ * `capacity`, with `cachealloc_last_error_code()`
+ * `CACHEALLOC_ERROR_BUFFER_TOO_SMALL` and the descriptors needed in
+ * `out->pages`, nothing counted).
  *
  * # Safety
  *
@@ -971,8 +1014,9 @@ int cachealloc_attach_oom_rejection_observer(cachealloc_oom_rejection_observer o
  * not the history is on. An annotation's entry has no name here
  * (`annotation` is NULL; `context` is its id).
  *
- * The tracker runs while the device's lock is held, as PyTorch's do: it
- * must not call into cachealloc, and should be quick. Until the first
+ * The tracker runs while the device's lock is held, as PyTorch's do, and
+ * should be quick: a call into cachealloc from it fails ("called from a
+ * callback while device N is locked") instead of waiting for the lock. Until the first
  * tracker is attached, the allocator pays nothing for them. Returns 0, or
  * -1 (NULL `tracker`, or 64 attached already).
  */
@@ -1308,9 +1352,10 @@ int cachealloc_get_device_stats(int device, cachealloc_device_stats *out);
  * until the end (no driver call that could invalidate a capture).
  *
  * The filter is called on the allocating thread while the device's lock
- * is held, at each allocation while the routing lasts: it must not call
- * into cachealloc. One small record per distinct (filter, user) pair is
- * kept for the process's life. Returns 0, or -1 (already routing to this
+ * is held, at each allocation while the routing lasts: a call into
+ * cachealloc from it fails ("called from a callback while device N is
+ * locked"). One small record per distinct (filter, user, device) is kept
+ * for the process's life. Returns 0, or -1 (already routing to this
  * pool, too many pools).
  */
 int cachealloc_begin_allocate_to_pool_filtered(int device,

@@ -21,10 +21,11 @@ thread_local! {
     /// The device whose lock is held while this thread runs one of the
     /// library's callbacks ([`IN_CALLBACK`]).
     static LOCKED_DEVICE: Cell<c_int> = const { Cell::new(-1) };
-    /// Set by the body of a failing call whose failure is an out-of-memory;
-    /// taken by its guard on the way out (only a failure sets it, so a
-    /// call that succeeds pays nothing for it).
-    static OOM_PENDING: Cell<bool> = const { Cell::new(false) };
+    /// Set by the body of a failing call whose failure has a code of its
+    /// own (an out-of-memory, ...; 0: `CACHEALLOC_ERROR_OTHER`); taken by
+    /// its guard on the way out (only a failure sets it, so a call that
+    /// succeeds pays nothing for it).
+    static PENDING_CODE: Cell<c_int> = const { Cell::new(0) };
 }
 
 /// [`STATE`]: `LAST_ERROR` holds an error (the next call clears it).
@@ -101,26 +102,40 @@ pub const CACHEALLOC_ERROR_OUT_OF_MEMORY: c_int = 1;
 /// `cachealloc_last_error_code()`: the last call failed for any other
 /// reason (a bad argument or pointer, a driver error, metadata exhausted).
 pub const CACHEALLOC_ERROR_OTHER: c_int = 2;
+/// `cachealloc_last_error_code()`: a buffer the caller gave is too small;
+/// the function's out-parameter holds the size needed, and nothing else
+/// changed (`cachealloc_share_ipc_pages`: `out->pages` descriptors).
+pub const CACHEALLOC_ERROR_BUFFER_TOO_SMALL: c_int = 3;
+/// `cachealloc_last_error_code()`: the block lives in an expandable
+/// segment, which is shared as its pages (`cachealloc_share_ipc_pages`),
+/// not as a handle (`cachealloc_share_ipc_handle`).
+pub const CACHEALLOC_ERROR_EXPANDABLE_SEGMENT: c_int = 4;
 
 /// The failing call in progress on this thread is an out-of-memory: its
 /// code is `CACHEALLOC_ERROR_OUT_OF_MEMORY`. Called only as the error is
 /// returned (the guard takes the mark with the failure).
 pub(crate) fn mark_out_of_memory() {
-    let _ = OOM_PENDING.try_with(|p| p.set(true));
+    mark_code(CACHEALLOC_ERROR_OUT_OF_MEMORY);
+}
+
+/// The failing call in progress on this thread fails with `code` (one of
+/// the `CACHEALLOC_ERROR_*`). Called only as the error is returned.
+pub(crate) fn mark_code(code: c_int) {
+    let _ = PENDING_CODE.try_with(|p| p.set(code));
 }
 
 /// Keep `msg` as this thread's last error (interior NULs become spaces),
-/// an out-of-memory if the failing body marked it so.
+/// with the code the failing body marked (`CACHEALLOC_ERROR_OTHER` if none).
 #[cold]
 #[inline(never)]
 pub(crate) fn set_last_error(msg: &str) {
-    let oom = OOM_PENDING.try_with(Cell::take).unwrap_or(false);
+    let code = PENDING_CODE.try_with(Cell::take).unwrap_or(0);
     let error = LastError {
         text: CString::new(msg.replace('\0', " ")).unwrap_or_default(),
-        code: if oom {
-            CACHEALLOC_ERROR_OUT_OF_MEMORY
-        } else {
+        code: if code == 0 {
             CACHEALLOC_ERROR_OTHER
+        } else {
+            code
         },
     };
     // A thread being torn down has no last error any more: nothing to keep.
@@ -266,8 +281,11 @@ pub extern "C" fn cachealloc_last_error() -> *const c_char {
 
 /// The kind of the last failed call on this thread:
 /// `CACHEALLOC_ERROR_OUT_OF_MEMORY` (an allocation found no room: the
-/// message is PyTorch's "CUDA out of memory. ..."), `CACHEALLOC_ERROR_OTHER`,
-/// or `CACHEALLOC_OK` (0) when the last call succeeded. Cleared and set as
+/// message is PyTorch's "CUDA out of memory. ..."),
+/// `CACHEALLOC_ERROR_BUFFER_TOO_SMALL` and
+/// `CACHEALLOC_ERROR_EXPANDABLE_SEGMENT` (the IPC calls say when),
+/// `CACHEALLOC_ERROR_OTHER`, or `CACHEALLOC_OK` (0) when the last call
+/// succeeded. Branch on these, never on the message's text. Cleared and set as
 /// `cachealloc_last_error()` is; this call changes neither.
 #[no_mangle]
 pub extern "C" fn cachealloc_last_error_code() -> c_int {

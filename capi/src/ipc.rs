@@ -4,10 +4,14 @@
 //! which PyTorch learns from its shared-memory counter).
 
 use crate::backend::{on_device, text, Device};
-use crate::error::{guard, status};
+use crate::error::{
+    guard, mark_code, status, CACHEALLOC_ERROR_BUFFER_TOO_SMALL,
+    CACHEALLOC_ERROR_EXPANDABLE_SEGMENT,
+};
 use crate::registry;
 use cachealloc_core::{
-    needs_peer_copy, DevicePtr, IpcMemHandle, PagesShare, ShareableHandle, SharedAllocator,
+    needs_peer_copy, DevicePtr, Error, IpcMemHandle, NotShareable, PagesShare, ShareableHandle,
+    SharedAllocator,
 };
 use std::ffi::{c_int, c_void};
 
@@ -56,8 +60,10 @@ unsafe fn handle_at(
 /// counts one consumer: while any is outstanding, a free of the allocation
 /// is held (its memory stays allocated) until `cachealloc_release_ipc_share`
 /// has been called once per call here. Returns 0, or -1 (freed, unknown or
-/// interior pointer; an expandable segment; a backend without IPC; the
-/// driver's error).
+/// interior pointer; the driver's error; a backend without IPC; a block
+/// of an expandable segment, with `cachealloc_last_error_code()`
+/// `CACHEALLOC_ERROR_EXPANDABLE_SEGMENT`: share it with
+/// `cachealloc_share_ipc_pages`).
 ///
 /// # Safety
 ///
@@ -74,7 +80,16 @@ pub unsafe extern "C" fn cachealloc_share_ipc_handle(
         let p = ptr as usize as u64;
         let h = on_device!(registry::owner(p)?, |a| a
             .share_ipc_handle(DevicePtr(p))
-            .map_err(text))?;
+            .map_err(|e| {
+                if let Error::IpcNotShareable {
+                    why: NotShareable::ExpandableSegment,
+                    ..
+                } = e
+                {
+                    mark_code(CACHEALLOC_ERROR_EXPANDABLE_SEGMENT);
+                }
+                text(e)
+            }))?;
         // SAFETY: `out` is non-null and points to a writable handle (see
         // # Safety).
         unsafe {
@@ -198,8 +213,10 @@ unsafe fn pages_at<'a>(
 /// `cachealloc_release_ipc_share`). The descriptors stay this process's
 /// until the pages are unmapped: do not close them. Returns 0, or -1 (not
 /// a block of an expandable segment: use `cachealloc_share_ipc_handle`;
-/// too small a `capacity`, which the error gives; freed, unknown or
-/// interior pointer; a backend without it).
+/// freed, unknown or interior pointer; a backend without it; too small a
+/// `capacity`, with `cachealloc_last_error_code()`
+/// `CACHEALLOC_ERROR_BUFFER_TOO_SMALL` and the descriptors needed in
+/// `out->pages`, nothing counted).
 ///
 /// # Safety
 ///
@@ -221,7 +238,21 @@ pub unsafe extern "C" fn cachealloc_share_ipc_pages(
         let p = ptr as usize as u64;
         let h = on_device!(registry::owner(p)?, |a| a
             .share_ipc_pages(DevicePtr(p), fds)
-            .map_err(text))?;
+            .map_err(|e| {
+                if let Error::BufferTooSmall { needed } = e {
+                    mark_code(CACHEALLOC_ERROR_BUFFER_TOO_SMALL);
+                    // SAFETY: non-null and writable (see # Safety).
+                    unsafe {
+                        out.write_unaligned(cachealloc_ipc_pages {
+                            pid: std::process::id(),
+                            pages: u32::try_from(needed).unwrap_or(u32::MAX),
+                            page_size: 0,
+                            offset: 0,
+                        })
+                    };
+                }
+                text(e)
+            }))?;
         // SAFETY: non-null and writable (see # Safety).
         unsafe {
             out.write_unaligned(cachealloc_ipc_pages {

@@ -151,7 +151,24 @@ fn generated_header() -> String {
         .expect("cbindgen parses the sources");
     let mut out = Vec::new();
     bindings.write(&mut out);
-    String::from_utf8(out).expect("UTF-8")
+    noexcept_callbacks(&String::from_utf8(out).expect("UTF-8"))
+}
+
+/// Every function-pointer type and member of `header` marked
+/// `CACHEALLOC_NOEXCEPT` (cbindgen cannot say it): C++ then refuses a
+/// callback that is not `noexcept`.
+fn noexcept_callbacks(header: &str) -> String {
+    let mut out = String::with_capacity(header.len() + 1024);
+    for line in header.lines() {
+        let code = line.trim_start();
+        let pointer = !code.starts_with(['*', '/']) && code.contains("(*") && code.ends_with(");");
+        match line.strip_suffix(';').filter(|_| pointer) {
+            Some(decl) => out.push_str(&format!("{decl} CACHEALLOC_NOEXCEPT;")),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[test]
@@ -570,6 +587,54 @@ int main(void) {
 }
 
 // -------------------------------------------------------------------- C++
+
+/// In C++17 the callback types are `noexcept` function pointers: a lambda
+/// that may throw does not convert to a trace tracker (or any other
+/// callback), a `noexcept` one does, so no exception can be handed to the
+/// library's frames by construction.
+#[test]
+fn cpp_refuses_a_callback_that_may_throw() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        println!("no C++ compiler ({cxx}) on this machine: skipped");
+        return;
+    }
+    let dir = scratch("cpp_noexcept");
+    let check = |name: &str, spec: &str| {
+        let src = dir.join(format!("{name}.cpp"));
+        let text = format!(
+            "#include \"cachealloc.h\"\n#include <stdexcept>\n\
+             int main() {{\n\
+                 cachealloc_trace_tracker t = [](const cachealloc_trace_entry*, void*) {spec} {{\n\
+                     throw std::runtime_error(\"from a tracker\");\n\
+                 }};\n\
+                 cachealloc_segment_source s{{}};\n\
+                 s.release = [](void*) {spec} {{}};\n\
+                 return cachealloc_attach_trace_tracker(t, nullptr) + (s.release != nullptr);\n\
+             }}\n"
+        );
+        std::fs::write(&src, text).expect("write");
+        Command::new(&cxx)
+            .args(["-std=c++17", "-fsyntax-only", "-I"])
+            .arg(manifest_dir().join("include"))
+            .arg(&src)
+            .output()
+            .expect("run the C++ compiler")
+    };
+    let refused = check("throwing", "");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a lambda that may throw compiled"
+    );
+    assert!(stderr.contains("noexcept"), "{stderr}");
+    let taken = check("noexcept", "noexcept");
+    assert!(
+        taken.status.success(),
+        "{}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+}
 
 #[test]
 fn cpp_pool_hooks_through_std_function() {

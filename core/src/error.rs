@@ -315,6 +315,14 @@ pub enum Error<E> {
         /// The allocation's address.
         ptr: DevicePtr,
     },
+    /// A live allocation that cannot be shared with another process as a
+    /// handle, on any device ([`NotShareable`] says why).
+    IpcNotShareable {
+        /// The allocation's address.
+        ptr: DevicePtr,
+        /// Why.
+        why: NotShareable,
+    },
     /// The backend cannot do what the configuration asks (expandable
     /// segments need virtual memory).
     Unsupported {
@@ -359,6 +367,19 @@ pub enum Error<E> {
     },
     /// The backend failed.
     Backend(E),
+}
+
+/// Why a live allocation cannot be shared as an IPC handle
+/// ([`Error::IpcNotShareable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotShareable {
+    /// It lives in an expandable segment: its pages are shared instead
+    /// (`share_ipc_pages`).
+    ExpandableSegment,
+    /// It belongs to a pool whose segments come from its own allocator
+    /// (a `SegmentSource`).
+    PoolWithSource,
 }
 
 impl<E: fmt::Display> fmt::Display for Error<E> {
@@ -454,6 +475,19 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f,
                 "all {capacity} entries of the table of allocations shared through IPC are in use: release a share first"
             ),
+            Error::IpcNotShareable { ptr, why } => match why {
+                NotShareable::ExpandableSegment => write!(
+                    f,
+                    "{ptr} is a block of an expandable segment: it is shared as its pages \
+                     (share_ipc_pages), not as a handle"
+                ),
+                NotShareable::PoolWithSource => write!(
+                    f,
+                    "{ptr} is a block of a pool whose segments come from its own allocator: \
+                     that memory is the allocator's, not a device allocation the driver can \
+                     export (torch's cudaIpcGetMemHandle refuses it too)"
+                ),
+            },
             Error::IpcNotShared { ptr } => write!(f, "release of an IPC share of {ptr}, which has no share outstanding"),
             Error::Unsupported { what, backend } => write!(f, "{what} is not supported by {backend}"),
             Error::BackendContract { what, ptr } => write!(f, "backend contract violation at {ptr}: {what}"),

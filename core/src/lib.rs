@@ -106,7 +106,7 @@ pub use backend::{
 };
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
 pub use config::{Config, ConfigError, ConfigItems, Policy};
-pub use error::{Error, Explained, OomReport, PytorchMessage};
+pub use error::{Error, Explained, NotShareable, OomReport, PytorchMessage};
 pub use fragmentation::{Fragmentation, PoolMemory};
 pub use history::{
     History, HistoryEntries, HistoryStorage, NoHistory, OutOfMemoryObserver, TraceAction,

@@ -538,6 +538,9 @@ int main(int argc, char** argv) {
     EXPECT(bad_alloc_from("pool live allocations segment", 0,
                           [&] { a.checkPoolLiveAllocations(0, {0, 0}, {}); }),
            "checkPoolLiveAllocations' visitor's bad_alloc reaches the caller");
+    EXPECT(bad_alloc_from("pool live allocations block", 0,
+                          [&] { a.checkPoolLiveAllocations(0, {0, 0}, {}); }),
+           "checkPoolLiveAllocations' block visitor's bad_alloc reaches the caller");
     EXPECT(a.snapshot({0, 0}, true).segments.size() > 0, "and a snapshot works after them");
     a.raw_delete(walked);
     a.recordHistory(false, nullptr, 0, CA::RecordContext::NEVER, false, {});
@@ -552,6 +555,10 @@ int main(int argc, char** argv) {
     void* r1 = self.alloc(1 << 20, 0, stream);
     void* r2 = self.alloc(2 << 20, 0, stream);
     a.endAllocateToPool(0, rewound);
+#if CACHEALLOC_TORCH_POOL_RESERVED_STATS
+    EXPECT(bad_alloc_from("pool reserved statistics", 0, [&] { a.getDeviceStats(0); }),
+           "getDeviceStats' pool statistics callback's bad_alloc reaches the caller");
+#endif
     auto rewind_to = a.getCheckpointState(0, rewound);
     a.raw_delete(r1);
     a.beginAllocateToPool(0, rewound, [](cudaStream_t) { return true; });

@@ -153,12 +153,16 @@ static void cuda_export_pages(const char *self, const char *file) {
     void *x = cachealloc_alloc(24 << 20, 0, NULL);
     CHECK(first && x, "alloc");
     cachealloc_ipc_handle h;
-    CHECK(cachealloc_share_ipc_handle(x, &h) == -1 && error_has("expandable segment"),
-          "an expandable block has no segment handle");
+    CHECK(cachealloc_share_ipc_handle(x, &h) == -1 &&
+              cachealloc_last_error_code() == CACHEALLOC_ERROR_EXPANDABLE_SEGMENT &&
+              error_has("expandable segment"),
+          "an expandable block has no segment handle, by its code");
     int fds[8];
-    cachealloc_ipc_pages p;
-    CHECK(cachealloc_share_ipc_pages(x, fds, 1, &p) == -1 && error_has("buffer too small: 2"),
-          "room for one descriptor: %s", last_error());
+    cachealloc_ipc_pages p = {0};
+    CHECK(cachealloc_share_ipc_pages(x, fds, 1, &p) == -1 &&
+              cachealloc_last_error_code() == CACHEALLOC_ERROR_BUFFER_TOO_SMALL && p.pages == 2 &&
+              error_has("buffer too small: 2"),
+          "room for one descriptor: the code and the count needed (%u): %s", p.pages, last_error());
     CHECK(cachealloc_share_ipc_pages(x, fds, 8, &p) == 0 && p.pages == 2 &&
               p.offset == (8 << 20) && p.page_size == (20 << 20),
           "share the pages: %s", last_error());

@@ -31,7 +31,7 @@
 use super::{expandable::vm_error, DeviceAllocator, Res};
 use crate::arena::Flags;
 use crate::backend::{DeviceBackend, DevicePtr, IpcMemHandle, PeerAccess};
-use crate::error::Error;
+use crate::error::{Error, NotShareable};
 use crate::history::HistoryStorage;
 
 /// IPC handles an allocator can hold open at once.
@@ -112,18 +112,18 @@ where
     pub fn share_ipc_handle(&mut self, ptr: DevicePtr) -> Res<ShareableHandle, B> {
         let i = self.live_slot(ptr)?;
         if self.slot(i).has(Flags::EXPANDABLE) {
-            return Err(Error::Unsupported {
-                what: "sharing a block of an expandable segment with another process",
-                backend: B::NAME,
+            return Err(Error::IpcNotShareable {
+                ptr,
+                why: NotShareable::ExpandableSegment,
             });
         }
         let owner = self.slot(i).owner;
         if owner != 0 && self.private.get(owner).is_some_and(|p| p.source.is_some()) {
             // Its memory is the source's, not a device malloc the driver
             // can export (torch's cudaIpcGetMemHandle fails on it).
-            return Err(Error::Unsupported {
-                what: "sharing a block of a pool whose segments come from its own allocator",
-                backend: B::NAME,
+            return Err(Error::IpcNotShareable {
+                ptr,
+                why: NotShareable::PoolWithSource,
             });
         }
         let known = self.may_share(ptr)?;

@@ -240,17 +240,22 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
 #if CACHEALLOC_TORCH_POOL_RESERVED_STATS
         check(cachealloc_pool_reserved_stats(
                   device,
-                  [](uint64_t id0, uint64_t id1, const cachealloc_stat* arr, void* user) {
-                      auto& pools = static_cast<CDA::DeviceStats*>(user)
-                                        ->reserved_bytes_by_private_pools;
-                      auto& out = pools[c10::MempoolId_t{static_cast<c10::CaptureId_t>(id0),
-                                                         static_cast<c10::CaptureId_t>(id1)}];
-                      for (size_t i = 0; i < 3; i++) {
-                          out[i].current = arr[i].current;
-                          out[i].peak = arr[i].peak;
-                          out[i].allocated = arr[i].allocated;
-                          out[i].freed = arr[i].freed;
-                      }
+                  [](uint64_t id0, uint64_t id1, const cachealloc_stat* arr,
+                     void* user) noexcept {
+                      // The map's insertion allocates (std::bad_alloc).
+                      shielded("pool reserved statistics", [&] {
+                          auto& pools = static_cast<CDA::DeviceStats*>(user)
+                                            ->reserved_bytes_by_private_pools;
+                          auto& out =
+                              pools[c10::MempoolId_t{static_cast<c10::CaptureId_t>(id0),
+                                                     static_cast<c10::CaptureId_t>(id1)}];
+                          for (size_t i = 0; i < 3; i++) {
+                              out[i].current = arr[i].current;
+                              out[i].peak = arr[i].peak;
+                              out[i].allocated = arr[i].allocated;
+                              out[i].freed = arr[i].freed;
+                          }
+                      });
                   },
                   &d),
               "pool_reserved_stats");
@@ -314,7 +319,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             std::vector<CA::StreamSegmentSize> out;
         } ctx;
         cachealloc_snapshot_visitor v{};
-        v.segment = [](const cachealloc_segment_info* s, void* user) {
+        v.segment = [](const cachealloc_segment_info* s, void* user) noexcept {
             shielded("expandable segment sizes", [&] {
                 auto* c = static_cast<Ctx*>(user);
                 if (s->is_expandable) {
@@ -418,13 +423,13 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             bool ok = true;
         } ctx{mempool_id, false, 0, &expected, true};
         cachealloc_snapshot_visitor v{};
-        v.segment = [](const cachealloc_segment_info* s, void* user) {
+        v.segment = [](const cachealloc_segment_info* s, void* user) noexcept {
             shielded("pool live allocations segment", [&] {
                 auto* c = static_cast<Ctx*>(user);
                 c->in_pool = s->pool_id0 == c->id.first && s->pool_id1 == c->id.second;
             });
         };
-        v.block = [](const cachealloc_block_info* b, void* user) {
+        v.block = [](const cachealloc_block_info* b, void* user) noexcept {
             shielded("pool live allocations block", [&] {
                 auto* c = static_cast<Ctx*>(user);
                 if (!c->in_pool || !b->allocated) return;
@@ -483,7 +488,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         if (now < 0) fail("setCheckpointPoolState");
         ctx.delta.dataptrs_allocd.reserve(made);
         ctx.delta.ptrs_freed.reserve(static_cast<size_t>(now));
-        auto on_block = [](void* ptr, size_t, int allocated, void* user) {
+        auto on_block = [](void* ptr, size_t, int allocated, void* user) noexcept {
             auto* c = static_cast<Ctx*>(user);
             if (allocated) {
                 bool kept = shielded("restore on_block (allocated)", [&] {
@@ -497,7 +502,11 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             } else {
                 // Recorded even after another callback threw: its owner
                 // must be told, or its later free be absorbed (below).
-                c->self->forget_context(ptr);
+                try {
+                    c->self->forget_context(ptr);
+                } catch (...) {
+                    keep_exception();
+                }
                 auto& freed = c->delta.ptrs_freed;
                 if (freed.size() < freed.capacity()) {
                     freed.push_back(ptr);
@@ -621,7 +630,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     CA::ShareableHandle shareIpcHandle(void* ptr) override {
         cachealloc_ipc_handle h;
         if (cachealloc_share_ipc_handle(ptr, &h) != 0) {
-            if (last_error("").find("expandable segment") == std::string::npos)
+            if (cachealloc_last_error_code() != CACHEALLOC_ERROR_EXPANDABLE_SEGMENT)
                 fail("shareIpcHandle");
             return share_pages(ptr);
         }
@@ -638,10 +647,10 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
         cachealloc_ipc_pages p{};
         int rc = cachealloc_share_ipc_pages(ptr, fds.data(), fds.size(), &p);
         if (rc != 0) {
-            std::string e = last_error("");
-            size_t at = e.find("buffer too small: ");
-            if (at == std::string::npos) fail("shareIpcHandle (pages)");
-            fds.resize(std::stoul(e.substr(at + 18)));
+            // Too few descriptors: `p.pages` says how many.
+            if (cachealloc_last_error_code() != CACHEALLOC_ERROR_BUFFER_TOO_SMALL)
+                fail("shareIpcHandle (pages)");
+            fds.resize(p.pages);
             check(cachealloc_share_ipc_pages(ptr, fds.data(), fds.size(), &p),
                   "shareIpcHandle (pages)");
         }
@@ -727,7 +736,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
                     "(it would wait for itself)");
     }
 
-    static int call_filter(void* stream, void* user) {
+    static int call_filter(void* stream, void* user) noexcept {
         auto* slot = static_cast<FilterSlot*>(user);
         bool accept = false;
         shielded("stream filter", [&] {
@@ -759,7 +768,7 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     }
 
     static void on_oom(int device, size_t alloc_size, size_t device_total, size_t device_free,
-                       void* user) {
+                       void* user) noexcept {
         auto* self = static_cast<CacheallocAllocator*>(user);
         shielded("out-of-memory observer", [&] {
             self->oom_observers_.each(
@@ -772,21 +781,26 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
     // instead of passing it on; so does this (the allocation fails with the
     // rejection's OutOfMemoryError either way).
     static void on_rejection(int device, size_t alloc_size, size_t total_allocated,
-                             size_t device_total, void* user) {
+                             size_t device_total, void* user) noexcept {
         auto* self = static_cast<CacheallocAllocator*>(user);
         self->rejection_observers_.each([&](const CA::OomRejectionObserver& o) {
+            // The warning itself may throw (Python's warnings as errors):
+            // nothing gets out.
             try {
-                o(device, alloc_size, total_allocated, device_total);
-            } catch (const std::exception& e) {
-                TORCH_WARN("Exception in OOM rejection observer: ", e.what());
+                try {
+                    o(device, alloc_size, total_allocated, device_total);
+                } catch (const std::exception& e) {
+                    TORCH_WARN("Exception in OOM rejection observer: ", e.what());
+                } catch (...) {
+                    TORCH_WARN("Unknown exception in OOM rejection observer");
+                }
             } catch (...) {
-                TORCH_WARN("Unknown exception in OOM rejection observer");
             }
         });
     }
 #endif
 
-    static void on_trace(const cachealloc_trace_entry* e, void* user) {
+    static void on_trace(const cachealloc_trace_entry* e, void* user) noexcept {
         auto* self = static_cast<CacheallocAllocator*>(user);
         if (e->action > static_cast<int>(CDA::TraceEntry::OOM)) return;  // annotations
         // Under the device's lock, at every entry: the list is read with no

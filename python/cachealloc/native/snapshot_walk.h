@@ -55,15 +55,15 @@ struct SnapshotWalk {
 
     // The visitors: each body is shielded (it allocates: push_back, the
     // annotations' strings).
-    static void segment(const cachealloc_segment_info* s, void* user) {
+    static void segment(const cachealloc_segment_info* s, void* user) noexcept {
         shielded("snapshot segment", [&] { static_cast<SnapshotWalk*>(user)->on_segment(s); });
     }
 
-    static void block(const cachealloc_block_info* b, void* user) {
+    static void block(const cachealloc_block_info* b, void* user) noexcept {
         shielded("snapshot block", [&] { static_cast<SnapshotWalk*>(user)->on_block(b); });
     }
 
-    static void trace(const cachealloc_trace_entry* e, void* user) {
+    static void trace(const cachealloc_trace_entry* e, void* user) noexcept {
         shielded("snapshot trace", [&] { static_cast<SnapshotWalk*>(user)->on_trace(e); });
     }
 

@@ -4,8 +4,8 @@
 
 use cachealloc_core::{
     BlockSlot, CachingAllocator, Config, DeviceAllocator, DeviceBackend, DevicePtr, Error,
-    MultiDeviceAllocator, PeerAccess, SegmentTable, ShareableHandle, DEFAULT_IPC_HANDLES,
-    DEFAULT_IPC_SHARES,
+    MempoolId, MultiDeviceAllocator, NotShareable, PeerAccess, PoolOptions, SegmentSource,
+    SegmentTable, ShareableHandle, StreamFilter, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
 };
 use cachealloc_mock::{MockCopy, MockDevice, MockError, MockMachine};
 
@@ -157,6 +157,66 @@ fn bad_handles_and_backends_without_ipc_give_clear_errors() {
         e.to_string(),
         "sharing memory through IPC handles is not supported by the simulated device"
     );
+}
+
+/// Blocks no device can share as a handle say why, by a value a caller
+/// branches on (the C library's status code), on a device that can share:
+/// a block of an expandable segment (shared as its pages instead), and a
+/// block of a pool whose segments come from its own allocator.
+#[test]
+fn blocks_that_are_never_shareable_as_handles_say_why() {
+    let m = MockMachine::new();
+    let mut e = DeviceAllocator::new(
+        MockDevice::unlimited().with_machine(&m),
+        vec![BlockSlot::VACANT; 64],
+        Config::parse("expandable_segments:True").unwrap(),
+    );
+    let x = e.malloc(4096, 0).unwrap();
+    let err = e.share_ipc_handle(x.ptr).unwrap_err();
+    assert!(
+        matches!(err, Error::IpcNotShareable { ptr, why: NotShareable::ExpandableSegment } if ptr == x.ptr),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("shared as its pages"), "{err}");
+    let mut pages = [0i32; 0];
+    match e.share_ipc_pages(x.ptr, &mut pages) {
+        Err(Error::BufferTooSmall { needed: 1 }) => {}
+        other => panic!("{other:?}"),
+    }
+    e.free_ptr(x.ptr).unwrap();
+
+    fn src_alloc(_: usize, _: u64, _: u64) -> Option<DevicePtr> {
+        Some(DevicePtr(1 << 50))
+    }
+    fn src_free(_: usize, _: DevicePtr, _: u64, _: u64) {}
+    let mut a = on(&m, 0, 1 << 40);
+    let pool = MempoolId(3, 3);
+    a.create_pool_with_source(
+        pool,
+        PoolOptions::NONE,
+        SegmentSource::new(src_alloc, src_free, 0),
+    )
+    .unwrap();
+    a.begin_allocate_to_pool(pool, StreamFilter::All).unwrap();
+    let y = a.malloc(4096, 0).unwrap();
+    a.end_allocate_to_pool(pool).unwrap();
+    let err = a.share_ipc_handle(y.ptr).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::IpcNotShareable {
+                why: NotShareable::PoolWithSource,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("its own allocator") && !text.contains("simulated device"),
+        "{text}"
+    );
+    a.free_ptr(y.ptr).unwrap();
 }
 
 #[test]
