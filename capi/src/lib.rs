@@ -7,7 +7,7 @@
 //! observer calls.
 //!
 //! ```text
-//!  C runtime / torch.cuda.memory.CUDAPluggableAllocator(path, "cachealloc_alloc", "cachealloc_free")
+//!  C runtime / CUDAPluggableAllocator(path, "cachealloc_pluggable_alloc", "cachealloc_free")
 //!        |  cachealloc_alloc(size, device, stream)      pluggable.rs (PyTorch's hooks)
 //!        |  cachealloc_memory_stats(device, cb, user)   stats.rs, history.rs, snapshot.rs, observers.rs
 //!        v

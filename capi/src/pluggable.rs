@@ -1,8 +1,12 @@
 //! PyTorch's `CUDAPluggableAllocator` entry points, with the exact C
 //! signatures PyTorch calls through (its `MallocFuncType` / `FreeFuncType`
-//! and the `set_*_fn` hooks): `cachealloc_alloc` and `cachealloc_free` for
-//! `CUDAPluggableAllocator(path, "cachealloc_alloc", "cachealloc_free")`,
-//! and the optional hooks (`set_init_fn`, `set_reset_fn`,
+//! and the `set_*_fn` hooks): `cachealloc_pluggable_alloc` and
+//! `cachealloc_free` for `CUDAPluggableAllocator(path,
+//! "cachealloc_pluggable_alloc", "cachealloc_free")` (never
+//! `cachealloc_alloc`, whose NULL torch would turn into a tensor at address
+//! 0; cachealloc's Python package installs an entry that raises
+//! `torch.OutOfMemoryError` instead, where it can compile one), and the
+//! optional hooks (`set_init_fn`, `set_reset_fn`,
 //! `set_memory_fraction_fn`, `set_base_alloc_fn`, `set_record_stream_fn`,
 //! `set_begin_allocate_to_pool`, `set_end_allocate_to_pool_fn`,
 //! `set_release_pool`).

@@ -11,10 +11,12 @@ pluggable allocator for torch and as a library of its own.
 cached) and makes it torch's own: torch's ``torch.cuda.memory_stats``,
 ``memory_summary``, ``_record_memory_history``, ``_dump_snapshot`` and
 ``torch.OutOfMemoryError`` then work as with torch's allocator. Without a
-C++ compiler (or with ``install(native=False)``) it falls back to torch's
-pluggable interface, where torch's own functions raise (and an
-out-of-memory aborts the process with PyTorch's message: that interface
-cannot raise). This package has them under the same names, with the same
+CUDA build to compile against (a ROCm torch, or ``install(native=False)``)
+it falls back to torch's pluggable interface, where torch's own functions
+raise; an out-of-memory still raises ``torch.OutOfMemoryError`` there
+(through a small entry built against torch's c10 headers), and aborts the
+process with PyTorch's message only where no C++ compiler is present.
+This package has torch's functions under the same names, with the same
 keys and values, on either path
 (``memory_stats``, ``memory_allocated``, ``max_memory_allocated``,
 ``memory_reserved``, ``max_memory_reserved``, ``reset_peak_memory_stats``,

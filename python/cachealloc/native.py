@@ -182,7 +182,7 @@ def command(torch, out, source=SOURCE, executable=False):
     include, crt, cudart_dir, cudart = cuda_paths(torch)
     library = _lib.library_path()
     libdir = os.path.dirname(library)
-    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    abi = int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
     torch_lib = os.path.join(torch_dir, "lib")
     return [
         cxx,
@@ -228,9 +228,17 @@ def build(verbose=False):
         header = f.read()
     library = _lib.library_path()
     key = _fingerprint([source, header, library, sys.platform, torch.__file__])
-    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    abi = int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
     name = "cachealloc_torch-%s-cu%s-abi%d-%s.so" % (
         torch.__version__.replace("+", "_"), torch.version.cuda, abi, key)
+    return _compile_cached(name, lambda out: command(torch, out), verbose,
+                           "the native allocator against torch %s" % torch.__version__)
+
+
+def _compile_cached(name, command_for, verbose, what):
+    """The library ``name`` in the cache folder, compiled now by the
+    command ``command_for(path)`` if the cache has none. Raises BuildError
+    (``what`` names it)."""
     folder = cache_dir()
     path = os.path.join(folder, name)
     if os.path.isfile(path):
@@ -242,7 +250,7 @@ def build(verbose=False):
     except OSError as e:
         raise BuildError("cannot write to the cache folder %s (%s); set CACHEALLOC_CACHE" % (folder, e)) from e
     try:
-        cmd = command(torch, tmp)
+        cmd = command_for(tmp)
         if verbose:
             print("cachealloc: " + " ".join(cmd), file=sys.stderr)
         try:
@@ -250,15 +258,56 @@ def build(verbose=False):
         except OSError as e:
             raise BuildError("running the compiler %s failed: %s" % (cmd[0], e)) from e
         if proc.returncode != 0:
-            raise BuildError(
-                "compiling the native allocator against torch %s failed (exit %d):\n%s"
-                % (torch.__version__, proc.returncode, proc.stdout[-4000:])
-            )
+            raise BuildError("compiling %s failed (exit %d):\n%s" % (what, proc.returncode, proc.stdout[-4000:]))
         os.replace(tmp, path)  # atomic: another process may build the same
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+#: The pluggable path's allocation entry (``native/pluggable.cpp``).
+PLUGGABLE_SOURCE = os.path.join(HERE, "native", "pluggable.cpp")
+
+
+def pluggable_command(torch, out):
+    """The compiler call that builds the pluggable path's entry at ``out``:
+    c10's headers and libc10 only, so any torch build (CUDA or ROCm)
+    serves."""
+    cxx = compiler()
+    if cxx is None:
+        raise BuildError("no C++ compiler (set CXX, or install g++ or clang++)")
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    include = os.path.join(torch_dir, "include")
+    if not os.path.isfile(os.path.join(include, "c10", "util", "Exception.h")):
+        raise BuildError("torch's C++ headers (c10/util/Exception.h) are not in %s" % include)
+    torch_lib = os.path.join(torch_dir, "lib")
+    libdir = os.path.dirname(_lib.library_path())
+    abi = int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
+    return [cxx, cxx_standard(torch), "-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden",
+            "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-I", include, "-I", header_dir(),
+            PLUGGABLE_SOURCE, "-o", out, "-L", torch_lib, "-L", libdir,
+            "-Wl,-rpath," + ":".join([torch_lib, libdir]), "-lc10", "-lcachealloc"]
+
+
+def build_pluggable(verbose=False):
+    """The path of the pluggable path's allocation entry for the torch
+    imported in this process (``cachealloc_torch_pluggable_alloc`` /
+    ``_free``, which raise c10::OutOfMemoryError), compiled now if the
+    cache has none. Raises BuildError."""
+    import torch
+
+    if not getattr(torch, "__file__", None):
+        raise BuildError("this torch module has no __file__: its C++ headers cannot be found")
+    with open(PLUGGABLE_SOURCE, "rb") as f:
+        source = f.read()
+    with open(os.path.join(header_dir(), "cachealloc.h"), "rb") as f:
+        header = f.read()
+    library = _lib.library_path()
+    key = _fingerprint([source, header, library, sys.platform, torch.__file__])
+    name = "cachealloc_pluggable-%s-%s.so" % (str(getattr(torch, "__version__", "unknown")).replace("+", "_"), key)
+    return _compile_cached(name, lambda out: pluggable_command(torch, out), verbose,
+                           "the pluggable allocation entry against torch %s" % getattr(torch, "__version__", "?"))
 
 
 _LOADED = None

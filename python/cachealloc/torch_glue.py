@@ -30,13 +30,36 @@ PLUGGABLE_LOSES = (
     "cachealloc.record_history() and cachealloc.snapshot()); cuDNN's benchmark mode "
     "(torch.backends.cudnn.benchmark = True) fails in cacheInfo; a CUDA graph's pool takes every "
     "stream of its device, not only the capturing ones; torch.multiprocessing cannot send CUDA "
-    "tensors; and an out-of-memory aborts the process with PyTorch's message instead of raising "
-    "torch.OutOfMemoryError (torch's pluggable interface cannot report a failed allocation)"
+    "tensors"
+)
+
+#: What the pluggable path loses besides, where its raising allocation
+#: entry (native/pluggable.cpp) could not be built.
+ABORTS_ON_OOM = (
+    "an out-of-memory aborts the process with PyTorch's message instead of raising "
+    "torch.OutOfMemoryError, because the entry that raises it (cachealloc/native/pluggable.cpp, "
+    "which needs a C++ compiler and torch's c10 headers) could not be built: %s"
 )
 
 _LOCK = threading.Lock()
 _INSTALLED = None  # what install() returned, kept for the process's life
 _MODE = None  # "native" or "pluggable"
+
+
+def _pluggable_entry(verbose):
+    """(library, alloc name, free name) for CUDAPluggableAllocator: the
+    entry that raises torch.OutOfMemoryError (built against this torch's
+    c10), else the library's own, which aborts on a failure (saying why,
+    as a RuntimeWarning)."""
+    from . import native as _native
+
+    try:
+        path = _native.build_pluggable(verbose)
+    except _native.BuildError as e:
+        warnings.warn("cachealloc.install(): on torch's pluggable allocator interface " + ABORTS_ON_OOM % (e,),
+                      RuntimeWarning, stacklevel=3)
+        return _lib.library_path(), "cachealloc_pluggable_alloc", "cachealloc_free"
+    return path, "cachealloc_torch_pluggable_alloc", "cachealloc_torch_pluggable_free"
 
 
 def _torch():
@@ -80,10 +103,15 @@ def install(native=True, verbose=False):
     own allocator. Returns ``torch.cuda.memory._get_current_allocator()``.
     ``verbose`` prints the compiler call.
 
-    When it cannot be built (no C++ compiler, no CUDA headers), or with
-    ``native=False``, the pluggable path: ``CUDAPluggableAllocator`` with
-    every hook the installed torch has (``HOOKS``), returned; the fallback
-    warns (RuntimeWarning) with what it loses (``PLUGGABLE_LOSES``).
+    When it cannot be built (no C++ compiler, no CUDA headers), on a ROCm
+    build of torch, or with ``native=False``, the pluggable path:
+    ``CUDAPluggableAllocator`` with every hook the installed torch has
+    (``HOOKS``), returned; the fallback warns (RuntimeWarning) with what it
+    loses (``PLUGGABLE_LOSES``). Its allocation raises
+    ``torch.OutOfMemoryError`` through a small entry compiled against
+    torch's c10 headers (``native/pluggable.cpp``); where that cannot be
+    built either, an out-of-memory aborts the process, and ``install()``
+    says so (RuntimeWarning).
 
     Raises ImportError without torch, and RuntimeError when CUDA is not
     available, already initialised, the library's settings are wrong, or
@@ -166,9 +194,7 @@ def install(native=True, verbose=False):
                 _INSTALLED = torch.cuda.memory._get_current_allocator()
                 _MODE = "native"
                 return _INSTALLED
-        pluggable = torch.cuda.memory.CUDAPluggableAllocator(
-            _lib.library_path(), "cachealloc_pluggable_alloc", "cachealloc_free"
-        )
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(*_pluggable_entry(verbose))
         inner = pluggable.allocator()
         for setter, c_name in HOOKS:
             set_hook = getattr(inner, setter, None)

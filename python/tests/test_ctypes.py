@@ -22,6 +22,7 @@ import tempfile
 import threading
 import types
 import unittest
+import warnings
 from ctypes import POINTER, c_double, c_int, c_size_t, c_uint64, c_void_p
 from unittest import mock
 
@@ -765,13 +766,17 @@ class Install(unittest.TestCase):
         with mock.patch.dict(os.environ, {"CACHEALLOC_BACKEND": "cuda"}), mock.patch.dict(sys.modules, modules), \
                 mock.patch.object(_lib, "backend", lambda: "cuda"), \
                 mock.patch.object(torch_glue, "_INSTALLED", None), mock.patch.object(torch_glue, "_MODE", None):
-            with self.assertWarns(RuntimeWarning) as w:
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
                 a = cachealloc.install()
             self.assertEqual(cachealloc.install_mode(), "pluggable")
-        text = str(w.warning)
+        self.assertTrue(all(x.category is RuntimeWarning for x in w), w)
+        text = "\n".join(str(x.message) for x in w)
+        # The fake torch has no headers either: the raising entry cannot
+        # be built, and install() says what that costs.
         for lost in ("native allocator could not be built", "not a CUDA build", "torch.cuda.memory_stats()",
                      "_dump_snapshot", "cudnn.benchmark", "torch.multiprocessing",
-                     "aborts the process"):
+                     "aborts the process", "pluggable.cpp"):
             self.assertIn(lost, text)
         self.assertEqual(calls[0][2], "cachealloc_pluggable_alloc")
         self.assertEqual(calls[-1], ("change_current_allocator", a))
@@ -920,6 +925,154 @@ assert cachealloc.memory_allocated(0) == 0
 assert cachealloc.memory_stats(0)["num_device_alloc"] == 1
 print("rocm torch: hip backend, PYTORCH_HIP_ALLOC_CONF read, %s / %s on the HIP stub" % a.names)
 """
+
+
+#: A torch whose pluggable allocation is built by native.py's machinery
+#: against stand-in c10 headers (stand_in_torch/include) and called as
+#: torch's C++ calls it: through stand_in_torch/call_alloc.cpp, which
+#: catches what it throws and reports the kind, for the Python side to
+#: raise torch.OutOfMemoryError as torch's binding does. argv: "hip" or
+#: "cuda", then "oom" (a request beyond the device) or "rejection" (the
+#: same, refused by throw_on_cudamalloc_oom before any device call).
+STAND_IN_TORCH = r"""
+import ctypes, os, sys, types, warnings
+kind, case = sys.argv[1], sys.argv[2]
+torch = types.ModuleType("torch")
+cuda = types.ModuleType("torch.cuda")
+memory = types.ModuleType("torch.cuda.memory")
+torch.cuda, cuda.memory = cuda, memory
+torch.__file__ = os.path.join(os.environ["STAND_IN_TORCH"], "__init__.py")
+if kind == "hip":
+    torch.__version__ = "2.14.0+rocm6.4"
+    torch.version = types.SimpleNamespace(hip="6.4.43482-0f2d60242", cuda=None)
+else:
+    torch.__version__ = "2.14.0+cu130"
+    torch.version = types.SimpleNamespace(hip=None, cuda="13.0")
+cuda.is_available = lambda: True
+cuda.is_initialized = lambda: False
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+torch.OutOfMemoryError = OutOfMemoryError
+call = ctypes.CDLL(os.environ["STAND_IN_CALL"])
+call.stand_in_alloc.restype = ctypes.c_int
+call.stand_in_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
+
+class Inner:
+    def __getattr__(self, name):
+        if name.startswith("set_"):
+            return lambda address: None
+        raise AttributeError(name)
+
+class CUDAPluggableAllocator:
+    def __init__(self, path, alloc_name, free_name):
+        lib = ctypes.CDLL(path)
+        self.alloc_fn = ctypes.cast(getattr(lib, alloc_name), ctypes.c_void_p).value
+        self.free = getattr(lib, free_name)
+        self.free.restype = None
+        self.free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        self.names = (alloc_name, free_name)
+    def alloc(self, size, device, stream):
+        out, msg = ctypes.c_void_p(), ctypes.create_string_buffer(16384)
+        k = call.stand_in_alloc(self.alloc_fn, size, device, stream, ctypes.byref(out), msg, len(msg))
+        if k == 1:
+            raise torch.OutOfMemoryError(msg.value.decode())
+        if k:
+            raise RuntimeError(msg.value.decode())
+        return out.value
+    def allocator(self):
+        return Inner()
+
+memory.CUDAPluggableAllocator = CUDAPluggableAllocator
+memory.change_current_allocator = lambda a: None
+sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory})
+
+import cachealloc
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    a = cachealloc.install()
+assert cachealloc.install_mode() == "pluggable", cachealloc.install_mode()
+assert a.names == ("cachealloc_torch_pluggable_alloc", "cachealloc_torch_pluggable_free"), a.names
+assert not any("aborts the process" in str(x.message) for x in w), [str(x.message) for x in w]
+assert cachealloc.backend() == kind, cachealloc.backend()
+p = a.alloc(3 << 20, 0, None)
+before = cachealloc.memory_allocated(0)
+try:
+    a.alloc(2 << 30, 0, None)  # beyond the device's 1 GiB
+except torch.OutOfMemoryError as e:
+    print("%s %s: torch.OutOfMemoryError: %s" % (kind, case, str(e).splitlines()[0]))
+else:
+    raise AssertionError("no torch.OutOfMemoryError")
+assert cachealloc.memory_allocated(0) == before, (cachealloc.memory_allocated(0), before)
+stats = cachealloc.memory_stats(0)
+counted = stats["num_ooms"] if case == "oom" else stats["num_oom_rejections"]
+assert counted == 1, stats
+a.free(p, 3 << 20, 0, None)
+assert cachealloc.memory_allocated(0) == 0
+print("%s %s: the process lives, memory_allocated unchanged" % (kind, case))
+"""
+
+
+class PluggableOutOfMemory(unittest.TestCase):
+    def test_an_out_of_memory_and_a_rejection_raise_torch_out_of_memory_error(self):
+        """On torch's pluggable path (a ROCm torch, and a CUDA torch whose
+        native build failed), with a compiler: the allocation entry built
+        against torch's c10 raises c10::OutOfMemoryError, which torch turns
+        into torch.OutOfMemoryError, for an out-of-memory and for a
+        rejection of throw_on_cudamalloc_oom; the process lives. On the
+        project's HIP and CUDA stub drivers, with a stand-in torch."""
+        from cachealloc import native
+
+        cxx, cc = native.compiler(), os.environ.get("CC", "cc")
+        if cxx is None:
+            self.skipTest("no C++ compiler")
+        here = os.path.dirname(os.path.abspath(__file__))
+        stand_in = os.path.join(here, "stand_in_torch")
+        with tempfile.TemporaryDirectory() as d:
+            def build(cmd):
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    self.skipTest("cannot build %s here: %s" % (cmd[-1], (r.stderr or r.stdout)[-400:]))
+
+            torch_dir = os.path.join(d, "torch")
+            os.makedirs(os.path.join(torch_dir, "lib"))
+            os.symlink(os.path.join(stand_in, "include"), os.path.join(torch_dir, "include"))
+            empty = os.path.join(d, "empty.c")
+            with open(empty, "w") as f:
+                f.write("int stand_in_c10;\n")
+            build([cc, "-shared", "-fPIC", "-o", os.path.join(torch_dir, "lib", "libc10.so"), empty])
+            caller = os.path.join(d, "stand_in_call.so")
+            build([cxx, "-std=c++17", "-shared", "-fPIC", "-I", os.path.join(stand_in, "include"),
+                   "-o", caller, os.path.join(stand_in, "call_alloc.cpp")])
+            hip = os.path.join(d, "libamdhip64.so.5")
+            build([cc, "-shared", "-fPIC", "-O1", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-fvisibility=hidden",
+                   "-Wl,-soname,libamdhip64.so.5", "-Wl,--version-script=" + os.path.join(STUBS, "hip.map"),
+                   "-o", hip, os.path.join(STUBS, "hip_stub.c")])
+            cuda_dir = os.path.join(d, "cuda")
+            os.makedirs(cuda_dir)
+            build([cc, "-shared", "-fPIC", "-O1", "-std=c11", "-D_GNU_SOURCE", "-pthread",
+                   "-Wl,-soname,libcuda.so.1", "-o", os.path.join(cuda_dir, "libcuda.so.1"),
+                   os.path.join(STUBS, "cuda_stub.c")])
+            for kind in ("hip", "cuda"):
+                for case in ("oom", "rejection"):
+                    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                               STAND_IN_TORCH=torch_dir, STAND_IN_CALL=caller,
+                               CACHEALLOC_CACHE=os.path.join(d, "cache"), CACHEALLOC_HIP_LIBRARY=hip,
+                               LD_LIBRARY_PATH=cuda_dir if kind == "cuda" else d,
+                               CACHEALLOC_MOCK_CAPACITY="1GiB")
+                    for v in ("CACHEALLOC_BACKEND", "CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
+                              "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CACHEALLOC_TORCH_VERSION"):
+                        env.pop(v, None)
+                    conf = "PYTORCH_HIP_ALLOC_CONF" if kind == "hip" else "PYTORCH_CUDA_ALLOC_CONF"
+                    env[conf] = "throw_on_cudamalloc_oom:True" if case == "rejection" else "max_split_size_mb:64"
+                    env["CACHEALLOC_STUB_CAPACITY"] = str(1 << 30)
+                    r = subprocess.run([sys.executable, "-c", STAND_IN_TORCH, kind, case], env=env,
+                                       capture_output=True, text=True, timeout=120)
+                    self.assertEqual(r.returncode, 0, "%s %s:\n%s%s" % (kind, case, r.stdout, r.stderr))
+                    self.assertIn("%s %s: torch.OutOfMemoryError" % (kind, case), r.stdout)
+                    self.assertIn("%s %s: the process lives" % (kind, case), r.stdout)
 
 
 class RocmTorch(unittest.TestCase):

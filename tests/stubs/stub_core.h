@@ -311,13 +311,16 @@ static void stub_reset_locked(int devices, uint64_t capacity) {
     stub_calls = stub_injected = stub_bad_handles = 0;
 }
 
-/* Settings from the environment at first use: CACHEALLOC_STUB_DEVICES. */
+/* Settings from the environment at first use: CACHEALLOC_STUB_DEVICES
+ * (default 1) and CACHEALLOC_STUB_CAPACITY (each device's bytes; default
+ * unlimited). */
 static void stub_init_once_locked(void) {
     static int done;
     if (done) return;
     done = 1;
     const char *d = getenv("CACHEALLOC_STUB_DEVICES");
-    stub_reset_locked(d ? atoi(d) : 1, UINT64_MAX);
+    const char *c = getenv("CACHEALLOC_STUB_CAPACITY");
+    stub_reset_locked(d ? atoi(d) : 1, c ? strtoull(c, NULL, 10) : UINT64_MAX);
 }
 
 static uint64_t stub_count_call_locked(const char *name) {
