@@ -267,8 +267,9 @@ impl PrivatePool {
 /// The private pools: `P` entries, each empty or a pool.
 pub(crate) struct PoolTable<const P: usize> {
     pools: [Option<PrivatePool>; P],
-    /// The reserved-bytes statistics of deleted pools (torch keeps them,
-    /// current 0, until a reset): the newest `P`, a ring.
+    /// The reserved-bytes statistics of deleted pools, current 0: the
+    /// newest `P`, a ring (torch keeps every one until a reset; the bound
+    /// is stated beside the "every key" claim, docs/torch-native.md).
     retired: [Option<(MempoolId, StatArray)>; P],
     /// Where the next deleted pool's statistics go.
     retired_next: usize,

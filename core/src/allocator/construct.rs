@@ -111,6 +111,7 @@ where
             oom_kept: heapless::Vec::new(),
             last_oom: None,
             given_back_later: heapless::Vec::new(),
+            on_drop: None,
         }
     }
 }

@@ -16,6 +16,7 @@ mod aligned;
 mod at_address;
 mod construct;
 mod counters;
+mod drop;
 mod expandable;
 pub(super) mod fragmentation;
 mod free;
@@ -233,6 +234,10 @@ pub struct DeviceAllocator<
     /// (a contract violation, a full segment registry), to hand back once
     /// it ends: (address, size, an address reservation).
     given_back_later: heapless::Vec<(u64, u64, bool), 4>,
+    /// What a drop must do, once there is something (segments of pools
+    /// with a source of their own, a segment registry): set where the
+    /// bounds that doing it needs are known (`drop.rs`).
+    on_drop: Option<fn(&mut DeviceAllocator<B, S, E, H, P>)>,
 }
 
 /// The most callbacks of each kind a device holds (free-memory callbacks,

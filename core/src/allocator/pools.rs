@@ -97,6 +97,7 @@ where
             .ok_or(Error::PoolTableFull {
                 capacity: self.private.capacity(),
             })?;
+        self.arm_drop();
         Ok(())
     }
 

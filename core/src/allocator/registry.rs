@@ -65,6 +65,7 @@ where
             h = self.segments.successor(slots, s.addr);
         }
         self.registry = Some((registry, device));
+        self.arm_drop();
         Ok(())
     }
 

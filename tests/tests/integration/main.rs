@@ -13,6 +13,7 @@ mod compact;
 mod conformance;
 mod debug_prefix;
 mod differential;
+mod dropped;
 mod errors;
 mod expandable;
 mod fault_injection;
