@@ -99,7 +99,8 @@ impl CudaBackend {
                 message: format!("no imported pages at {base}"),
             }));
         };
-        let size = pages.page * pages.handles.len() as u64;
+        // Checked at import (a reservation of exactly this size was made).
+        let size = pages.page.saturating_mul(pages.handles.len() as u64);
         let _bound = self.bind().map_err(VmError::Other)?;
         // SAFETY: the whole range this backend mapped at import.
         let r = unsafe { sys::cuMemUnmap(base.0, size as usize) };

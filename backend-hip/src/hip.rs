@@ -5,9 +5,10 @@
 //! was opened.
 //!
 //! Each entry point is resolved at the symbol version the real library
-//! gives it (`dlvsym`, falling back to the plain name for an unversioned
-//! build), so that a later runtime's changed ABI under the same name is
-//! never picked up. A library that lacks a required entry point is refused,
+//! gives it (`dlvsym`; the plain name only for a runtime built without
+//! symbol versions, never for a missing version of a versioned one), so
+//! that a later runtime's changed ABI under the same name is never picked
+//! up. A library that lacks a required entry point is refused,
 //! naming it; the virtual-memory, IPC and capture-graph ones are optional
 //! (a call of one that is missing fails with `hipErrorNotSupported`).
 //!
@@ -200,10 +201,11 @@ macro_rules! hip_api {
         impl Api {
             /// Resolve every entry point from an opened library.
             fn resolve(handle: *mut c_void, library: &str) -> Result<Api, LoadError> {
+                let versioned = versioned(handle);
                 Ok(Api {
                     library: library.to_string(),
                     $( $name: {
-                        let f = symbol(handle, stringify!($name), $version);
+                        let f = symbol(handle, stringify!($name), $version, versioned);
                         if f.is_none() && hip_api!(@required $req) {
                             return Err(LoadError::MissingSymbol {
                                 library: library.to_string(),
@@ -293,25 +295,74 @@ hip_api! {
     optional "hip_5.1" fn hipMemImportFromShareableHandle(handle: *mut hipMemGenericAllocationHandle_t, os_handle: *mut c_void, kind: hipMemAllocationHandleType) -> hipError_t = MISSING;
 }
 
-/// The address of `name` at `version` in the library, else under its plain
-/// name (a runtime built without symbol versions).
-fn symbol(handle: *mut c_void, name: &str, version: &str) -> Option<*mut c_void> {
-    let name = CString::new(name).ok()?;
+/// The entry point every runtime has, at its first symbol version: how a
+/// runtime is told to be versioned, and found already loaded.
+const PROBE: (&CStr, &CStr) = (c"hipMalloc", c"hip_4.2");
+
+/// Whether the library gives its entry points symbol versions (every
+/// ROCm build does): then a missing version is a missing entry point.
+fn versioned(handle: *mut c_void) -> bool {
     #[cfg(target_env = "gnu")]
     {
-        let version = CString::new(version).ok()?;
-        // SAFETY: `handle` is a live handle from dlopen; both strings are
-        // NUL-terminated and outlive the call.
-        let p = unsafe { libc::dlvsym(handle, name.as_ptr(), version.as_ptr()) };
-        if !p.is_null() {
-            return Some(p);
-        }
+        // SAFETY: `handle` is a live handle from dlopen (or RTLD_DEFAULT);
+        // both strings are NUL-terminated statics.
+        !unsafe { libc::dlvsym(handle, PROBE.0.as_ptr(), PROBE.1.as_ptr()) }.is_null()
     }
     #[cfg(not(target_env = "gnu"))]
-    let _ = version; // no dlvsym outside glibc: the default version
+    {
+        let _ = handle;
+        false
+    }
+}
+
+/// The address of `name` at `version` in the library; for a library
+/// without symbol versions (`versioned` false), under its plain name.
+fn symbol(handle: *mut c_void, name: &str, version: &str, versioned: bool) -> Option<*mut c_void> {
+    let name = CString::new(name).ok()?;
+    if versioned {
+        #[cfg(target_env = "gnu")]
+        {
+            let version = CString::new(version).ok()?;
+            // SAFETY: `handle` is a live handle from dlopen; both strings
+            // are NUL-terminated and outlive the call.
+            let p = unsafe { libc::dlvsym(handle, name.as_ptr(), version.as_ptr()) };
+            return (!p.is_null()).then_some(p);
+        }
+    }
+    let _ = version; // no symbol versions: the default one
                      // SAFETY: as above.
     let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
     (!p.is_null()).then_some(p)
+}
+
+/// The file of a HIP runtime already in the process's global scope, under
+/// whatever name it was loaded (a ROCm build of torch's copy, say), found
+/// by its entry point: `None` when there is none.
+pub fn loaded_runtime() -> Option<String> {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: RTLD_DEFAULT searches the global scope; the strings are
+        // NUL-terminated statics.
+        let p = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, PROBE.0.as_ptr(), PROBE.1.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: an all-zero Dl_info is a valid value (null pointers).
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: `p` is an address inside a loaded object; `info` is
+        // writable and outlives the call.
+        if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: dladdr set a NUL-terminated file name of a loaded object.
+        Some(
+            unsafe { CStr::from_ptr(info.dli_fname) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
 }
 
 /// The last `dlerror` message.
@@ -358,9 +409,19 @@ pub fn load(names: &[String]) -> Result<Api, LoadError> {
 
 static API: OnceLock<Result<Api, LoadError>> = OnceLock::new();
 
-/// The process's runtime, loaded at the first call.
+/// The process's runtime, loaded at the first call: the one already in
+/// the process if there is one (unless `CACHEALLOC_HIP_LIBRARY` names
+/// another), so that the process has one HIP runtime.
 pub fn api() -> Result<&'static Api, &'static LoadError> {
-    API.get_or_init(|| load(&library_names())).as_ref()
+    API.get_or_init(|| {
+        if std::env::var_os("CACHEALLOC_HIP_LIBRARY").is_none() {
+            if let Some(api) = loaded_runtime().and_then(|path| load(&[path]).ok()) {
+                return Ok(api);
+            }
+        }
+        load(&library_names())
+    })
+    .as_ref()
 }
 
 impl Api {

@@ -302,5 +302,55 @@ fn a_runtime_that_lacks_a_needed_symbol_is_refused_naming_it() {
         }
         other => panic!("expected NoRuntime: {other:?}"),
     }
+    // A versioned runtime whose hipEventQuery has another version only:
+    // missing, never taken under its plain name.
+    let script = dir.join("versions.map");
+    std::fs::write(
+        &script,
+        format!(
+            "hip_4.2 {{ global: {}; local: *; }};\nhip_9.9 {{ global: hipEventQuery; }} hip_4.2;\n",
+            required.join("; ")
+        ),
+    )
+    .unwrap();
+    let versioned = |name: &str| -> String {
+        let c = dir.join(format!("{name}.c"));
+        std::fs::write(
+            &c,
+            format!("{defs}int hipEventQuery(void) {{ return 0; }}\n"),
+        )
+        .unwrap();
+        let so = dir.join(format!("{name}.so"));
+        let status =
+            std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(&so)
+                .arg(format!("-Wl,--version-script={}", script.display()))
+                .arg(&c)
+                .status()
+                .expect("run the C compiler");
+        assert!(status.success(), "cc {}", c.display());
+        so.to_string_lossy().into_owned()
+    };
+    let other_version = versioned("other-version");
+    match cachealloc_hip::check_runtime(&other_version) {
+        Err(HipError::MissingSymbol {
+            symbol: "hipEventQuery",
+            version: "hip_4.2",
+            ..
+        }) => {}
+        other => panic!("expected hipEventQuery@hip_4.2 missing: {other:?}"),
+    }
+    // A runtime already loaded into the global scope under a name that is
+    // no soname the loader tries is found by its entry point.
+    assert_eq!(hip::loaded_runtime(), None, "nothing global yet");
+    let c = std::ffi::CString::new(other_version.as_str()).unwrap();
+    // SAFETY: a NUL-terminated path of a library with no initialisers.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    assert!(!handle.is_null(), "dlopen {other_version}");
+    assert_eq!(
+        hip::loaded_runtime().as_deref(),
+        Some(other_version.as_str())
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

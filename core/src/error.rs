@@ -261,7 +261,8 @@ pub enum Error<E> {
         needed: usize,
     },
     /// Shared pages described inconsistently: a page count that is not
-    /// the number of descriptors given, or none.
+    /// the number of descriptors given, or none, a size (page size times
+    /// pages) beyond 64 bits, or an offset outside it.
     BadIpcPages {
         /// Pages the share says.
         pages: u32,
@@ -445,7 +446,8 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             }
             Error::BadIpcPages { pages, fds } => write!(
                 f,
-                "shared pages described wrongly: {pages} page(s) with {fds} descriptor(s)"
+                "shared pages described wrongly: {pages} page(s) with {fds} descriptor(s) (or a \
+                 size beyond 64 bits, or an offset outside them)"
             ),
             Error::UnalignedAddress { ptr } => write!(
                 f,

@@ -138,7 +138,11 @@ where
 /// apart from every driver handle's bytes; more than 11 descriptors are
 /// folded into the last 8 bytes.
 fn pages_key<E>(pid: u32, share: &PagesShare, fds: &[i32]) -> Result<IpcMemHandle, Error<E>> {
-    if fds.len() != share.pages as usize || fds.is_empty() || share.page_size == 0 {
+    // Another process's numbers: their product and the offset are checked
+    // before anything is imported.
+    let span = share.page_size.checked_mul(u64::from(share.pages));
+    let fits = span.is_some_and(|s| share.offset < s);
+    if fds.len() != share.pages as usize || fds.is_empty() || share.page_size == 0 || !fits {
         return Err(Error::BadIpcPages {
             pages: share.pages,
             fds: fds.len(),

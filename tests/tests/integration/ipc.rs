@@ -4,8 +4,9 @@
 
 use cachealloc_core::{
     BlockSlot, CachingAllocator, Config, DeviceAllocator, DeviceBackend, DevicePtr, Error,
-    MempoolId, MultiDeviceAllocator, NotShareable, PeerAccess, PoolOptions, SegmentSource,
-    SegmentTable, ShareableHandle, StreamFilter, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
+    MempoolId, MultiDeviceAllocator, NotShareable, PagesShare, PeerAccess, PoolOptions,
+    SegmentSource, SegmentTable, ShareableHandle, StreamFilter, DEFAULT_IPC_HANDLES,
+    DEFAULT_IPC_SHARES,
 };
 use cachealloc_mock::{MockCopy, MockDevice, MockError, MockMachine};
 
@@ -217,6 +218,40 @@ fn blocks_that_are_never_shareable_as_handles_say_why() {
         "{text}"
     );
     a.free_ptr(y.ptr).unwrap();
+}
+
+/// Page descriptions another process sent are checked before anything is
+/// imported: a size (page size times pages) beyond 64 bits, or an offset
+/// outside the pages, is `BadIpcPages`, and nothing is opened.
+#[test]
+fn hostile_page_descriptions_are_refused_before_any_import() {
+    let m = MockMachine::new();
+    let mut a = DeviceAllocator::new(
+        MockDevice::unlimited().with_machine(&m),
+        vec![BlockSlot::VACANT; 64],
+        Config::parse("expandable_segments:True").unwrap(),
+    );
+    let fds = [3, 4];
+    for share in [
+        PagesShare {
+            page_size: 1 << 63,
+            pages: 2,
+            offset: 0,
+        },
+        PagesShare {
+            page_size: 2 << 20,
+            pages: 2,
+            offset: 4 << 20,
+        },
+    ] {
+        let e = a.open_ipc_pages(1, &share, &fds).unwrap_err();
+        // Refused by the check, before the backend is asked (the
+        // simulated device would say it cannot import pages).
+        assert!(
+            matches!(e, Error::BadIpcPages { pages: 2, fds: 2 }),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]
