@@ -201,7 +201,7 @@ pub fn import_with_rollback<D: ImportDriver>(
     }
     // Sizes another process sent: an overflow is refused by the reservation
     // of an impossible size, never wrapped into a small one.
-    let size = page.checked_mul(handles.len() as u64).unwrap_or(u64::MAX);
+    let size = page.saturating_mul(handles.len() as u64);
     let base = match driver.reserve(size) {
         Ok(b) => b,
         Err(e) => {

@@ -237,8 +237,11 @@ pub struct DeviceAllocator<
     /// What a drop must do, once there is something (segments of pools
     /// with a source of their own, a segment registry): set where the
     /// bounds that doing it needs are known (`drop.rs`).
-    on_drop: Option<fn(&mut DeviceAllocator<B, S, E, H, P>)>,
+    on_drop: Option<DropWork<B, S, E, H, P>>,
 }
+
+/// What a [`DeviceAllocator`]'s drop runs (`drop.rs`).
+type DropWork<B, S, const E: usize, H, const P: usize> = fn(&mut DeviceAllocator<B, S, E, H, P>);
 
 /// The most callbacks of each kind a device holds (free-memory callbacks,
 /// trace trackers, out-of-memory observers).
