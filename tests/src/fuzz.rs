@@ -1092,8 +1092,12 @@ fn step(
                 }
                 Err(Error::NotAllocated { .. }) => assert!(l.held),
                 // Blocks of expandable segments, and of pools with a
-                // segment source, are not shared.
-                Err(Error::Unsupported { .. } | Error::IpcSharesFull { .. }) => {}
+                // segment source, are not shared as handles.
+                Err(
+                    Error::Unsupported { .. }
+                    | Error::IpcNotShareable { .. }
+                    | Error::IpcSharesFull { .. },
+                ) => {}
                 Err(e) => panic!("share: {e}"),
             }
         }
