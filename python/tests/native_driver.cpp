@@ -114,7 +114,9 @@ std::map<std::string, int64_t> torch_keys(const CDA::DeviceStats& s) {
     return out;
 }
 
-void collect(const char* key, int64_t value, void* user) {
+// A callback of the C library: noexcept (the header's callback types are),
+// its allocation failure ends the test.
+void collect(const char* key, int64_t value, void* user) noexcept {
     (*static_cast<std::map<std::string, int64_t>*>(user))[key] = value;
 }
 
@@ -547,7 +549,8 @@ int main(int argc, char** argv) {
     EXPECT(allocated() == before, "allocated bytes unchanged (%lld, was %lld)",
            (long long)allocated(), (long long)before);
     std::printf("ok a snapshot visitor that throws std::bad_alloc (segment, block, trace, "
-                "expandable sizes, live allocations): the caller gets it, nothing leaks\n");
+                "expandable sizes, live allocations' segment and block): the caller gets it, "
+                "nothing leaks\n");
 
     // The restore's callback: what the restore made is handed back.
     c10::MempoolId_t rewound{6, 0};
