@@ -125,25 +125,60 @@ pub(crate) fn open(s: &Settings, index: u32) -> Res<Device> {
                 .with_ordinal(index)
                 .with_base(base)
                 .with_machine(mock_machine());
-            Ok(Device::Mock(allocator(s, device, index)))
+            Ok(Device::Mock(allocator(s, device, index)?))
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
             let device = cachealloc_cuda::CudaBackend::new(index).map_err(|e| e.to_string())?;
-            Ok(Device::Cuda(allocator(s, device, index)))
+            Ok(Device::Cuda(allocator(s, device, index)?))
         }
         #[cfg(feature = "hip")]
         BackendKind::Hip => {
             let device = cachealloc_hip::HipBackend::new(index).map_err(|e| e.to_string())?;
-            Ok(Device::Hip(allocator(s, device, index)))
+            Ok(Device::Hip(allocator(s, device, index)?))
         }
     }
+}
+
+/// Stack for building a device's allocator: it is built by value (about
+/// 230 KiB, moved a few times), which takes 512-768 KiB of stack in a
+/// release build and more than 2 MiB in a debug one.
+const OPEN_STACK: usize = 16 << 20;
+
+/// The allocator of `backend` as device `index`, built on a thread of its
+/// own with room for it ([`OPEN_STACK`]; address space, committed only as
+/// it is touched): the caller's thread may have a small stack (musl's 128
+/// KiB, a runtime's pool threads), which building it there would overflow,
+/// killing the process. Where no thread can be started, it is built here.
+fn allocator<B>(s: &Settings, backend: B, index: u32) -> Res<Box<Alloc<B>>>
+where
+    B: DeviceBackend + Send,
+    Alloc<B>: Send,
+{
+    let backend = std::sync::Mutex::new(Some(backend));
+    let take = || backend.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let built = std::thread::scope(|scope| {
+        let helper = std::thread::Builder::new()
+            .name("cachealloc-open".to_string())
+            .stack_size(OPEN_STACK)
+            .spawn_scoped(scope, || take().map(|b| build(s, b, index)));
+        match helper.map(|h| h.join()) {
+            Ok(Ok(built)) => built,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => None,
+        }
+    });
+    // The backend went to one of the two, which built it (a panic there
+    // was passed on): never None.
+    built
+        .or_else(|| take().map(|b| build(s, b, index)))
+        .ok_or_else(|| format!("device {index}: its allocator could not be built"))
 }
 
 /// The allocator of `backend` as device `index` (about 230 KiB), boxed,
 /// with the out-of-memory forwarder attached and its segments kept in the
 /// process's segment table.
-fn allocator<B>(s: &Settings, backend: B, index: u32) -> Box<Alloc<B>>
+fn build<B>(s: &Settings, backend: B, index: u32) -> Box<Alloc<B>>
 where
     B: DeviceBackend,
 {

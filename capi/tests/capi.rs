@@ -419,6 +419,26 @@ fn callbacks_that_call_back_in_get_an_error_not_a_hang() {
     );
 }
 
+/// Through the C library: the first call on a device from a thread with a
+/// 64 KiB stack opens it (its allocator is built on a thread with room).
+#[test]
+fn a_device_opens_from_a_thread_with_a_small_stack() {
+    let dir = scratch("small_stack");
+    let exe = dir.join("small_stack_test");
+    compile(
+        &manifest_dir().join("tests/c/small_stack_test.c"),
+        &exe,
+        false,
+    );
+    let out = run(&mut program(&exe, "mock"), "small_stack_test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        stdout.contains("small_stack_test: all checks passed"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn c_abi_on_the_simulated_device() {
     let dir = scratch("mock");
