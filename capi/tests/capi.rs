@@ -382,23 +382,7 @@ fn check_abi_output(out: &Output, side_stream: u64) -> String {
 /// too-large request does not report it.
 #[test]
 fn the_verdict_does_not_depend_on_the_stream_of_small_blocks() {
-    let dir = scratch("oom_verdict");
-    let exe = dir.join("oom_verdict_test");
-    compile(
-        &manifest_dir().join("tests/c/oom_verdict_test.c"),
-        &exe,
-        false,
-    );
-    let out = run(
-        program(&exe, "mock").env("CACHEALLOC_MOCK_CAPACITY", "64MiB"),
-        "oom_verdict_test",
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    print!("{stdout}");
-    assert!(
-        stdout.contains("oom_verdict_test: all checks passed"),
-        "{stdout}"
-    );
+    simulated_program_passes("oom_verdict_test", &[("CACHEALLOC_MOCK_CAPACITY", "64MiB")]);
 }
 
 /// Through the C library: a trace tracker, a segment source and a stream
@@ -407,34 +391,33 @@ fn the_verdict_does_not_depend_on_the_stream_of_small_blocks() {
 /// devices stay usable; a hang fails the test (an alarm in the program).
 #[test]
 fn callbacks_that_call_back_in_get_an_error_not_a_hang() {
-    let dir = scratch("reentry");
-    let exe = dir.join("reentry_test");
-    compile(&manifest_dir().join("tests/c/reentry_test.c"), &exe, false);
-    let out = run(&mut program(&exe, "mock"), "reentry_test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    print!("{stdout}");
-    assert!(
-        stdout.contains("reentry_test: all checks passed"),
-        "{stdout}"
-    );
+    simulated_program_passes("reentry_test", &[]);
 }
 
 /// Through the C library: the first call on a device from a thread with a
 /// 64 KiB stack opens it (its allocator is built on a thread with room).
 #[test]
 fn a_device_opens_from_a_thread_with_a_small_stack() {
-    let dir = scratch("small_stack");
-    let exe = dir.join("small_stack_test");
+    simulated_program_passes("small_stack_test", &[]);
+}
+
+/// `tests/c/NAME.c`, built and run on the simulated device with `env`: it
+/// ends with "NAME: all checks passed".
+fn simulated_program_passes(name: &str, env: &[(&str, &str)]) {
+    let dir = scratch(name);
+    let exe = dir.join(name);
     compile(
-        &manifest_dir().join("tests/c/small_stack_test.c"),
+        &manifest_dir().join(format!("tests/c/{name}.c")),
         &exe,
         false,
     );
-    let out = run(&mut program(&exe, "mock"), "small_stack_test");
+    let mut cmd = program(&exe, "mock");
+    cmd.envs(env.iter().copied());
+    let out = run(&mut cmd, name);
     let stdout = String::from_utf8_lossy(&out.stdout);
     print!("{stdout}");
     assert!(
-        stdout.contains("small_stack_test: all checks passed"),
+        stdout.contains(&format!("{name}: all checks passed")),
         "{stdout}"
     );
 }
