@@ -103,13 +103,13 @@ where
         }
     }
 
-    /// Take the lock for one call (`None` on a failed device). The device
-    /// is marked busy until the call's work returns
-    /// ([`try_run`](Self::try_run)), so a call whose work never returns (it
-    /// panicked) fails the device.
+    /// Take the lock for one call (the refusal of a failed device, or of a
+    /// call from a callback that finds the lock held). The device is marked
+    /// busy until the call's work returns ([`try_run`](Self::try_run)), so
+    /// a call whose work never returns (it panicked) fails the device.
     #[inline]
     fn enter(&self) -> Option<Guard<'_, Guarded<DeviceAllocator<B, S, E, H, P>>>> {
-        let mut g = self.inner.lock_marked(&self.held);
+        let mut g = self.inner.lock_marked(&self.held)?;
         if g.busy {
             self.held.by_ref().clear();
             return None;
@@ -118,12 +118,19 @@ where
         Some(g)
     }
 
-    /// The refusal of a failed device.
+    /// Why [`enter`](Self::enter) refused: a call from a callback that
+    /// found the lock held, or a failed device.
     #[cold]
     #[inline(never)]
     fn failed(&self) -> Error<B::Error> {
-        Error::DeviceFailed {
-            device: self.inner.lock().alloc.backend().ordinal(),
+        match self.inner.lock_marked(&self.held) {
+            None => Error::CalledFromCallback,
+            Some(g) => {
+                self.held.by_ref().clear();
+                Error::DeviceFailed {
+                    device: g.alloc.backend().ordinal(),
+                }
+            }
         }
     }
 

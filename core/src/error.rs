@@ -316,6 +316,12 @@ pub enum Error<E> {
         /// The allocation's address.
         ptr: DevicePtr,
     },
+    /// A call into a thread-safe front end from a callback that runs while
+    /// a device's lock is held (a trace tracker, a segment source, a stream
+    /// filter, a free-memory callback) found the lock it needs held: it may
+    /// be the one held around the callback, which it would wait for for
+    /// ever (with `std`; without it such a call deadlocks).
+    CalledFromCallback,
     /// A live allocation that cannot be shared with another process as a
     /// handle, on any device ([`NotShareable`] says why).
     IpcNotShareable {
@@ -476,6 +482,13 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::IpcSharesFull { capacity } => write!(
                 f,
                 "all {capacity} entries of the table of allocations shared through IPC are in use: release a share first"
+            ),
+            Error::CalledFromCallback => write!(
+                f,
+                "called from a callback that runs under a device's lock (a trace tracker, a \
+                 segment source, a stream filter, a free-memory callback), and the lock this \
+                 call needs is held: it may be the callback's own, which it would wait for for \
+                 ever"
             ),
             Error::IpcNotShareable { ptr, why } => match why {
                 NotShareable::ExpandableSegment => write!(

@@ -292,8 +292,10 @@ impl<'a> Iterator for HistoryEntries<'a> {
 /// Sees every trace entry as it is recorded (PyTorch's
 /// `AllocatorTraceTracker`), whether or not history is on, before the skip
 /// filter. Called while the allocator is in use (under the lock of a
-/// `CachingAllocator`, as PyTorch calls its trackers): it must not call back
-/// into the same allocator, and a panic in it fails a `CachingAllocator`'s
+/// `CachingAllocator`, as PyTorch calls its trackers): a call from it back
+/// into a `CachingAllocator` whose lock is held (its own, say) fails with
+/// `Error::CalledFromCallback` (with `std`; without it, it deadlocks), and
+/// a panic in it fails a `CachingAllocator`'s
 /// device (its metadata may be half-updated then). Any
 /// `Fn(&TraceEntry) + Sync` is one.
 pub trait TraceTracker: Sync {

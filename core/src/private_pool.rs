@@ -346,7 +346,7 @@ impl<const P: usize> PoolTable<P> {
                     ..
                 }) = pool.source
                 {
-                    release(ctx);
+                    crate::sync::in_callback(|| release(ctx));
                 }
                 let mut stats = pool.reserved_stats;
                 for s in stats.0.iter_mut() {

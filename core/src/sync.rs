@@ -53,21 +53,23 @@ impl<T> Mutex<T> {
     }
 
     /// The lock, marked held in `held` while it is ([`Held`]): with `std`,
-    /// a waiter backs off on the mark ([`lock_contended`](Self::lock_contended));
-    /// elsewhere this is [`lock`](Self::lock).
+    /// a waiter backs off on the mark ([`lock_contended`](Self::lock_contended)),
+    /// and `None` for a thread that runs a callback under a lock
+    /// ([`in_callback`]) and finds this one held: it may be its own, which
+    /// it would wait for for ever. Elsewhere this is [`lock`](Self::lock).
     #[inline(always)]
-    pub(crate) fn lock_marked(&self, held: &Held) -> Guard<'_, T> {
+    pub(crate) fn lock_marked(&self, held: &Held) -> Option<Guard<'_, T>> {
         cfg_if::cfg_if! {
             if #[cfg(all(feature = "std", not(loom)))] {
                 let g = match self.try_lock() {
                     Some(g) => g,
-                    None => self.lock_contended(held),
+                    None => self.lock_contended(held)?,
                 };
                 held.set();
-                g
+                Some(g)
             } else {
                 let _ = held;
-                self.lock()
+                Some(self.lock())
             }
         }
     }
@@ -88,18 +90,21 @@ impl<T> Mutex<T> {
     #[cfg(all(feature = "std", not(loom)))]
     #[cold]
     #[inline(never)]
-    fn lock_contended(&self, held: &Held) -> Guard<'_, T> {
+    fn lock_contended(&self, held: &Held) -> Option<Guard<'_, T>> {
+        if IN_CALLBACK.try_with(Cell::get).unwrap_or(0) > 0 {
+            return None;
+        }
         for doubling in 0..BACKOFF_DOUBLINGS {
             for _ in 0..1u32 << doubling {
                 core::hint::spin_loop();
             }
             if !held.is_set() {
                 if let Some(g) = self.try_lock() {
-                    return g;
+                    return Some(g);
                 }
             }
         }
-        self.lock()
+        Some(self.lock())
     }
 
     pub(crate) fn into_inner(self) -> T {
@@ -160,6 +165,42 @@ impl HeldRef<'_> {
     /// Nothing to clear.
     #[inline(always)]
     pub(crate) fn clear(&self) {}
+}
+
+#[cfg(all(feature = "std", not(loom)))]
+std::thread_local! {
+    /// How deep this thread is in callbacks that run under a device's lock
+    /// ([`in_callback`]).
+    static IN_CALLBACK: Cell<u32> = const { Cell::new(0) };
+}
+
+#[cfg(all(feature = "std", not(loom)))]
+use core::cell::Cell;
+
+/// Run `f`, a caller's callback that runs while a device's lock is held (a
+/// trace tracker, a segment source, a stream filter, a free-memory
+/// callback): with `std`, a lock this thread finds held meanwhile is
+/// refused ([`Mutex::lock_marked`]) instead of waited for, since it may be
+/// the one held around `f`. Costs only the callbacks (two thread-local
+/// writes); the uncontended lock never looks.
+#[inline]
+pub(crate) fn in_callback<R>(f: impl FnOnce() -> R) -> R {
+    cfg_if::cfg_if! {
+        if #[cfg(all(feature = "std", not(loom)))] {
+            /// Leaves the depth as it was, even if `f` unwinds.
+            struct Depth;
+            impl Drop for Depth {
+                fn drop(&mut self) {
+                    let _ = IN_CALLBACK.try_with(|d| d.set(d.get().saturating_sub(1)));
+                }
+            }
+            let _ = IN_CALLBACK.try_with(|d| d.set(d.get().saturating_add(1)));
+            let _depth = Depth;
+            f()
+        } else {
+            f()
+        }
+    }
 }
 
 /// How many times a waiter doubles its wait ([`Held`]).

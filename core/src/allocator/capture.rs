@@ -23,6 +23,7 @@ use crate::arena::{BlockSlot, Flags, NIL};
 use crate::backend::{DeviceBackend, NO_MARKER};
 use crate::error::Error;
 use crate::history::HistoryStorage;
+use crate::sync::in_callback;
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -33,15 +34,22 @@ where
     /// The owner number of the pool a request on `stream` goes to: the
     /// newest routing that accepts the stream (PyTorch's `get_pool` walks
     /// its list last-in first), else 0 (the default pools).
-    #[inline]
+    #[inline(always)]
     pub(super) fn route(&self, stream: B::Stream) -> u8 {
         if self.routes.is_empty() {
             return 0;
         }
+        self.routed(stream)
+    }
+
+    /// [`route`](Self::route) while something routes: the filters are the
+    /// caller's callbacks.
+    #[inline(never)]
+    fn routed(&self, stream: B::Stream) -> u8 {
         self.routes
             .iter()
             .rev()
-            .find(|r| r.filter.accepts(stream))
+            .find(|r| in_callback(|| r.filter.accepts(stream)))
             .map_or(0, |r| r.owner)
     }
 

@@ -13,6 +13,7 @@ use crate::history::{
 };
 use crate::private_pool::MempoolId;
 use crate::snapshot::{AllocatorSettings, BlockState, Snapshot};
+use crate::sync::in_callback;
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -140,7 +141,7 @@ where
     fn record_now(&mut self, action: TraceAction, addr: u64, size: u64, stream: u64, owner: u8) {
         let e = self.entry(action, addr, size, stream, owner);
         for t in self.trackers.iter() {
-            t.trace(&e);
+            in_callback(|| t.trace(&e));
         }
         self.history.push(e);
     }
@@ -186,7 +187,7 @@ where
         }
         let e = self.entry(TraceAction::SegmentFree, addr, size, stream, owner);
         for t in self.trackers.iter() {
-            t.trace(&e);
+            in_callback(|| t.trace(&e));
         }
         Some(e)
     }

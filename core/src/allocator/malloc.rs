@@ -22,6 +22,7 @@ use crate::oom_cause::{classify, OomCause, OomClass, OomFacts};
 use crate::policy;
 use crate::pool::Pool;
 use crate::private_pool::{block_pool, block_pool_mut};
+use crate::sync::in_callback;
 
 /// What the rejection policy refused: the segment, the device's total and
 /// the limit (`per_process_memory_fraction` of it).
@@ -230,7 +231,7 @@ where
         let mut k = 0;
         while k < self.callbacks.len() {
             let cb = self.callbacks[k];
-            freed |= cb.free_memory(self);
+            freed |= in_callback(|| cb.free_memory(self));
             k += 1;
         }
         freed
@@ -288,7 +289,7 @@ where
             });
         }
         let (ptr, origin) = match source {
-            Some(src) => match (src.alloc)(src.ctx, alloc_size, skey) {
+            Some(src) => match in_callback(|| (src.alloc)(src.ctx, alloc_size, skey)) {
                 Some(p) => (p, Origin::Source(src, skey)),
                 None => return Ok(NIL),
             },

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::history::HistoryStorage;
 use crate::private_pool::SegmentSource;
 use crate::segment_table::{RegistryRefusal, SegmentRegistry};
+use crate::sync::in_callback;
 
 /// Where a range the allocator just got came from, to hand it back there.
 #[derive(Clone, Copy, Debug)]
@@ -129,7 +130,9 @@ where
     /// whenever it frees such a segment).
     pub(super) fn give_back(&mut self, ptr: DevicePtr, size: u64, origin: Origin) {
         let reserved = match origin {
-            Origin::Source(src, stream) => return (src.free)(src.ctx, ptr, size, stream),
+            Origin::Source(src, stream) => {
+                return in_callback(|| (src.free)(src.ctx, ptr, size, stream))
+            }
             Origin::Device => false,
             Origin::Reservation => true,
         };

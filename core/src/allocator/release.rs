@@ -15,6 +15,7 @@ use crate::history::HistoryStorage;
 use crate::index::{FreeKey, Links};
 use crate::pool::{FreeIndexKey, Pool};
 use crate::private_pool::block_pool;
+use crate::sync::in_callback;
 
 impl<B, S, const E: usize, H, const P: usize> DeviceAllocator<B, S, E, H, P>
 where
@@ -34,7 +35,7 @@ where
             // PyTorch's `raw_delete` of the pool's allocator: it cannot fail.
             Some(src) => {
                 let _ = self.unregistered(addr, |_| {
-                    (src.free)(src.ctx, DevicePtr(addr), size, stream);
+                    in_callback(|| (src.free)(src.ctx, DevicePtr(addr), size, stream));
                     Ok::<(), ()>(())
                 });
             }

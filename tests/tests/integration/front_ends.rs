@@ -120,6 +120,52 @@ fn panicking_tracker(e: &TraceEntry) {
     }
 }
 
+/// The allocator the re-entering tracker calls, and what its call got.
+static REENTERED: OnceLock<&'static Mock> = OnceLock::new();
+static REENTRY_REFUSED: AtomicU32 = AtomicU32::new(0);
+static REENTRY_ARMED: AtomicBool = AtomicBool::new(false);
+
+/// A trace tracker that calls back into its own device, once armed.
+fn reentering_tracker(_: &TraceEntry) {
+    if !REENTRY_ARMED.swap(false, Ordering::SeqCst) {
+        return;
+    }
+    if let Some(a) = REENTERED.get() {
+        match a.malloc(4096, 0) {
+            Err(Error::CalledFromCallback) => {
+                REENTRY_REFUSED.fetch_add(1, Ordering::SeqCst);
+            }
+            other => panic!("a call from the tracker under the lock: {other:?}"),
+        }
+    }
+}
+
+/// A callback that runs under a device's lock and calls back into that
+/// device (PyTorch's mutex is recursive; this one is not) gets
+/// `CalledFromCallback` at once instead of waiting for itself for ever;
+/// the outer call goes on, and the device works on.
+#[test]
+fn a_call_from_a_callback_under_the_lock_is_refused_not_a_deadlock() {
+    let a: &'static Mock = Box::leak(Box::new(mock(64 * MIB)));
+    REENTERED.set(a).ok();
+    a.with(|a| a.attach_trace_tracker(&reentering_tracker).ok())
+        .expect("attach");
+    REENTRY_ARMED.store(true, Ordering::SeqCst);
+    let x = a.malloc(MIB, 0).expect("the outer call succeeds");
+    assert_eq!(
+        REENTRY_REFUSED.load(Ordering::SeqCst),
+        1,
+        "the inner call was refused"
+    );
+    assert!(!a.is_failed());
+    a.free(x.handle.expect("handle")).expect("free");
+    let y = a.malloc(MIB, 0).expect("the device works on");
+    a.free(y.handle.expect("handle")).expect("free");
+    a.with(|a| a.check_invariants())
+        .expect("lock")
+        .expect("consistent");
+}
+
 #[test]
 fn a_panic_inside_the_lock_fails_the_device() {
     let a = mock(64 * MIB);
