@@ -176,9 +176,17 @@ where
     }
 
     /// Whether a call panicked while it held the lock: the device refuses
-    /// every call from then on ([`Error::DeviceFailed`]).
+    /// every call from then on ([`Error::DeviceFailed`]). From a callback
+    /// that finds the lock held (its own call's, say): false (that call
+    /// has not failed).
     pub fn is_failed(&self) -> bool {
-        self.inner.lock().busy
+        match self.inner.lock_marked(&self.held) {
+            Some(g) => {
+                self.held.by_ref().clear();
+                g.busy
+            }
+            None => false,
+        }
     }
 
     /// Run `f` with the allocator locked (several operations as one).

@@ -137,6 +137,7 @@ fn reentering_tracker(_: &TraceEntry) {
             }
             other => panic!("a call from the tracker under the lock: {other:?}"),
         }
+        assert!(!a.is_failed(), "asked from inside: not failed, no deadlock");
     }
 }
 
