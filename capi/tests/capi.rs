@@ -219,6 +219,211 @@ fn header() {
     }
 }
 
+/// The Python package's ctypes prototypes (`python/cachealloc/_prototypes.py`)
+/// are made from the header, as the header is made from the sources: every
+/// function with its result and argument types, every callback type. Fails
+/// when the checked-in file differs; refresh it with
+/// `CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi python_prototypes`.
+#[test]
+fn python_prototypes() {
+    let path = manifest_dir().join("../python/cachealloc/_prototypes.py");
+    if !path.parent().is_some_and(Path::is_dir) {
+        println!("no python/cachealloc beside this crate (a packaged copy): skipped");
+        return;
+    }
+    let fresh = prototypes_of(&generated_header());
+    if std::env::var_os("CACHEALLOC_BLESS").is_some() {
+        std::fs::write(&path, &fresh).expect("write the prototypes");
+        return;
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    if current != fresh {
+        let (line, (was, now)) = current
+            .lines()
+            .chain(std::iter::repeat(""))
+            .zip(fresh.lines().chain(std::iter::repeat("")))
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .unwrap_or((0, ("", "")));
+        panic!(
+            "{} is not what the header makes (line {}: {was:?}, now {now:?}); refresh it with\n  \
+             CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi python_prototypes",
+            path.display(),
+            line + 1
+        );
+    }
+}
+
+/// The structures the Python package mirrors (`_structs.py`): a pointer to
+/// one is a `POINTER` of its class; to any other, `c_void_p`.
+const MIRRORED: [(&str, &str); 4] = [
+    ("cachealloc_pool_memory", "PoolMemory"),
+    ("cachealloc_fragmentation", "Fragmentation"),
+    ("cachealloc_oom_cause", "OomCause"),
+    ("cachealloc_ipc_handle", "IpcHandle"),
+];
+
+/// The Python name of callback type `typedef_name` (`cachealloc_stat_callback`:
+/// `STAT_CALLBACK`).
+fn callback_name(typedef_name: &str) -> String {
+    typedef_name
+        .trim_start_matches("cachealloc_")
+        .to_ascii_uppercase()
+}
+
+/// The ctypes type of C type `c` (as the header spells it, without a
+/// parameter name), given the callback types declared so far.
+fn ctypes_of(c: &str, callbacks: &[String]) -> String {
+    let c = c
+        .replace("const ", "")
+        .replace(" *", "*")
+        .trim()
+        .to_string();
+    if let Some(pointee) = c.strip_suffix('*') {
+        let pointee = pointee.trim();
+        return match pointee {
+            "char" => "c_char_p".to_string(),
+            "size_t" => "POINTER(c_size_t)".to_string(),
+            "int" => "POINTER(c_int)".to_string(),
+            _ => match MIRRORED.iter().find(|(n, _)| *n == pointee) {
+                Some((_, class)) => format!("POINTER({class})"),
+                None => "c_void_p".to_string(),
+            },
+        };
+    }
+    match c.as_str() {
+        "void" => "None".to_string(),
+        "int" => "c_int".to_string(),
+        "double" => "c_double".to_string(),
+        "size_t" => "c_size_t".to_string(),
+        "int64_t" => "c_int64".to_string(),
+        "uint64_t" => "c_uint64".to_string(),
+        "uint32_t" => "c_uint32".to_string(),
+        other if callbacks.iter().any(|n| n == other) => callback_name(other),
+        other => panic!("no ctypes type for the C type {other:?}: teach ctypes_of"),
+    }
+}
+
+/// The C type of a named parameter (`const cachealloc_ipc_pages *h`: its
+/// type, `const cachealloc_ipc_pages *`).
+fn param_type(param: &str) -> String {
+    let param = param.trim();
+    let name_at = param
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |i| i + 1);
+    param[..name_at].trim().to_string()
+}
+
+/// `_prototypes.py` for `header`.
+fn prototypes_of(header: &str) -> String {
+    // The header's statements, outside comments, preprocessor lines and
+    // structure bodies, each with whether it is under the test hooks' #if.
+    let mut statements: Vec<(String, bool)> = Vec::new();
+    let (mut current, mut in_comment, mut depth, mut hooks) = (String::new(), false, 0i32, false);
+    for line in header.lines() {
+        let t = line.trim();
+        if in_comment {
+            in_comment = !t.contains("*/");
+            continue;
+        }
+        if t.starts_with("/*") {
+            in_comment = !t.contains("*/");
+            continue;
+        }
+        if t.starts_with('#') {
+            if t.contains("CACHEALLOC_DEBUG_HOOKS") {
+                hooks = true;
+            } else if t.starts_with("#endif") {
+                hooks = false;
+            }
+            continue;
+        }
+        if t.is_empty()
+            || t.starts_with("//")
+            || t.starts_with("extern \"C\"")
+            || t.starts_with("}  //")
+        {
+            continue;
+        }
+        depth += t.matches('{').count() as i32 - t.matches('}').count() as i32;
+        if t.contains('{') || t.contains('}') || depth > 0 {
+            continue;
+        }
+        current.push_str(t);
+        current.push(' ');
+        if t.ends_with(';') {
+            statements.push((current.trim().trim_end_matches(';').to_string(), hooks));
+            current.clear();
+        }
+    }
+    let mut callbacks: Vec<String> = Vec::new();
+    let mut out = String::from(
+        "\"\"\"The prototype of every function of libcachealloc's C header\n\
+         (capi/include/cachealloc.h) and its callback types, for ctypes.\n\n\
+         Generated from the header by capi/tests/capi.rs (`python_prototypes`): do\n\
+         not edit. Refresh: CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi\n\
+         python_prototypes\n\"\"\"\n\n\
+         from ctypes import CFUNCTYPE, POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint32, c_uint64, c_void_p  # noqa: F401\n\n\
+         from ._structs import Fragmentation, IpcHandle, OomCause, PoolMemory  # noqa: F401\n\n",
+    );
+    let (mut plain, mut debug) = (String::new(), String::new());
+    for (s, hooks) in &statements {
+        if let Some(rest) = s.strip_prefix("typedef ") {
+            // typedef R (*NAME)(ARGS) CACHEALLOC_NOEXCEPT
+            let Some((ret, rest)) = rest.split_once("(*") else {
+                continue;
+            };
+            let (name, rest) = rest.split_once(")(").expect("a callback type");
+            let args = rest.split_once(')').expect("its arguments").0;
+            let types: Vec<String> = std::iter::once(ctypes_of(ret, &callbacks))
+                .chain(args.split(',').map(|a| ctypes_of(a, &callbacks)))
+                .collect();
+            out.push_str(&format!(
+                "#: ``{name}``\n{} = CFUNCTYPE({})\n",
+                callback_name(name),
+                types.join(", ")
+            ));
+            callbacks.push(name.to_string());
+            continue;
+        }
+        let Some((head, args)) = s.split_once('(') else {
+            continue;
+        };
+        let args = args.trim_end().trim_end_matches(')');
+        let name_at = head.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        let (ret, name) = match name_at {
+            Some(i) => (&head[..=i], &head[i + 1..]),
+            None => continue,
+        };
+        if !name.starts_with("cachealloc_") {
+            continue;
+        }
+        let argtypes: Vec<String> = if args.trim() == "void" {
+            Vec::new()
+        } else {
+            args.split(',')
+                .map(|a| ctypes_of(&param_type(a), &callbacks))
+                .collect()
+        };
+        let line = format!(
+            "    \"{name}\": ({}, [{}]),\n",
+            ctypes_of(ret, &callbacks),
+            argtypes.join(", ")
+        );
+        if *hooks {
+            debug.push_str(&line);
+        } else {
+            plain.push_str(&line);
+        }
+    }
+    out.push_str(&format!(
+        "\n#: The C library's test hooks: only a library built with the cargo feature\n\
+         #: ``debug-hooks`` has them.\nDEBUG_PROTOTYPES = {{\n{debug}}}\n\n\
+         #: name: (restype, argtypes), in the header's order.\nPROTOTYPES = {{\n{plain}}}\n"
+    ));
+    out
+}
+
 /// The functions the header declares, with those declared only under
 /// `CACHEALLOC_DEBUG_HOOKS` when `hooks`.
 fn declared_functions(header: &str, hooks: bool) -> Vec<String> {

@@ -8,132 +8,29 @@ The library is looked for, in order:
 3. ``target/release`` then ``target/debug`` of the source checkout this
    package sits in (``python/cachealloc`` of the cachealloc repository).
 
-Every function of the header is declared below with its C types, so a wrong
-call raises ``ctypes.ArgumentError`` instead of corrupting memory.
+Every function of the header is declared with its C types (``_prototypes.py``,
+generated from the header), so a wrong call raises ``ctypes.ArgumentError``
+instead of corrupting memory.
 """
 
 import ctypes
 import os
 import threading
-from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint64, c_void_p
+from ctypes import c_void_p
+
+# The structures this package mirrors, and every function's prototype and
+# callback type, generated from the header (``_prototypes.py``).
+from ._prototypes import (  # noqa: F401
+    DEBUG_PROTOTYPES,
+    OOM_CAUSE_OBSERVER,
+    OOM_OBSERVER,
+    POOL_STATS_CALLBACK,
+    PROTOTYPES,
+    STAT_CALLBACK,
+)
+from ._structs import Fragmentation, IpcHandle, OomCause, PoolMemory  # noqa: F401
 
 LIBRARY_NAME = "libcachealloc.so"
-
-#: ``typedef void (*cachealloc_stat_callback)(const char*, int64_t, void*)``
-STAT_CALLBACK = ctypes.CFUNCTYPE(None, c_char_p, c_int64, c_void_p)
-#: cachealloc_pool_reserved_stats: pool id, its `cachealloc_stat[3]`, user.
-POOL_STATS_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, c_void_p, c_void_p)
-
-#: ``typedef void (*cachealloc_oom_observer)(int, size_t, size_t, size_t, void*)``
-OOM_OBSERVER = ctypes.CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_void_p)
-
-
-
-class PoolMemory(ctypes.Structure):
-    """``cachealloc_pool_memory``: one pool's memory, or several pools'."""
-
-    _fields_ = [(name, c_uint64) for name in (
-        "reserved_bytes", "allocated_bytes", "requested_bytes", "free_bytes", "largest_free_block",
-        "free_blocks", "pending_free_bytes", "unmapped_bytes")] + [("external_fragmentation", c_double)]
-
-
-class Fragmentation(ctypes.Structure):
-    """``cachealloc_fragmentation``: a device's memory by pool."""
-
-    _fields_ = [(name, PoolMemory) for name in ("device", "small_pool", "large_pool", "private_pools")] + [
-        (name, c_uint64) for name in ("stream", "stream_free_bytes", "other_streams_free_bytes")]
-
-
-class OomCause(ctypes.Structure):
-    """``cachealloc_oom_cause``: why an allocation ran out of memory."""
-
-    _fields_ = [("class_", c_int), ("class_name", c_char_p)] + [(name, c_uint64) for name in (
-        "needed", "live_bytes", "limit", "segment", "headroom", "free_bytes", "largest_free_block",
-        "pending_free_bytes", "other_streams_bytes", "private_pools_bytes", "other_size_bytes",
-        "unmapped_bytes")]
-
-
-#: ``typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*)``
-OOM_CAUSE_OBSERVER = ctypes.CFUNCTYPE(None, c_int, POINTER(OomCause), c_void_p)
-
-
-class IpcHandle(ctypes.Structure):
-    """``cachealloc_ipc_handle``: the driver's IPC handle of a segment and an
-    allocation's offset in it."""
-
-    _fields_ = [("handle", ctypes.c_uint8 * 64), ("offset", c_uint64)]
-
-
-#: The C library's test hooks: only a library built with the cargo feature
-#: ``debug-hooks`` has them (``has_debug_hooks()``).
-DEBUG_PROTOTYPES = {
-    "cachealloc_debug_force_internal_error": (c_int, []),
-    "cachealloc_debug_fail_inside_lock": (c_int, []),
-}
-
-#: name: (restype, argtypes), in the header's order.
-PROTOTYPES = {
-    "cachealloc_version": (c_char_p, []),
-    "cachealloc_backend": (c_char_p, []),
-    "cachealloc_last_error": (c_char_p, []),
-    "cachealloc_last_error_code": (c_int, []),
-    "cachealloc_get_fragmentation": (c_int, [c_int, c_void_p, POINTER(Fragmentation)]),
-    "cachealloc_get_pool_memory": (c_int, [c_int, c_uint64, c_uint64, c_int, POINTER(PoolMemory)]),
-    "cachealloc_last_oom_cause": (c_int, [POINTER(OomCause)]),
-    "cachealloc_attach_oom_cause_observer": (c_int, [OOM_CAUSE_OBSERVER, c_void_p]),
-    "cachealloc_record_history": (c_int, [c_int, c_int, c_size_t]),
-    "cachealloc_record_history_ex": (c_int, [c_int, c_int, c_size_t, c_int, ctypes.c_uint32]),
-    "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),
-    "cachealloc_attach_oom_observer": (c_int, [OOM_OBSERVER, c_void_p]),
-    "cachealloc_attach_oom_rejection_observer": (c_int, [OOM_OBSERVER, c_void_p]),
-    # The structures' functions (used by the C++ allocator for torch) take
-    # pointers to structures this package does not mirror.
-    "cachealloc_attach_trace_tracker": (c_int, [c_void_p, c_void_p]),
-    "cachealloc_share_ipc_handle": (c_int, [c_void_p, POINTER(IpcHandle)]),
-    "cachealloc_release_ipc_share": (c_int, [c_void_p]),
-    "cachealloc_open_ipc_handle": (c_void_p, [POINTER(IpcHandle), c_int]),
-    "cachealloc_close_ipc_handle": (c_int, [POINTER(IpcHandle), c_int]),
-    "cachealloc_enable_peer_access": (c_int, [c_int, c_int]),
-    "cachealloc_memcpy_async": (c_int, [c_void_p, c_int, c_void_p, c_int, c_size_t, c_void_p, c_int]),
-    "cachealloc_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
-    "cachealloc_pluggable_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
-    "cachealloc_alloc_aligned": (c_void_p, [c_size_t, c_size_t, c_int, c_void_p]),
-    "cachealloc_alloc_at": (c_void_p, [c_size_t, c_int, c_void_p, c_void_p]),
-    "cachealloc_share_ipc_pages": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p]),
-    "cachealloc_open_ipc_pages": (c_void_p, [c_void_p, c_void_p, c_int]),
-    "cachealloc_close_ipc_pages": (c_int, [c_void_p, c_void_p, c_int]),
-    "cachealloc_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
-    "cachealloc_free_checked": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
-    "cachealloc_init": (None, [c_int]),
-    "cachealloc_reset": (None, []),
-    "cachealloc_set_memory_fraction": (None, [c_double, c_int]),
-    "cachealloc_get_memory_fraction": (c_double, [c_int]),
-    "cachealloc_base_alloc": (c_void_p, [c_void_p, POINTER(c_size_t)]),
-    "cachealloc_record_stream": (None, [c_void_p, c_void_p]),
-    "cachealloc_begin_allocate_to_pool": (None, [c_int, c_uint64, c_uint64, c_void_p]),
-    "cachealloc_end_allocate_to_pool": (None, [c_int, c_uint64, c_uint64]),
-    "cachealloc_release_pool": (None, [c_int, c_uint64, c_uint64]),
-    "cachealloc_snapshot": (c_int, [c_int, c_char_p]),
-    "cachealloc_snapshot_walk": (c_int, [c_int, c_int, c_void_p, c_void_p]),
-    "cachealloc_get_allocator_settings": (c_int, [c_void_p]),
-    "cachealloc_memory_stats": (c_int, [c_int, STAT_CALLBACK, c_void_p]),
-    "cachealloc_pool_reserved_stats": (c_int, [c_int, POOL_STATS_CALLBACK, c_void_p]),
-    "cachealloc_reset_peak_stats": (c_int, [c_int]),
-    "cachealloc_reset_accumulated_stats": (c_int, [c_int]),
-    "cachealloc_empty_cache": (c_int, [c_int]),
-    "cachealloc_empty_cache_pool": (c_int, [c_int, c_uint64, c_uint64]),
-    "cachealloc_mem_get_info": (c_int, [c_int, POINTER(c_size_t), POINTER(c_size_t)]),
-    "cachealloc_cache_info": (c_int, [c_int, POINTER(c_size_t), POINTER(c_size_t)]),
-    "cachealloc_get_device_stats": (c_int, [c_int, c_void_p]),
-    "cachealloc_begin_allocate_to_pool_filtered": (c_int, [c_int, c_uint64, c_uint64, c_void_p, c_void_p]),
-    "cachealloc_create_pool": (c_int, [c_int, c_uint64, c_uint64, c_int, c_int]),
-    "cachealloc_create_pool_with_source": (c_int, [c_int, c_uint64, c_uint64, c_int, c_int, c_void_p]),
-    "cachealloc_checkpoint_pool": (c_int64, [c_int, c_uint64, c_uint64, c_void_p, c_size_t]),
-    "cachealloc_restore_pool": (c_int, [c_int, c_uint64, c_uint64, c_void_p, c_size_t, c_void_p, c_void_p]),
-    "cachealloc_pool_use_count": (c_int64, [c_int, c_uint64, c_uint64]),
-    "cachealloc_set_pool_use_on_oom": (c_int, [c_int, c_uint64, c_uint64, c_int]),
-    "cachealloc_set_pool_no_split": (c_int, [c_int, c_uint64, c_uint64]),
-}
 
 
 class CacheallocError(RuntimeError):
