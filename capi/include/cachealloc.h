@@ -187,74 +187,6 @@ typedef struct {
 } cachealloc_fragmentation;
 
 /**
- * Why an allocation ran out of memory, with the bytes behind the verdict
- * ("the request's pools": the default pools, or the private pool its
- * stream was routed to).
- */
-typedef struct {
-    /**
-     * The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
-     * pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
-     * other_memory, 8 other_size.
-     */
-    int class_;
-    /**
-     * The verdict's name (a static string).
-     */
-    const char *class_name;
-    /**
-     * The block size the request needed.
-     */
-    uint64_t needed;
-    /**
-     * Bytes handed out, in every pool.
-     */
-    uint64_t live_bytes;
-    /**
-     * The memory limit, else the device's total.
-     */
-    uint64_t limit;
-    /**
-     * The segment the allocator asked the device for.
-     */
-    uint64_t segment;
-    /**
-     * Bytes the device could still have given under the limit.
-     */
-    uint64_t headroom;
-    /**
-     * Bytes cached in the request's pool (its block size) on its stream.
-     */
-    uint64_t free_bytes;
-    /**
-     * The largest of those blocks.
-     */
-    uint64_t largest_free_block;
-    /**
-     * Bytes of the request's pools waiting on events (or parked by a capture).
-     */
-    uint64_t pending_free_bytes;
-    /**
-     * Bytes cached or pending in the request's pool (its block size) in other streams' blocks.
-     */
-    uint64_t other_streams_bytes;
-    /**
-     * Bytes cached or pending in other pools than the request's.
-     */
-    uint64_t private_pools_bytes;
-    /**
-     * Bytes cached or pending in the request's pools, on any stream, in blocks of the other size.
-     */
-    uint64_t other_size_bytes;
-    /**
-     * Reserved address space of expandable segments with no page mapped.
-     */
-    uint64_t unmapped_bytes;
-} cachealloc_oom_cause;
-
-typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*) CACHEALLOC_NOEXCEPT;
-
-/**
  * A handle to share an allocation with another process: the driver's IPC
  * handle of its segment (`cudaIpcMemHandle_t`, 64 bytes) and the
  * allocation's offset in the segment. Plain bytes: send it as it is.
@@ -376,6 +308,74 @@ typedef struct {
 } cachealloc_trace_entry;
 
 typedef void (*cachealloc_trace_tracker)(const cachealloc_trace_entry*, void*) CACHEALLOC_NOEXCEPT;
+
+/**
+ * Why an allocation ran out of memory, with the bytes behind the verdict
+ * ("the request's pools": the default pools, or the private pool its
+ * stream was routed to).
+ */
+typedef struct {
+    /**
+     * The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
+     * pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
+     * other_memory, 8 other_size.
+     */
+    int class_;
+    /**
+     * The verdict's name (a static string).
+     */
+    const char *class_name;
+    /**
+     * The block size the request needed.
+     */
+    uint64_t needed;
+    /**
+     * Bytes handed out, in every pool.
+     */
+    uint64_t live_bytes;
+    /**
+     * The memory limit, else the device's total.
+     */
+    uint64_t limit;
+    /**
+     * The segment the allocator asked the device for.
+     */
+    uint64_t segment;
+    /**
+     * Bytes the device could still have given under the limit.
+     */
+    uint64_t headroom;
+    /**
+     * Bytes cached in the request's pool (its block size) on its stream.
+     */
+    uint64_t free_bytes;
+    /**
+     * The largest of those blocks.
+     */
+    uint64_t largest_free_block;
+    /**
+     * Bytes of the request's pools waiting on events (or parked by a capture).
+     */
+    uint64_t pending_free_bytes;
+    /**
+     * Bytes cached or pending in the request's pool (its block size) in other streams' blocks.
+     */
+    uint64_t other_streams_bytes;
+    /**
+     * Bytes cached or pending in other pools than the request's.
+     */
+    uint64_t private_pools_bytes;
+    /**
+     * Bytes cached or pending in the request's pools, on any stream, in blocks of the other size.
+     */
+    uint64_t other_size_bytes;
+    /**
+     * Reserved address space of expandable segments with no page mapped.
+     */
+    uint64_t unmapped_bytes;
+} cachealloc_oom_cause;
+
+typedef void (*cachealloc_oom_cause_observer)(int, const cachealloc_oom_cause*, void*) CACHEALLOC_NOEXCEPT;
 
 /**
  * A pool's segment source, as C functions. `alloc` and `free` are called
@@ -812,26 +812,6 @@ int cachealloc_get_pool_memory(int device,
                                cachealloc_pool_memory *out);
 
 /**
- * Why this thread's last out-of-memory happened (kept until the next
- * one), into `*out`. Returns 0, 1 when this thread has had none or its
- * last had no verdict (a request of 1 EiB or more, refused before the
- * allocator), or -1 for a NULL `out`.
- *
- * # Safety
- * `out` is NULL or points to a writable `cachealloc_oom_cause`.
- */
-int cachealloc_last_oom_cause(cachealloc_oom_cause *out);
-
-/**
- * Call `observer(device, cause, user)` at every out-of-memory from now on,
- * before the `cachealloc_attach_oom_observer` observers, once the device's
- * lock is released (so it may call back into the library). `cause` lives
- * for the call. Returns 0, or -1 for a NULL observer (or 64 attached
- * already).
- */
-int cachealloc_attach_oom_cause_observer(cachealloc_oom_cause_observer observer, void *user);
-
-/**
  * Start (`enabled` nonzero) or stop recording the memory history of
  * `device`; with -1, of every device created so far and of the devices
  * created from now on. At most `max_entries` are kept (0: as many as the
@@ -1021,6 +1001,26 @@ int cachealloc_attach_oom_rejection_observer(cachealloc_oom_rejection_observer o
  * -1 (NULL `tracker`, or 64 attached already).
  */
 int cachealloc_attach_trace_tracker(cachealloc_trace_tracker tracker, void *user);
+
+/**
+ * Why this thread's last out-of-memory happened (kept until the next
+ * one), into `*out`. Returns 0, 1 when this thread has had none or its
+ * last had no verdict (a request of 1 EiB or more, refused before the
+ * allocator), or -1 for a NULL `out`.
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `cachealloc_oom_cause`.
+ */
+int cachealloc_last_oom_cause(cachealloc_oom_cause *out);
+
+/**
+ * Call `observer(device, cause, user)` at every out-of-memory from now on,
+ * before the `cachealloc_attach_oom_observer` observers, once the device's
+ * lock is released (so it may call back into the library). `cause` lives
+ * for the call. Returns 0, or -1 for a NULL observer (or 64 attached
+ * already).
+ */
+int cachealloc_attach_oom_cause_observer(cachealloc_oom_cause_observer observer, void *user);
 
 /**
  * Allocate `size` bytes on `device` for use on `stream` (a `cudaStream_t`;

@@ -6,7 +6,7 @@
 //! (the simulated device: the value itself; CUDA and HIP: the raw handle).
 
 use crate::error::{mark_out_of_memory, Res};
-use crate::observers::FORWARD;
+use crate::forward::FORWARD;
 use crate::segments;
 use crate::settings::{BackendKind, Settings};
 use cachealloc_core::{BlockSlot, CachingAllocator, DeviceAllocator, DeviceBackend, TraceEntry};
@@ -71,13 +71,13 @@ pub(crate) fn alloc_error<E: std::fmt::Debug + std::fmt::Display>(
     match &e {
         cachealloc_core::Error::OutOfMemory(r) => {
             mark_out_of_memory();
-            crate::fragmentation::explain(r)
+            crate::oom_cause::explain(r)
         }
         _ if e.is_out_of_memory() => {
             // Refused before the allocator (1 EiB or more): no verdict, and
             // not the one of an earlier out-of-memory.
             mark_out_of_memory();
-            crate::fragmentation::forget();
+            crate::oom_cause::forget();
             e.to_string()
         }
         _ => e.to_string(),

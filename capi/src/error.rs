@@ -305,6 +305,19 @@ pub(crate) fn status(name: &'static str, body: impl FnOnce() -> Res<()>) -> c_in
     guard(name, -1, || body().map(|()| 0))
 }
 
+/// Write `value` to `out` (refused when NULL).
+///
+/// # Safety
+/// `out` is NULL or points to memory writable for a `T`.
+pub(crate) unsafe fn write_out<T>(out: *mut T, value: T, name: &str) -> Res<()> {
+    if out.is_null() {
+        return Err(format!("{name}: out is NULL"));
+    }
+    // SAFETY: non-null, and writable for a `T` by this function's contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,18 +1,13 @@
-//! Fragmentation accounting and out-of-memory verdicts for C callers:
-//! where a device's reserved memory is, pool by pool
-//! (`cachealloc_get_fragmentation`, `cachealloc_get_pool_memory`), and why the
-//! last allocation of this thread ran out (`cachealloc_last_oom_cause`),
-//! also told to the observers of `cachealloc_attach_oom_cause_observer`.
+//! Fragmentation accounting for C callers: where a device's reserved
+//! memory is, pool by pool (`cachealloc_get_fragmentation`,
+//! `cachealloc_get_pool_memory`). Why an allocation ran out is
+//! `oom_cause.rs`.
 
 use crate::backend::{on_device, text};
-use crate::callbacks::Callbacks;
-use crate::error::{guard, status, Res};
+use crate::error::{status, write_out as write};
 use crate::registry;
-use cachealloc_core::{
-    Fragmentation, MempoolId, OomCause, OomReport, Pool, PoolMemory, SharedAllocator,
-};
-use std::cell::Cell;
-use std::ffi::{c_char, c_int, c_void};
+use cachealloc_core::{Fragmentation, MempoolId, Pool, PoolMemory, SharedAllocator};
+use std::ffi::{c_int, c_void};
 
 /// One pool's memory, or several pools' together.
 #[repr(C)]
@@ -91,19 +86,6 @@ impl From<&Fragmentation> for cachealloc_fragmentation {
     }
 }
 
-/// Write `value` to `out` (refused when NULL).
-///
-/// # Safety
-/// `out` is NULL or points to memory writable for a `T`.
-unsafe fn write<T>(out: *mut T, value: T, name: &str) -> Res<()> {
-    if out.is_null() {
-        return Err(format!("{name}: out is NULL"));
-    }
-    // SAFETY: non-null, and writable for a `T` by this function's contract.
-    unsafe { out.write(value) };
-    Ok(())
-}
-
 /// Device `device`'s memory by pool, with what is cached for requests on
 /// `stream` (a `cudaStream_t`; NULL is the default stream) and for other
 /// streams, into `*out`. Counted now, in one pass over the blocks. Returns
@@ -148,163 +130,5 @@ pub unsafe extern "C" fn cachealloc_get_pool_memory(
             .map_err(text))?;
         // SAFETY: `out` is NULL or writable, by this function's contract.
         unsafe { write(out, (&m).into(), "cachealloc_get_pool_memory") }
-    })
-}
-
-/// Why an allocation ran out of memory, with the bytes behind the verdict
-/// ("the request's pools": the default pools, or the private pool its
-/// stream was routed to).
-#[repr(C)]
-#[derive(Clone, Copy)]
-#[allow(non_camel_case_types)]
-pub struct cachealloc_oom_cause {
-    /// The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
-    /// pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
-    /// other_memory, 8 other_size.
-    pub class_: c_int,
-    /// The verdict's name (a static string).
-    pub class_name: *const c_char,
-    /// The block size the request needed.
-    pub needed: u64,
-    /// Bytes handed out, in every pool.
-    pub live_bytes: u64,
-    /// The memory limit, else the device's total.
-    pub limit: u64,
-    /// The segment the allocator asked the device for.
-    pub segment: u64,
-    /// Bytes the device could still have given under the limit.
-    pub headroom: u64,
-    /// Bytes cached in the request's pool (its block size) on its stream.
-    pub free_bytes: u64,
-    /// The largest of those blocks.
-    pub largest_free_block: u64,
-    /// Bytes of the request's pools waiting on events (or parked by a capture).
-    pub pending_free_bytes: u64,
-    /// Bytes cached or pending in the request's pool (its block size) in other streams' blocks.
-    pub other_streams_bytes: u64,
-    /// Bytes cached or pending in other pools than the request's.
-    pub private_pools_bytes: u64,
-    /// Bytes cached or pending in the request's pools, on any stream, in blocks of the other size.
-    pub other_size_bytes: u64,
-    /// Reserved address space of expandable segments with no page mapped.
-    pub unmapped_bytes: u64,
-}
-
-impl From<&OomCause> for cachealloc_oom_cause {
-    fn from(c: &OomCause) -> Self {
-        cachealloc_oom_cause {
-            class_: c.class.index() as c_int,
-            class_name: c.class.as_cstr().as_ptr(),
-            needed: c.needed,
-            live_bytes: c.live_bytes,
-            limit: c.limit,
-            segment: c.segment,
-            headroom: c.headroom,
-            free_bytes: c.free_bytes,
-            largest_free_block: c.largest_free_block,
-            pending_free_bytes: c.pending_free_bytes,
-            other_streams_bytes: c.other_streams_bytes,
-            private_pools_bytes: c.private_pools_bytes,
-            other_size_bytes: c.other_size_bytes,
-            unmapped_bytes: c.unmapped_bytes,
-        }
-    }
-}
-
-thread_local! {
-    /// The cause of this thread's last out-of-memory.
-    static LAST_CAUSE: Cell<Option<OomCause>> = const { Cell::new(None) };
-}
-
-/// Keep `cause` as this thread's last out-of-memory's (the device's
-/// observer does, on the failing thread, before the failing call returns).
-pub(crate) fn remember(cause: &OomCause) {
-    let _ = LAST_CAUSE.try_with(|c| c.set(Some(*cause)));
-}
-
-/// This thread's last out-of-memory's cause, as kept.
-pub(crate) fn kept() -> Option<OomCause> {
-    LAST_CAUSE.try_with(Cell::get).ok().flatten()
-}
-
-/// Put back `cause` (an observer that ran out of memory itself left its
-/// own).
-pub(crate) fn keep(cause: Option<OomCause>) {
-    let _ = LAST_CAUSE.try_with(|c| c.set(cause));
-}
-
-/// This thread's last out-of-memory had no verdict (a request refused
-/// before the allocator).
-pub(crate) fn forget() {
-    let _ = LAST_CAUSE.try_with(|c| c.set(None));
-}
-
-/// The message of out-of-memory `r`: PyTorch's, then the verdict with its
-/// bytes, from the cause the observer kept for this thread (only the
-/// class when that cause is not this report's, which would be a bug; the
-/// kept cause is then dropped rather than reported for this one).
-pub(crate) fn explain(r: &OomReport) -> String {
-    match LAST_CAUSE.try_with(Cell::get).ok().flatten() {
-        Some(c) if c.class == r.class && c.needed == r.rounded && c.segment == r.alloc_size => {
-            r.explained(&c).to_string()
-        }
-        _ => {
-            forget();
-            r.to_string()
-        }
-    }
-}
-
-/// Why this thread's last out-of-memory happened (kept until the next
-/// one), into `*out`. Returns 0, 1 when this thread has had none or its
-/// last had no verdict (a request of 1 EiB or more, refused before the
-/// allocator), or -1 for a NULL `out`.
-///
-/// # Safety
-/// `out` is NULL or points to a writable `cachealloc_oom_cause`.
-#[no_mangle]
-pub unsafe extern "C" fn cachealloc_last_oom_cause(out: *mut cachealloc_oom_cause) -> c_int {
-    guard("cachealloc_last_oom_cause", -1, || {
-        match LAST_CAUSE.try_with(Cell::get).ok().flatten() {
-            // SAFETY: `out` is NULL or writable, by this function's contract.
-            Some(c) => unsafe { write(out, (&c).into(), "cachealloc_last_oom_cause") }.map(|()| 0),
-            None => Ok(1),
-        }
-    })
-}
-
-#[allow(non_camel_case_types)]
-pub type cachealloc_oom_cause_observer =
-    Option<extern "C" fn(c_int, *const cachealloc_oom_cause, *mut c_void)>;
-
-type CauseFn = extern "C" fn(c_int, *const cachealloc_oom_cause, *mut c_void);
-
-static CAUSE_OBSERVERS: Callbacks<CauseFn> = Callbacks::new();
-
-/// Tell the cause observers of an out-of-memory on `device` (outside the
-/// device's lock; an observer may attach another).
-pub(crate) fn tell(device: u32, cause: &OomCause) {
-    if CAUSE_OBSERVERS.is_empty() {
-        return;
-    }
-    let c: cachealloc_oom_cause = cause.into();
-    CAUSE_OBSERVERS.each(|f, user| f(device as c_int, &c, user));
-}
-
-/// Call `observer(device, cause, user)` at every out-of-memory from now on,
-/// before the `cachealloc_attach_oom_observer` observers, once the device's
-/// lock is released (so it may call back into the library). `cause` lives
-/// for the call. Returns 0, or -1 for a NULL observer (or 64 attached
-/// already).
-#[no_mangle]
-pub extern "C" fn cachealloc_attach_oom_cause_observer(
-    observer: cachealloc_oom_cause_observer,
-    user: *mut c_void,
-) -> c_int {
-    status("cachealloc_attach_oom_cause_observer", || {
-        let f = observer.ok_or("cachealloc_attach_oom_cause_observer: observer is NULL")?;
-        CAUSE_OBSERVERS
-            .push(f, user, "out-of-memory cause observer")
-            .map_err(|e| format!("cachealloc_attach_oom_cause_observer: {e}"))
     })
 }

@@ -39,6 +39,13 @@
 //! the IPC calls) is found in the core's segment table, which the devices
 //! keep up to date, without any lock and without writing anything shared
 //! (`segments.rs`).
+//!
+//! The files form layers, and no circle (the test
+//! `the_c_library_files_form_no_circle`): `error`, `settings`, `callbacks`,
+//! `segments`, `trace_entry` and `oom_cause` at the bottom; `forward` (the
+//! observer and tracker every device carries) above them; `backend` (a
+//! device and its allocator) and `registry` (the process's devices) above
+//! that; the features, each a file of C functions, on top.
 
 // The exported functions, one file a group (the header lists them in this
 // order: cbindgen follows the declarations).
@@ -47,14 +54,16 @@
 mod debug_hooks;
 /// The last error, the guard around every exported function.
 mod error;
-/// Fragmentation accounting, out-of-memory verdicts.
+/// Fragmentation accounting.
 mod fragmentation;
 /// `record_history`, annotations.
 mod history;
 /// IPC handles, peer access, device-to-device copies.
 mod ipc;
-/// Out-of-memory observers.
+/// Out-of-memory observers, trace trackers.
 mod observers;
+/// Out-of-memory verdicts.
+mod oom_cause;
 /// PyTorch's pluggable allocator: `cachealloc_alloc`, `cachealloc_free`, the hooks.
 mod pluggable;
 /// `torch.cuda.MemPool(allocator=...)`: pools with a segment source of their own.
@@ -67,6 +76,8 @@ mod snapshot_walk;
 mod stats;
 /// `torch.cuda.MemPool`'s pools, `cachealloc_begin_allocate_to_pool_filtered`.
 mod stream_filter;
+/// A history entry as C sees it.
+mod trace_entry;
 
 /// Checkpoints of a private pool (cudagraph trees).
 mod checkpoint;
@@ -75,6 +86,8 @@ mod checkpoint;
 mod backend;
 /// Lists of C callbacks, read without a lock.
 mod callbacks;
+/// The observer and tracker every device carries.
+mod forward;
 mod registry;
 /// Segment ranges by device, read without a device's lock.
 mod segments;

@@ -1,11 +1,11 @@
-//! Out-of-memory observers: C callbacks told of every final out-of-memory
-//! on any device, existing or created later (PyTorch's
-//! `attachOutOfMemoryObserver`, which reaches only the devices that exist).
-//! Each device carries one [`Forward`] observer that calls them all.
+//! Out-of-memory observers and trace trackers: C callbacks told of every
+//! final out-of-memory (or every history entry) on any device, existing or
+//! created later (PyTorch's `attachOutOfMemoryObserver`, which reaches only
+//! the devices that exist). Each device carries one forwarder that calls
+//! them all (`forward.rs`).
 
-use crate::callbacks::Callbacks;
 use crate::error::{guard, Res};
-use cachealloc_core::OutOfMemoryObserver;
+use crate::forward::{OBSERVERS, REJECTION_OBSERVERS, TRACKERS};
 use std::ffi::{c_int, c_void};
 
 /// An out-of-memory observer: `(device, alloc_size, device_total,
@@ -16,61 +16,6 @@ use std::ffi::{c_int, c_void};
 /// `device_free` is the device's free memory then.
 #[allow(non_camel_case_types)]
 pub type cachealloc_oom_observer = Option<extern "C" fn(c_int, usize, usize, usize, *mut c_void)>;
-
-type OomFn = extern "C" fn(c_int, usize, usize, usize, *mut c_void);
-
-static OBSERVERS: Callbacks<OomFn> = Callbacks::new();
-
-/// The observer every device carries: calls the C observers.
-pub(crate) struct Forward;
-
-/// The one [`Forward`] (devices keep `&'static` observers).
-pub(crate) static FORWARD: Forward = Forward;
-
-impl OutOfMemoryObserver for Forward {
-    fn out_of_memory_explained(
-        &self,
-        report: &cachealloc_core::OomReport,
-        cause: &cachealloc_core::OomCause,
-    ) {
-        // The failing thread's last cause is in place before any observer
-        // runs, so an observer that asks for it gets this one (and the
-        // failing call's message is made from it); it is put back after
-        // them, should one have run out of memory itself.
-        crate::fragmentation::remember(cause);
-        crate::fragmentation::tell(report.device, cause);
-        crate::fragmentation::remember(cause);
-    }
-
-    fn oom_rejected_explained(
-        &self,
-        _report: &cachealloc_core::OomReport,
-        cause: &cachealloc_core::OomCause,
-    ) {
-        crate::fragmentation::remember(cause);
-    }
-
-    fn oom_rejected(&self, device: u32, alloc_size: u64, total_allocated: u64, device_total: u64) {
-        tell(
-            &REJECTION_OBSERVERS,
-            device,
-            [alloc_size, total_allocated, device_total],
-        );
-    }
-
-    fn out_of_memory(&self, device: u32, alloc_size: u64, device_total: u64, device_free: u64) {
-        tell(&OBSERVERS, device, [alloc_size, device_total, device_free]);
-    }
-}
-
-/// Call every observer of `list` with the device and its three numbers;
-/// the thread's own last out-of-memory cause is kept across them (an
-/// observer's calls may set another).
-fn tell(list: &Callbacks<OomFn>, device: u32, [a, b, c]: [u64; 3]) {
-    let mine = crate::fragmentation::kept();
-    list.each(|f, user| f(device as c_int, a as usize, b as usize, c as usize, user));
-    crate::fragmentation::keep(mine);
-}
 
 /// Attach an out-of-memory observer, called (with `user`) on every final
 /// out-of-memory of any device from now on, after the allocator gave up and
@@ -110,8 +55,6 @@ pub extern "C" fn cachealloc_attach_oom_observer(
 pub type cachealloc_oom_rejection_observer =
     Option<extern "C" fn(c_int, usize, usize, usize, *mut c_void)>;
 
-static REJECTION_OBSERVERS: Callbacks<OomFn> = Callbacks::new();
-
 /// Attach a rejection observer (torch's `attachOomRejectionObserver`; at
 /// most 64). Returns 0, or -1 (NULL observer, too many).
 #[no_mangle]
@@ -135,28 +78,7 @@ pub extern "C" fn cachealloc_attach_oom_rejection_observer(
 
 #[allow(non_camel_case_types)]
 pub type cachealloc_trace_tracker =
-    Option<extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void)>;
-
-type TrackerFn = extern "C" fn(*const crate::snapshot_walk::cachealloc_trace_entry, *mut c_void);
-
-static TRACKERS: Callbacks<TrackerFn> = Callbacks::new();
-
-/// The trace tracker a device carries once a C tracker is attached: calls
-/// them all (devices carry none before, so the allocation path pays nothing
-/// while nobody tracks).
-pub(crate) struct TraceForward;
-
-/// The one [`TraceForward`].
-pub(crate) static TRACE_FORWARD: TraceForward = TraceForward;
-
-impl cachealloc_core::TraceTracker for TraceForward {
-    fn trace(&self, e: &cachealloc_core::TraceEntry) {
-        let entry = crate::snapshot_walk::entry(e);
-        // Under the device's lock, at every entry: the list is read with no
-        // lock of its own.
-        crate::error::under_lock(entry.device, || TRACKERS.each(|f, user| f(&entry, user)));
-    }
-}
+    Option<extern "C" fn(*const crate::trace_entry::cachealloc_trace_entry, *mut c_void)>;
 
 /// Attach a trace tracker, called (with `user`) with every memory-history
 /// entry of every device, existing or created later, as it is recorded

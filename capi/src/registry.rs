@@ -7,7 +7,7 @@
 
 use crate::backend::{on_device, open, text, Device};
 use crate::error::Res;
-use crate::observers::TRACE_FORWARD;
+use crate::forward::TRACE_FORWARD;
 use crate::settings::settings;
 use cachealloc_core::{SegmentRegistry, SharedAllocator};
 use std::ffi::c_int;

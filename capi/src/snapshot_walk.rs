@@ -12,8 +12,10 @@ use crate::error::status;
 use crate::registry;
 use crate::settings::settings;
 use crate::snapshot::names;
+pub use crate::trace_entry::cachealloc_trace_entry;
+use crate::trace_entry::entry;
 use cachealloc_core::SharedAllocator;
-use cachealloc_core::{BlockState, Pool, Snapshot, TraceAction, TraceEntry};
+use cachealloc_core::{BlockState, Pool, Snapshot};
 use std::ffi::{c_char, c_int, c_void, CString};
 
 /// One segment of a snapshot (PyTorch's `SegmentInfo`). An expandable
@@ -65,41 +67,6 @@ pub struct cachealloc_block_info {
     /// 1 while handed out or freed and waiting on events of other streams
     /// (`active_allocated`, `active_pending_free`); 0 when cached (`inactive`).
     pub active: c_int,
-}
-
-/// One entry of the memory history (PyTorch's `TraceEntry`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-#[allow(non_camel_case_types)]
-pub struct cachealloc_trace_entry {
-    /// PyTorch's `TraceEntry::Action`: 0 alloc, 1 free_requested,
-    /// 2 free_completed, 3 segment_alloc, 4 segment_free, 5 segment_map,
-    /// 6 segment_unmap, 7 snapshot, 8 oom; and 9 for a caller's annotation
-    /// (`cachealloc_record_annotation`).
-    pub action: c_int,
-    /// The device.
-    pub device: c_int,
-    /// The block or segment address (for `oom`: the device's free bytes).
-    pub addr: u64,
-    /// Bytes: the request for alloc and frees, the segment or the mapped
-    /// range for segment actions, the rounded request for `oom`.
-    pub size: usize,
-    /// The stream.
-    pub stream: *mut c_void,
-    /// When, in microseconds of the backend's clock (on CUDA and HIP: since
-    /// the Unix epoch).
-    pub time_us: u64,
-    /// The trace context in force (for an annotation: its id).
-    pub context: u64,
-    /// An annotation's name (valid during the call only); NULL for the
-    /// other actions.
-    pub annotation: *const c_char,
-    /// The pool of the block or segment (PyTorch's `TraceEntry::mempool_`,
-    /// a snapshot's `pool_id`): `(0, 0)` for the default pools; for `oom`
-    /// the request's pool; `(0, 0)` for a snapshot or an annotation.
-    pub pool_id0: u64,
-    /// The second half of the pool's id.
-    pub pool_id1: u64,
 }
 
 /// What `cachealloc_snapshot_walk` calls, each with the walk's `user`
@@ -175,26 +142,7 @@ impl Walk {
     }
 }
 
-/// `e` as a C structure (no annotation name).
-pub(crate) fn entry(e: &TraceEntry) -> cachealloc_trace_entry {
-    cachealloc_trace_entry {
-        action: TraceAction::ALL
-            .iter()
-            .position(|a| *a == e.action)
-            .unwrap_or(0) as c_int,
-        device: e.device as c_int,
-        addr: e.addr,
-        size: e.size as usize,
-        stream: e.stream as usize as *mut c_void,
-        time_us: e.time_us,
-        context: e.context,
-        annotation: std::ptr::null(),
-        pool_id0: e.pool.0,
-        pool_id1: e.pool.1,
-    }
-}
-
-/// The index of [`TraceAction::UserDefined`] in `cachealloc_trace_entry`.
+/// The index of `TraceAction::UserDefined` in `cachealloc_trace_entry`.
 const USER_DEFINED: c_int = 9;
 
 /// `cachealloc_snapshot_walk`'s flag: give the history too.

@@ -424,6 +424,66 @@ fn prototypes_of(header: &str) -> String {
     out
 }
 
+/// The C library's files form no circle: what each file of `capi/src`
+/// names of another (`crate::NAME`, in a `use` line or a path) makes a
+/// graph, which must have no loop (the devices and their machinery at the
+/// bottom, the features above, the C functions on top).
+#[test]
+fn the_c_library_files_form_no_circle() {
+    let src = manifest_dir().join("src");
+    let mut graph: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for entry in std::fs::read_dir(&src).expect("capi/src") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let name = path
+            .file_stem()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(&path).expect("read");
+        let mut deps: Vec<String> = text
+            .match_indices("crate::")
+            .map(|(i, m)| {
+                text[i + m.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .filter(|d| !d.is_empty() && *d != name)
+            .collect();
+        deps.sort();
+        deps.dedup();
+        graph.insert(name, deps);
+    }
+    assert!(graph.len() > 10, "{graph:?}");
+    // Depth-first, with the path so far: a name met again on it is a loop.
+    fn visit(
+        n: &str,
+        graph: &BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) {
+        if let Some(at) = path.iter().position(|p| p == n) {
+            panic!("capi/src has a circle: {} -> {n}", path[at..].join(" -> "));
+        }
+        if done.iter().any(|d| d == n) {
+            return;
+        }
+        path.push(n.to_string());
+        for d in graph.get(n).into_iter().flatten() {
+            visit(d, graph, path, done);
+        }
+        path.pop();
+        done.push(n.to_string());
+    }
+    let mut done = Vec::new();
+    for n in graph.keys() {
+        visit(n, &graph, &mut Vec::new(), &mut done);
+    }
+}
+
 /// The functions the header declares, with those declared only under
 /// `CACHEALLOC_DEBUG_HOOKS` when `hooks`.
 fn declared_functions(header: &str, hooks: bool) -> Vec<String> {

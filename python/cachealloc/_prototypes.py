@@ -10,14 +10,14 @@ from ctypes import CFUNCTYPE, POINTER, c_char_p, c_double, c_int, c_int64, c_siz
 
 from ._structs import Fragmentation, IpcHandle, OomCause, PoolMemory  # noqa: F401
 
-#: ``cachealloc_oom_cause_observer``
-OOM_CAUSE_OBSERVER = CFUNCTYPE(None, c_int, POINTER(OomCause), c_void_p)
 #: ``cachealloc_oom_observer``
 OOM_OBSERVER = CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_void_p)
 #: ``cachealloc_oom_rejection_observer``
 OOM_REJECTION_OBSERVER = CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_void_p)
 #: ``cachealloc_trace_tracker``
 TRACE_TRACKER = CFUNCTYPE(None, c_void_p, c_void_p)
+#: ``cachealloc_oom_cause_observer``
+OOM_CAUSE_OBSERVER = CFUNCTYPE(None, c_int, POINTER(OomCause), c_void_p)
 #: ``cachealloc_stat_callback``
 STAT_CALLBACK = CFUNCTYPE(None, c_char_p, c_int64, c_void_p)
 #: ``cachealloc_pool_stats_callback``
@@ -42,8 +42,6 @@ PROTOTYPES = {
     "cachealloc_last_error_code": (c_int, []),
     "cachealloc_get_fragmentation": (c_int, [c_int, c_void_p, POINTER(Fragmentation)]),
     "cachealloc_get_pool_memory": (c_int, [c_int, c_uint64, c_uint64, c_int, POINTER(PoolMemory)]),
-    "cachealloc_last_oom_cause": (c_int, [POINTER(OomCause)]),
-    "cachealloc_attach_oom_cause_observer": (c_int, [OOM_CAUSE_OBSERVER, c_void_p]),
     "cachealloc_record_history": (c_int, [c_int, c_int, c_size_t]),
     "cachealloc_record_history_ex": (c_int, [c_int, c_int, c_size_t, c_int, c_uint32]),
     "cachealloc_record_annotation": (c_int, [c_int, c_char_p]),
@@ -59,6 +57,8 @@ PROTOTYPES = {
     "cachealloc_attach_oom_observer": (c_int, [OOM_OBSERVER, c_void_p]),
     "cachealloc_attach_oom_rejection_observer": (c_int, [OOM_REJECTION_OBSERVER, c_void_p]),
     "cachealloc_attach_trace_tracker": (c_int, [TRACE_TRACKER, c_void_p]),
+    "cachealloc_last_oom_cause": (c_int, [POINTER(OomCause)]),
+    "cachealloc_attach_oom_cause_observer": (c_int, [OOM_CAUSE_OBSERVER, c_void_p]),
     "cachealloc_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "cachealloc_pluggable_alloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "cachealloc_alloc_aligned": (c_void_p, [c_size_t, c_size_t, c_int, c_void_p]),
