@@ -63,15 +63,20 @@ pub(crate) fn text<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
-/// An allocation's error as the C library reports it, an out-of-memory
-/// marked as one (`cachealloc_last_error_code`).
-pub(crate) fn alloc_error<E: std::fmt::Debug + std::fmt::Display>(
-    e: cachealloc_core::Error<E>,
+/// An allocation's error on device `a` as the C library reports it, an
+/// out-of-memory marked as one (`cachealloc_last_error_code`) with its
+/// verdict, which the device keeps under the error's number (once the
+/// call returned: observers that ran out of memory meanwhile, or other
+/// threads, have numbers of their own).
+pub(crate) fn alloc_error<A: cachealloc_core::SharedAllocator>(
+    a: &A,
+    e: cachealloc_core::Error<A::BackendError>,
 ) -> String {
     match &e {
         cachealloc_core::Error::OutOfMemory(r) => {
             mark_out_of_memory();
-            crate::oom_cause::explain(r)
+            let cause = a.oom_cause(r.seq).ok().flatten();
+            crate::oom_cause::explained(r, cause)
         }
         _ if e.is_out_of_memory() => {
             // Refused before the allocator (1 EiB or more): no verdict, and

@@ -26,21 +26,9 @@ impl OutOfMemoryObserver for Forward {
         report: &cachealloc_core::OomReport,
         cause: &cachealloc_core::OomCause,
     ) {
-        // The failing thread's last cause is in place before any observer
-        // runs, so an observer that asks for it gets this one (and the
-        // failing call's message is made from it); it is put back after
-        // them, should one have run out of memory itself.
-        oom_cause::remember(cause);
+        // The failing call finds its own verdict by its error's number
+        // (`oom_cause.rs`): nothing of the thread's is set here.
         oom_cause::tell(report.device, cause);
-        oom_cause::remember(cause);
-    }
-
-    fn oom_rejected_explained(
-        &self,
-        _report: &cachealloc_core::OomReport,
-        cause: &cachealloc_core::OomCause,
-    ) {
-        oom_cause::remember(cause);
     }
 
     fn oom_rejected(&self, device: u32, alloc_size: u64, total_allocated: u64, device_total: u64) {
@@ -56,13 +44,9 @@ impl OutOfMemoryObserver for Forward {
     }
 }
 
-/// Call every observer of `list` with the device and its three numbers;
-/// the thread's own last out-of-memory cause is kept across them (an
-/// observer's calls may set another).
+/// Call every observer of `list` with the device and its three numbers.
 fn tell(list: &Callbacks<OomFn>, device: u32, [a, b, c]: [u64; 3]) {
-    let mine = oom_cause::kept();
     list.each(|f, user| f(device as c_int, a as usize, b as usize, c as usize, user));
-    oom_cause::keep(mine);
 }
 
 /// The rejection observers.

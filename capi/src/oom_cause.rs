@@ -71,25 +71,9 @@ impl From<&OomCause> for cachealloc_oom_cause {
 }
 
 thread_local! {
-    /// The cause of this thread's last out-of-memory.
+    /// The cause of this thread's last out-of-memory: set only as a failing
+    /// call returns, from the device's verdict of that call's number.
     static LAST_CAUSE: Cell<Option<OomCause>> = const { Cell::new(None) };
-}
-
-/// Keep `cause` as this thread's last out-of-memory's (the device's
-/// observer does, on the failing thread, before the failing call returns).
-pub(crate) fn remember(cause: &OomCause) {
-    let _ = LAST_CAUSE.try_with(|c| c.set(Some(*cause)));
-}
-
-/// This thread's last out-of-memory's cause, as kept.
-pub(crate) fn kept() -> Option<OomCause> {
-    LAST_CAUSE.try_with(Cell::get).ok().flatten()
-}
-
-/// Put back `cause` (an observer that ran out of memory itself left its
-/// own).
-pub(crate) fn keep(cause: Option<OomCause>) {
-    let _ = LAST_CAUSE.try_with(|c| c.set(cause));
 }
 
 /// This thread's last out-of-memory had no verdict (a request refused
@@ -98,19 +82,15 @@ pub(crate) fn forget() {
     let _ = LAST_CAUSE.try_with(|c| c.set(None));
 }
 
-/// The message of out-of-memory `r`: PyTorch's, then the verdict with its
-/// bytes, from the cause the observer kept for this thread (only the
-/// class when that cause is not this report's, which would be a bug; the
-/// kept cause is then dropped rather than reported for this one).
-pub(crate) fn explain(r: &OomReport) -> String {
-    match LAST_CAUSE.try_with(Cell::get).ok().flatten() {
-        Some(c) if c.class == r.class && c.needed == r.rounded && c.segment == r.alloc_size => {
-            r.explained(&c).to_string()
-        }
-        _ => {
-            forget();
-            r.to_string()
-        }
+/// The failing call's out-of-memory `r`, with its verdict `cause` (the
+/// device's, found by the error's number; `None` once the device no
+/// longer keeps it): kept as this thread's last, and the message,
+/// PyTorch's then the verdict with its bytes.
+pub(crate) fn explained(r: &OomReport, cause: Option<OomCause>) -> String {
+    let _ = LAST_CAUSE.try_with(|c| c.set(cause));
+    match cause {
+        Some(c) => r.explained(&c).to_string(),
+        None => r.to_string(),
     }
 }
 

@@ -38,7 +38,8 @@ pub extern "C" fn cachealloc_alloc(size: usize, device: c_int, stream: *mut c_vo
         let stream = stream_value(stream);
         let x = on_device!(registry::device(device)?, |a| {
             debug_inside_lock(a);
-            a.malloc(size as u64, stream.into()).map_err(alloc_error)
+            a.malloc(size as u64, stream.into())
+                .map_err(|e| alloc_error(&**a, e))
         })?;
         Ok(x.ptr.0 as usize as *mut c_void)
     })
@@ -94,7 +95,7 @@ pub extern "C" fn cachealloc_alloc_aligned(
                 stream.into(),
                 MallocFlags::empty(),
             )
-            .map_err(alloc_error)
+            .map_err(|e| alloc_error(&**a, e))
         })?;
         Ok(x.ptr.0 as usize as *mut c_void)
     })
@@ -123,7 +124,7 @@ pub extern "C" fn cachealloc_alloc_at(
         let x = on_device!(registry::device(device)?, |a| {
             debug_inside_lock(a);
             a.malloc_with_address(size as u64, at, stream.into())
-                .map_err(alloc_error)
+                .map_err(|e| alloc_error(&**a, e))
         })?;
         Ok(x.ptr.0 as usize as *mut c_void)
     })

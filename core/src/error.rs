@@ -45,11 +45,15 @@ pub struct OomReport {
     /// them to what "is allocated by PyTorch" and names them.
     pub private_pools: u64,
     /// Why it ran out: the verdict's class. The verdict with the bytes
-    /// behind it ([`OomCause`]) is kept by the allocator
-    /// ([`DeviceAllocator::last_oom_cause`](crate::DeviceAllocator::last_oom_cause))
+    /// behind it ([`OomCause`]) is kept by the allocator under this
+    /// report's [`seq`](Self::seq)
+    /// ([`DeviceAllocator::oom_cause`](crate::DeviceAllocator::oom_cause))
     /// and given to the out-of-memory observers, not carried here: every
     /// result is as large as this error.
     pub class: OomClass,
+    /// The device's number for this out-of-memory (1 for its first,
+    /// rejections counted too, wrapping): the verdict is found by it.
+    pub seq: u32,
 }
 
 impl OomReport {

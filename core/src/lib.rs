@@ -97,7 +97,7 @@ pub use allocation::{Allocation, AllocationInfo, MallocFlags};
 pub use allocator::{
     needs_peer_copy, CheckpointBlock, DeviceAllocator, FreeAccess, FreeMemoryCallback, PagesShare,
     RestoreCounts, ShareableHandle, DEFAULT_EVENTS, DEFAULT_IPC_HANDLES, DEFAULT_IPC_SHARES,
-    DEFAULT_POOLS, MAX_CALLBACKS,
+    DEFAULT_POOLS, MAX_CALLBACKS, OOM_CAUSES_KEPT,
 };
 pub use arena::{BlockId, BlockSlot};
 pub use backend::{

@@ -133,6 +133,9 @@ pub trait SharedAllocator: Sync {
     /// [`DeviceAllocator::last_oom_cause`]: the device's, whichever thread
     /// ran out (an out-of-memory observer is told its own).
     fn last_oom_cause(&self) -> SharedResult<Option<OomCause>, Self::BackendError>;
+    /// [`DeviceAllocator::oom_cause`]: the verdict on out-of-memory number
+    /// `seq` of the device (a failed call's, by its error's number).
+    fn oom_cause(&self, seq: u32) -> SharedResult<Option<OomCause>, Self::BackendError>;
     /// [`DeviceAllocator::pool_memory`].
     fn pool_memory(
         &self,
@@ -442,6 +445,10 @@ where
 
     fn last_oom_cause(&self) -> SharedResult<Option<OomCause>, B::Error> {
         self.with(|a| a.last_oom_cause())
+    }
+
+    fn oom_cause(&self, seq: u32) -> SharedResult<Option<OomCause>, B::Error> {
+        self.with(|a| a.oom_cause(seq))
     }
 
     fn pool_memory(&self, id: MempoolId, pool: Pool) -> SharedResult<PoolMemory, B::Error> {

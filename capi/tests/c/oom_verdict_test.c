@@ -13,7 +13,8 @@
  * MiB counted as other-size bytes and nowhere else. Then a request of
  * 2^60 bytes fails as an out-of-memory with no verdict of its own, and
  * must not report the 20 MiB one; and an out-of-memory observer that runs
- * out of memory itself leaves the failing call's verdict in place. Prints
+ * out of memory itself gets its own verdict there and leaves the failing
+ * call's in place (each found by its error's number). Prints
  * `ok WHAT` per check, exits 1 at the first failure.
  */
 #include "cachealloc.h"
@@ -54,6 +55,10 @@ static void allocating_observer(int device, size_t alloc_size, size_t total, siz
     (void)alloc_size, (void)total, (void)free_, (void)user;
     if (depth++ == 0) {
         CHECK(cachealloc_alloc((size_t)40 << 20, device, NULL) == NULL, "the nested request fails");
+        cachealloc_oom_cause inner;
+        CHECK(cachealloc_last_oom_cause(&inner) == 0 && inner.needed == 40 * MIB,
+              "the nested request's own verdict, inside the outer one's delivery (needed %llu)",
+              (unsigned long long)inner.needed);
     }
     depth--;
 }

@@ -109,7 +109,8 @@ where
             registry: None,
             keep_oom: false,
             oom_kept: heapless::Vec::new(),
-            last_oom: None,
+            last_ooms: heapless::Deque::new(),
+            oom_seq: 0,
             given_back_later: heapless::Vec::new(),
             on_drop: None,
         }

@@ -452,6 +452,7 @@ where
             reserved,
             private_pools: self.cached_in_private_pools(),
             class: OomClass::Rejected,
+            seq: self.next_oom_seq(),
         };
         self.notify_out_of_memory(&report, &cause, r.device_total);
         Error::OutOfMemory(report)
@@ -506,6 +507,7 @@ where
             reserved: self.stats.reserved_bytes.all().current.max(0) as u64,
             private_pools: self.cached_in_private_pools(),
             class: cause.class,
+            seq: self.next_oom_seq(),
         };
         self.notify_out_of_memory(&report, &cause, self.limit.unwrap_or(info.total));
         Error::OutOfMemory(report)

@@ -227,9 +227,11 @@ pub struct DeviceAllocator<
     /// calls them once its lock is released), and the ones kept.
     pub(crate) keep_oom: bool,
     pub(crate) oom_kept: heapless::Vec<OomNotice, 4>,
-    /// The verdict on the last out-of-memory, with its bytes (the error
-    /// carries only its class).
-    last_oom: Option<OomCause>,
+    /// The verdicts on the last out-of-memories, with their bytes, by their
+    /// numbers (the error carries only the class and the number), and the
+    /// last number given.
+    last_ooms: heapless::Deque<(u32, OomCause), OOM_CAUSES_KEPT>,
+    oom_seq: u32,
     /// Ranges the device made that the allocator refused during a capture
     /// (a contract violation, a full segment registry), to hand back once
     /// it ends: (address, size, an address reservation).
@@ -242,6 +244,10 @@ pub struct DeviceAllocator<
 
 /// What a [`DeviceAllocator`]'s drop runs (`drop.rs`).
 type DropWork<B, S, const E: usize, H, const P: usize> = fn(&mut DeviceAllocator<B, S, E, H, P>);
+
+/// How many out-of-memory verdicts a device keeps (by number, for the
+/// threads whose calls failed: their errors name them).
+pub const OOM_CAUSES_KEPT: usize = 8;
 
 /// The most callbacks of each kind a device holds (free-memory callbacks,
 /// trace trackers, out-of-memory observers).

@@ -81,7 +81,26 @@ where
     /// out-of-memory it is told of
     /// ([`OutOfMemoryObserver::out_of_memory_explained`]).
     pub fn last_oom_cause(&self) -> Option<OomCause> {
-        self.last_oom
+        self.last_ooms.back().map(|&(_, c)| c)
+    }
+
+    /// The verdict on out-of-memory number `seq` (its error's
+    /// [`OomReport::seq`]), while the device keeps it: the last
+    /// [`OOM_CAUSES_KEPT`](super::OOM_CAUSES_KEPT) are kept, so a thread
+    /// finds its own failure's even after other out-of-memories on the
+    /// device (an observer's, another thread's).
+    pub fn oom_cause(&self, seq: u32) -> Option<OomCause> {
+        self.last_ooms
+            .iter()
+            .rev()
+            .find(|&&(n, _)| n == seq)
+            .map(|&(_, c)| c)
+    }
+
+    /// The number of the next out-of-memory.
+    pub(super) fn next_oom_seq(&mut self) -> u32 {
+        self.oom_seq = self.oom_seq.wrapping_add(1);
+        self.oom_seq
     }
 
     /// Keep the verdict, and tell the out-of-memory observers now or keep
@@ -92,7 +111,11 @@ where
         cause: &OomCause,
         device_total: u64,
     ) {
-        self.last_oom = Some(*cause);
+        if self.last_ooms.is_full() {
+            self.last_ooms.pop_front();
+        }
+        // Not full: room was made above.
+        let _ = self.last_ooms.push_back((report.seq, *cause));
         if self.oom_observers.is_empty() {
             return;
         }

@@ -98,7 +98,8 @@ fn every_method_through_dyn_shared_allocator() {
     a.record_stream_ptr(y.ptr, 5).unwrap();
     assert_eq!(a.stats().unwrap().allocation.all().current, 11);
     // An out-of-memory error reaches the observer after the lock.
-    assert!(a.malloc(1 << 40, 0).unwrap_err().is_out_of_memory());
+    let oom = a.malloc(1 << 40, 0).unwrap_err();
+    assert!(oom.is_out_of_memory());
     assert_eq!(OOMS.0.load(Ordering::Relaxed), 1);
 
     // Snapshots and segments.
@@ -143,6 +144,15 @@ fn every_method_through_dyn_shared_allocator() {
         .unwrap()
         .expect("the device keeps its last verdict");
     assert_eq!(cause.needed, 1 << 40);
+    let Error::OutOfMemory(report) = oom else {
+        panic!("{oom:?}")
+    };
+    assert_eq!(
+        a.oom_cause(report.seq).unwrap(),
+        Some(cause),
+        "found by its number"
+    );
+    assert_eq!(a.oom_cause(report.seq.wrapping_add(1)).unwrap(), None);
     assert_eq!(
         a.pool_memory(MempoolId::DEFAULT, Pool::Large).unwrap(),
         f.large_pool
