@@ -154,6 +154,33 @@ fn generated_header() -> String {
     noexcept_callbacks(&String::from_utf8(out).expect("UTF-8"))
 }
 
+/// With `CACHEALLOC_BLESS` set, write `fresh` to `path` (false: nothing
+/// more to check); else fail, naming the first line that differs, unless
+/// `path` holds `fresh` (`what`: what `fresh` is).
+fn blessed_or_same(path: &Path, fresh: &str, what: &str) -> bool {
+    if std::env::var_os("CACHEALLOC_BLESS").is_some() {
+        std::fs::write(path, fresh).expect("write the generated file");
+        return false;
+    }
+    let current = std::fs::read_to_string(path).unwrap_or_default();
+    if current != fresh {
+        let (line, (was, now)) = current
+            .lines()
+            .chain(std::iter::repeat(""))
+            .zip(fresh.lines().chain(std::iter::repeat("")))
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .unwrap_or((0, ("", "")));
+        panic!(
+            "{} is not {what} (line {}: {was:?}, now {now:?}); refresh it with\n  \
+             CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi -- header python_prototypes",
+            path.display(),
+            line + 1
+        );
+    }
+    true
+}
+
 /// Every function-pointer type and member of `header` marked
 /// `CACHEALLOC_NOEXCEPT` (cbindgen cannot say it): C++ then refuses a
 /// callback that is not `noexcept`.
@@ -175,25 +202,8 @@ fn noexcept_callbacks(header: &str) -> String {
 fn header() {
     let path = manifest_dir().join("include/cachealloc.h");
     let fresh = generated_header();
-    if std::env::var_os("CACHEALLOC_BLESS").is_some() {
-        std::fs::write(&path, &fresh).expect("write the header");
+    if !blessed_or_same(&path, &fresh, "what cbindgen makes of the sources") {
         return;
-    }
-    let current = std::fs::read_to_string(&path).unwrap_or_default();
-    if current != fresh {
-        let (line, (was, now)) = current
-            .lines()
-            .chain(std::iter::repeat(""))
-            .zip(fresh.lines().chain(std::iter::repeat("")))
-            .enumerate()
-            .find(|(_, (a, b))| a != b)
-            .unwrap_or((0, ("", "")));
-        panic!(
-            "{} is not what cbindgen makes of the sources (line {}: {was:?}, now {now:?}); \
-             refresh it with\n  CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi header",
-            path.display(),
-            line + 1
-        );
     }
     // Every exported function is declared, after its comment.
     let lines: Vec<&str> = fresh.lines().collect();
@@ -232,26 +242,7 @@ fn python_prototypes() {
         return;
     }
     let fresh = prototypes_of(&generated_header());
-    if std::env::var_os("CACHEALLOC_BLESS").is_some() {
-        std::fs::write(&path, &fresh).expect("write the prototypes");
-        return;
-    }
-    let current = std::fs::read_to_string(&path).unwrap_or_default();
-    if current != fresh {
-        let (line, (was, now)) = current
-            .lines()
-            .chain(std::iter::repeat(""))
-            .zip(fresh.lines().chain(std::iter::repeat("")))
-            .enumerate()
-            .find(|(_, (a, b))| a != b)
-            .unwrap_or((0, ("", "")));
-        panic!(
-            "{} is not what the header makes (line {}: {was:?}, now {now:?}); refresh it with\n  \
-             CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi python_prototypes",
-            path.display(),
-            line + 1
-        );
-    }
+    blessed_or_same(&path, &fresh, "what the header makes");
 }
 
 /// The structures the Python package mirrors (`_structs.py`): a pointer to
