@@ -873,23 +873,30 @@ STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "te
 #: A ROCm build of torch, as far as install() sees one: torch.version.hip
 #: set, and a CUDAPluggableAllocator whose functions the child calls as
 #: torch's hooks would.
-FAKE_ROCM_TORCH = r"""
-import ctypes, sys, types, warnings
+#: What the child processes' stand-in torch modules share: torch,
+#: torch.cuda (available, not initialised) and torch.cuda.memory, and the
+#: pluggable allocator's inner object, whose hook setters take anything.
+STAND_IN_MODULES = r"""
+import ctypes, os, sys, types, warnings
 torch = types.ModuleType("torch")
 cuda = types.ModuleType("torch.cuda")
 memory = types.ModuleType("torch.cuda.memory")
 torch.cuda, cuda.memory = cuda, memory
-torch.__version__ = "2.11.0+rocm6.4"
-torch.version = types.SimpleNamespace(hip="6.4.43482-0f2d60242", cuda=None)
 cuda.is_available = lambda: True
 cuda.is_initialized = lambda: False
-installed = []
 
 class Inner:
     def __getattr__(self, name):
         if name.startswith("set_"):
             return lambda address: None
         raise AttributeError(name)
+
+"""
+
+FAKE_ROCM_TORCH = STAND_IN_MODULES + r"""
+torch.__version__ = "2.11.0+rocm6.4"
+torch.version = types.SimpleNamespace(hip="6.4.43482-0f2d60242", cuda=None)
+installed = []
 
 class CUDAPluggableAllocator:
     def __init__(self, path, alloc_name, free_name):
@@ -934,13 +941,8 @@ print("rocm torch: hip backend, PYTORCH_HIP_ALLOC_CONF read, %s / %s on the HIP 
 #: raise torch.OutOfMemoryError as torch's binding does. argv: "hip" or
 #: "cuda", then "oom" (a request beyond the device) or "rejection" (the
 #: same, refused by throw_on_cudamalloc_oom before any device call).
-STAND_IN_TORCH = r"""
-import ctypes, os, sys, types, warnings
+STAND_IN_TORCH = STAND_IN_MODULES + r"""
 kind, case = sys.argv[1], sys.argv[2]
-torch = types.ModuleType("torch")
-cuda = types.ModuleType("torch.cuda")
-memory = types.ModuleType("torch.cuda.memory")
-torch.cuda, cuda.memory = cuda, memory
 torch.__file__ = os.path.join(os.environ["STAND_IN_TORCH"], "__init__.py")
 if kind == "hip":
     torch.__version__ = "2.14.0+rocm6.4"
@@ -948,8 +950,6 @@ if kind == "hip":
 else:
     torch.__version__ = "2.14.0+cu130"
     torch.version = types.SimpleNamespace(hip=None, cuda="13.0")
-cuda.is_available = lambda: True
-cuda.is_initialized = lambda: False
 
 class OutOfMemoryError(RuntimeError):
     pass
@@ -959,12 +959,6 @@ call = ctypes.CDLL(os.environ["STAND_IN_CALL"])
 call.stand_in_alloc.restype = ctypes.c_int
 call.stand_in_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
-
-class Inner:
-    def __getattr__(self, name):
-        if name.startswith("set_"):
-            return lambda address: None
-        raise AttributeError(name)
 
 class CUDAPluggableAllocator:
     def __init__(self, path, alloc_name, free_name):
