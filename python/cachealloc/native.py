@@ -171,26 +171,35 @@ def cxx_standard(torch):
     return "-std=c++20" if (major, minor) >= (2, 12) else "-std=c++17"
 
 
-def command(torch, out, source=SOURCE, executable=False):
-    """The compiler call that builds the library at ``out`` (or, with
-    ``executable``, a program from ``source``, which includes the
-    allocator's source: the tests' driver)."""
+def cxx11_abi(torch):
+    """torch's ``_GLIBCXX_USE_CXX11_ABI`` (1 where it does not say)."""
+    return int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
+
+
+def _toolchain(torch):
+    """(the C++ compiler, torch's folder, its ``lib`` folder, the folder of
+    libcachealloc) of a build against ``torch``. Raises BuildError without
+    a compiler."""
     cxx = compiler()
     if cxx is None:
         raise BuildError("no C++ compiler (set CXX, or install g++ or clang++)")
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    return cxx, torch_dir, os.path.join(torch_dir, "lib"), os.path.dirname(_lib.library_path())
+
+
+def command(torch, out, source=SOURCE, executable=False):
+    """The compiler call that builds the library at ``out`` (or, with
+    ``executable``, a program from ``source``, which includes the
+    allocator's source: the tests' driver)."""
+    cxx, torch_dir, torch_lib, libdir = _toolchain(torch)
     include, crt, cudart_dir, cudart = cuda_paths(torch)
-    library = _lib.library_path()
-    libdir = os.path.dirname(library)
-    abi = int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
-    torch_lib = os.path.join(torch_dir, "lib")
     return [
         cxx,
         cxx_standard(torch),
         "-O2",
         "-Wall",
     ] + ([] if executable else ["-fPIC", "-shared", "-fvisibility=hidden"]) + [
-        "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+        "-D_GLIBCXX_USE_CXX11_ABI=%d" % cxx11_abi(torch),
     ] + features(torch) + [
         "-I", os.path.join(torch_dir, "include"),
         "-I", os.path.join(torch_dir, "include", "torch", "csrc", "api", "include"),
@@ -228,9 +237,8 @@ def build(verbose=False):
         header = f.read()
     library = _lib.library_path()
     key = _fingerprint([source, header, library, sys.platform, torch.__file__])
-    abi = int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
     name = "cachealloc_torch-%s-cu%s-abi%d-%s.so" % (
-        torch.__version__.replace("+", "_"), torch.version.cuda, abi, key)
+        torch.__version__.replace("+", "_"), torch.version.cuda, cxx11_abi(torch), key)
     return _compile_cached(name, lambda out: command(torch, out), verbose,
                            "the native allocator against torch %s" % torch.__version__)
 
@@ -274,18 +282,12 @@ def pluggable_command(torch, out):
     """The compiler call that builds the pluggable path's entry at ``out``:
     c10's headers and libc10 only, so any torch build (CUDA or ROCm)
     serves."""
-    cxx = compiler()
-    if cxx is None:
-        raise BuildError("no C++ compiler (set CXX, or install g++ or clang++)")
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    cxx, torch_dir, torch_lib, libdir = _toolchain(torch)
     include = os.path.join(torch_dir, "include")
     if not os.path.isfile(os.path.join(include, "c10", "util", "Exception.h")):
         raise BuildError("torch's C++ headers (c10/util/Exception.h) are not in %s" % include)
-    torch_lib = os.path.join(torch_dir, "lib")
-    libdir = os.path.dirname(_lib.library_path())
-    abi = int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
     return [cxx, cxx_standard(torch), "-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden",
-            "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-I", include, "-I", header_dir(),
+            "-D_GLIBCXX_USE_CXX11_ABI=%d" % cxx11_abi(torch), "-I", include, "-I", header_dir(),
             PLUGGABLE_SOURCE, "-o", out, "-L", torch_lib, "-L", libdir,
             "-Wl,-rpath," + ":".join([torch_lib, libdir]), "-lc10", "-lcachealloc"]
 
