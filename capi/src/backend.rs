@@ -145,9 +145,9 @@ pub(crate) fn open(s: &Settings, index: u32) -> Res<Device> {
     }
 }
 
-/// Stack for building a device's allocator: it is built by value (about
-/// 230 KiB, moved a few times), which takes 512-768 KiB of stack in a
-/// release build and more than 2 MiB in a debug one.
+/// Stack for building a device's allocator: it is built by value and moved
+/// a few times, which takes several times its size of stack (more in a
+/// debug build); room for that with a wide margin.
 const OPEN_STACK: usize = 16 << 20;
 
 /// The allocator of `backend` as device `index`, built on a thread of its
