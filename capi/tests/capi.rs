@@ -310,6 +310,7 @@ fn prototypes_of(header: &str) -> String {
     // The header's statements, outside comments, preprocessor lines and
     // structure bodies, each with whether it is under the test hooks' #if.
     let mut statements: Vec<(String, bool)> = Vec::new();
+    let mut constants: Vec<(String, String)> = Vec::new();
     let (mut current, mut in_comment, mut depth, mut hooks) = (String::new(), false, 0i32, false);
     for line in header.lines() {
         let t = line.trim();
@@ -319,6 +320,15 @@ fn prototypes_of(header: &str) -> String {
         }
         if t.starts_with("/*") {
             in_comment = !t.contains("*/");
+            continue;
+        }
+        if let Some(def) = t.strip_prefix("#define ") {
+            // The integer constants (status codes, flags), once each.
+            if let Some((name, value)) = def.split_once(' ') {
+                if value.parse::<i64>().is_ok() && !constants.iter().any(|(n, _)| n == name) {
+                    constants.push((name.to_string(), value.to_string()));
+                }
+            }
             continue;
         }
         if t.starts_with('#') {
@@ -349,14 +359,18 @@ fn prototypes_of(header: &str) -> String {
     }
     let mut callbacks: Vec<String> = Vec::new();
     let mut out = String::from(
-        "\"\"\"The prototype of every function of libcachealloc's C header\n\
-         (capi/include/cachealloc.h) and its callback types, for ctypes.\n\n\
+        "\"\"\"The integer constants, the callback types and the prototype of every\n\
+         function of libcachealloc's C header (capi/include/cachealloc.h), for ctypes.\n\n\
          Generated from the header by capi/tests/capi.rs (`python_prototypes`): do\n\
          not edit. Refresh: CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi\n\
          python_prototypes\n\"\"\"\n\n\
          from ctypes import CFUNCTYPE, POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint32, c_uint64, c_void_p  # noqa: F401\n\n\
          from ._structs import Fragmentation, IpcHandle, OomCause, PoolMemory  # noqa: F401\n\n",
     );
+    for (name, value) in &constants {
+        out.push_str(&format!("{name} = {value}\n"));
+    }
+    out.push('\n');
     let (mut plain, mut debug) = (String::new(), String::new());
     for (s, hooks) in &statements {
         if let Some(rest) = s.strip_prefix("typedef ") {

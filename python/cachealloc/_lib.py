@@ -21,6 +21,9 @@ from ctypes import c_void_p
 # The structures this package mirrors, and every function's prototype and
 # callback type, generated from the header (``_prototypes.py``).
 from ._prototypes import (  # noqa: F401
+    CACHEALLOC_ERROR_OTHER,
+    CACHEALLOC_ERROR_OUT_OF_MEMORY,
+    CACHEALLOC_OK,
     DEBUG_PROTOTYPES,
     OOM_CAUSE_OBSERVER,
     OOM_OBSERVER,
@@ -45,11 +48,12 @@ class OutOfMemoryError(CacheallocError):
 
 
 #: ``cachealloc_last_error_code()``: the last call succeeded.
-OK = 0
+OK = CACHEALLOC_OK
 #: ``cachealloc_last_error_code()``: the last call ran out of memory.
-ERROR_OUT_OF_MEMORY = 1
-#: ``cachealloc_last_error_code()``: the last call failed otherwise.
-ERROR_OTHER = 2
+ERROR_OUT_OF_MEMORY = CACHEALLOC_ERROR_OUT_OF_MEMORY
+#: ``cachealloc_last_error_code()``: the last call failed otherwise (the
+#: header's other codes, ``_prototypes.CACHEALLOC_ERROR_*``, say how).
+ERROR_OTHER = CACHEALLOC_ERROR_OTHER
 
 
 def _candidates():

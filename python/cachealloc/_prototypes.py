@@ -1,5 +1,5 @@
-"""The prototype of every function of libcachealloc's C header
-(capi/include/cachealloc.h) and its callback types, for ctypes.
+"""The integer constants, the callback types and the prototype of every
+function of libcachealloc's C header (capi/include/cachealloc.h), for ctypes.
 
 Generated from the header by capi/tests/capi.rs (`python_prototypes`): do
 not edit. Refresh: CACHEALLOC_BLESS=1 cargo test -p cachealloc-capi --test capi
@@ -9,6 +9,14 @@ python_prototypes
 from ctypes import CFUNCTYPE, POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint32, c_uint64, c_void_p  # noqa: F401
 
 from ._structs import Fragmentation, IpcHandle, OomCause, PoolMemory  # noqa: F401
+
+CACHEALLOC_OK = 0
+CACHEALLOC_ERROR_OUT_OF_MEMORY = 1
+CACHEALLOC_ERROR_OTHER = 2
+CACHEALLOC_ERROR_BUFFER_TOO_SMALL = 3
+CACHEALLOC_ERROR_EXPANDABLE_SEGMENT = 4
+CACHEALLOC_WALK_TRACES = 1
+CACHEALLOC_WALK_QUIET = 2
 
 #: ``cachealloc_oom_observer``
 OOM_OBSERVER = CFUNCTYPE(None, c_int, c_size_t, c_size_t, c_size_t, c_void_p)
