@@ -39,7 +39,10 @@ def main():
                      for f in sorted(os.listdir(allocator)) if f.endswith(".rs"))
     shared = read("core", "src", "shared.rs")
     trait = block_after(shared, "pub trait SharedAllocator")
-    trait_fns = len(re.findall(r"^    fn ", trait, re.M))
+    hand_fns = len(re.findall(r"^    fn ", trait, re.M))
+    table = read("core", "src", "operations.rs")
+    table_fns = len(re.findall(r"^        (?:with|try_with|try_growing) fn \w+", table, re.M))
+    made_c = len(re.findall(r"^        c (?:status|void|value\([^)]*\)) cachealloc_\w+", table, re.M))
     header = uncommented(read("capi", "include", "cachealloc.h"))
     c_fns = len(set(re.findall(r"\b(cachealloc_\w+)\(", header)))
     prototypes = read("python", "cachealloc", "_prototypes.py")
@@ -50,8 +53,10 @@ def main():
     keys = re.search(r"const KEYS: \[&str; (\d+)\]", config)
     rows = [
         ("`DeviceAllocator` public functions", "`core/src/allocator/*.rs`", device_fns),
-        ("`SharedAllocator` methods", "`core/src/shared.rs`", trait_fns),
-        ("C functions (the header's)", "`capi/include/cachealloc.h`", c_fns),
+        ("`SharedAllocator` methods: from the operation table, by hand",
+         "`core/src/operations.rs`, `core/src/shared.rs`", "%d + %d" % (table_fns, hand_fns)),
+        ("C functions (the header's): all", "`capi/include/cachealloc.h`", c_fns),
+        ("C functions made from the operation table", "`core/src/operations.rs` (`c` clauses)", made_c),
         ("Python prototypes (generated from the header)", "`python/cachealloc/_prototypes.py`", py_fns),
         ("C++ `CUDAAllocator` overrides", "`python/cachealloc/native/allocator.cpp`", overrides),
         ("settings keys", "`core/src/config.rs` (`KEYS`)", int(keys.group(1)) if keys else "?"),

@@ -864,13 +864,6 @@ int cachealloc_record_annotation(int device, const char *name);
 int cachealloc_share_ipc_handle(void *ptr, cachealloc_ipc_handle *out);
 
 /**
- * One consumer of a share of the allocation at `ptr` is done with it (it
- * closed the handle). The last release of an allocation its owner has
- * freed frees it. Returns 0, or -1 (no share outstanding).
- */
-int cachealloc_release_ipc_share(void *ptr);
-
-/**
  * The address, on `device`, of the allocation another process shared
  * (PyTorch's `getIpcDevPtr` plus the offset). The segment is opened once
  * per device and kept until its last user calls `cachealloc_close_ipc_handle`;
@@ -1102,30 +1095,6 @@ int cachealloc_free_checked(void *ptr, size_t size, int device, void *stream);
 void cachealloc_init(int device_count);
 
 /**
- * PyTorch's `reset` hook (`set_reset_fn`, called by
- * `torch.cuda.empty_cache()`): `empty_cache` on every device created so
- * far (`cachealloc_empty_cache(-1)`).
- */
-void cachealloc_reset(void);
-
-/**
- * PyTorch's `memory_fraction` hook (`set_memory_fraction_fn`,
- * `torch.cuda.set_per_process_memory_fraction`): from now on no new
- * segment may take `device`'s reserved memory above `fraction` (0 to 1) of
- * its total memory. Errors go to `cachealloc_last_error()`.
- */
-void cachealloc_set_memory_fraction(double fraction, int device);
-
-/**
- * The memory fraction of `device` (PyTorch's `getMemoryFraction`,
- * `torch.cuda.get_per_process_memory_fraction`): its memory limit over its
- * total memory, 1.0 when none is set, whichever front end set it
- * (`cachealloc_set_memory_fraction`, torch, the settings). Returns -1.0 on
- * failure (the reason in `cachealloc_last_error()`).
- */
-double cachealloc_get_memory_fraction(int device);
-
-/**
  * PyTorch's `base_alloc` hook (`set_base_alloc_fn`, `getBaseAllocation`):
  * the base of the segment (device allocation) that holds `ptr`, with its
  * size written to `*size`. NULL on failure (the reason in
@@ -1145,44 +1114,6 @@ void *cachealloc_base_alloc(void *ptr, size_t *size);
  * go to `cachealloc_last_error()`.
  */
 void cachealloc_record_stream(void *ptr, void *stream);
-
-/**
- * PyTorch's `begin_allocate_to_pool` hook (`set_begin_allocate_to_pool`,
- * called by CUDA graph capture and `_cuda_beginAllocateToPool`): create
- * private pool `(id0, id1)` (or add a user to it) and send `device`'s
- * requests to it until `cachealloc_end_allocate_to_pool`.
- *
- * `filter` is PyTorch's `std::function<bool(cudaStream_t)>`, passed as a
- * pointer that C cannot call: it is ignored, and every stream of the
- * device is routed to the pool while it is active (an all-streams filter).
- * Until `cachealloc_end_allocate_to_pool` the device is treated as
- * capturing (PyTorch calls this before `cudaStreamBeginCapture` and the end
- * after `cudaStreamEndCapture`): the library makes no driver call that
- * could invalidate a capture (no event query or record, no device free, no
- * synchronization; a freed block that other streams used waits for the
- * end), and makes its device mallocs and page maps in relaxed capture
- * mode.
- * Errors (already routing to this pool, too many pools) go to
- * `cachealloc_last_error()`.
- */
-void cachealloc_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, const void *filter);
-
-/**
- * PyTorch's `end_allocate_to_pool` hook (`set_end_allocate_to_pool_fn`):
- * stop sending `device`'s requests to pool `(id0, id1)`. The pool's
- * `MempoolId_t` (a `std::pair` of two `unsigned long long`, passed by
- * value) arrives as the two integers. Errors (not routing to that pool) go
- * to `cachealloc_last_error()`.
- */
-void cachealloc_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
-
-/**
- * PyTorch's `release_pool` hook (`set_release_pool`, `CUDAGraph::reset`):
- * one user less of pool `(id0, id1)`; once it has none, the next
- * `empty_cache` returns its memory and deletes it. Errors go to
- * `cachealloc_last_error()`.
- */
-void cachealloc_release_pool(int device, uint64_t id0, uint64_t id1);
 
 /**
  * `torch.cuda.MemPool(allocator=...)` (PyTorch's `createOrIncrefPool` with
@@ -1279,36 +1210,6 @@ int cachealloc_memory_stats(int device, cachealloc_stat_callback callback, void 
 int cachealloc_pool_reserved_stats(int device, cachealloc_pool_stats_callback callback, void *user);
 
 /**
- * `torch.cuda.reset_peak_memory_stats(device)`: every peak becomes its
- * current value. Returns 0, or -1.
- */
-int cachealloc_reset_peak_stats(int device);
-
-/**
- * `torch.cuda.reset_accumulated_memory_stats(device)`: the accumulated
- * counts (`allocated`, `freed`, `num_alloc_retries`, `num_ooms`, ...)
- * become 0. Returns 0, or -1.
- */
-int cachealloc_reset_accumulated_stats(int device);
-
-/**
- * `torch.cuda.empty_cache()` for `device`, or for every device created so
- * far with -1: wait for the frees pending on other streams, then return
- * every cached segment that is entirely free to the device. Returns 0, or
- * -1 (with -1, after trying every device).
- */
-int cachealloc_empty_cache(int device);
-
-/**
- * `torch.cuda.empty_cache()` for one private pool (PyTorch's
- * `emptyCache(mempool_id)`, which `MemPool`'s destructor calls): return
- * the cached segments of pool `(id0, id1)` of `device` (-1: of every
- * device created so far) that are entirely free; the pool `(0, 0)` is the
- * default pools (`cachealloc_empty_cache`). Returns 0, or -1.
- */
-int cachealloc_empty_cache_pool(int device, uint64_t id0, uint64_t id1);
-
-/**
  * The free and total memory of `device` as its driver reports them
  * (`cudaMemGetInfo`; on the simulated device, its capacity). Either
  * pointer may be NULL. Returns 0, or -1.
@@ -1365,37 +1266,6 @@ int cachealloc_begin_allocate_to_pool_filtered(int device,
                                                void *user);
 
 /**
- * `torch.cuda.MemPool()` (PyTorch's `createOrIncrefPool`): create private
- * pool `(id0, id1)` of `device` with one user, or add a user to it; a
- * nonzero `use_on_oom` lets a default-pool request that would fail take a
- * free block of it, a nonzero `no_split` never splits its blocks. Nothing
- * is routed to it (`cachealloc_begin_allocate_to_pool_filtered` does
- * that); `cachealloc_release_pool` takes the user away. Returns 0, or -1
- * (the id `(0, 0)`, a pool with no users left, too many pools).
- */
-int cachealloc_create_pool(int device, uint64_t id0, uint64_t id1, int use_on_oom, int no_split);
-
-/**
- * The users of private pool `(id0, id1)` of `device` (PyTorch's
- * `getPoolUseCount`): 0 for a pool with none left or none at all; -1 on
- * failure (a bad device).
- */
-int64_t cachealloc_pool_use_count(int device, uint64_t id0, uint64_t id1);
-
-/**
- * PyTorch's `setUseOnOOM`: whether a default-pool request that would fail
- * may take a free block of pool `(id0, id1)`. Returns 0, or -1 (no such
- * pool).
- */
-int cachealloc_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int use_on_oom);
-
-/**
- * PyTorch's `setNoSplit`: blocks of pool `(id0, id1)` are never split from
- * now on. Returns 0, or -1 (no such pool).
- */
-int cachealloc_set_pool_no_split(int device, uint64_t id0, uint64_t id1);
-
-/**
  * Copy every block of private pool `(id0, id1)` of `device` to `out`, at
  * most `capacity` of them, and return how many the pool has: call it with
  * a `capacity` of 0 to learn the size, then with room for that many (the
@@ -1437,6 +1307,136 @@ int cachealloc_restore_pool(int device,
                             size_t n,
                             cachealloc_restore_callback callback,
                             void *user);
+
+/**
+ * `torch.cuda.empty_cache()` for `device`, or for every device created so
+ * far with -1: wait for the frees pending on other streams, then return
+ * every cached segment that is entirely free to the device. Returns 0, or
+ * -1 (with -1, after trying every device).
+ */
+int cachealloc_empty_cache(int device);
+
+/**
+ * PyTorch's `reset` hook (`set_reset_fn`, called by
+ * `torch.cuda.empty_cache()`): `empty_cache` on every device created so
+ * far (`cachealloc_empty_cache(-1)`).
+ */
+void cachealloc_reset(void);
+
+/**
+ * PyTorch's `memory_fraction` hook (`set_memory_fraction_fn`,
+ * `torch.cuda.set_per_process_memory_fraction`): from now on no new
+ * segment may take `device`'s reserved memory above `fraction` (0 to 1) of
+ * its total memory. Errors go to `cachealloc_last_error()`.
+ */
+void cachealloc_set_memory_fraction(double fraction, int device);
+
+/**
+ * The memory fraction of `device` (PyTorch's `getMemoryFraction`,
+ * `torch.cuda.get_per_process_memory_fraction`): its memory limit over its
+ * total memory, 1.0 when none is set, whichever front end set it
+ * (`cachealloc_set_memory_fraction`, torch, the settings). Returns -1.0 on
+ * failure (the reason in `cachealloc_last_error()`).
+ */
+double cachealloc_get_memory_fraction(int device);
+
+/**
+ * `torch.cuda.reset_peak_memory_stats(device)`: every peak becomes its
+ * current value. Returns 0, or -1.
+ */
+int cachealloc_reset_peak_stats(int device);
+
+/**
+ * `torch.cuda.reset_accumulated_memory_stats(device)`: the accumulated
+ * counts (`allocated`, `freed`, `num_alloc_retries`, `num_ooms`, ...)
+ * become 0. Returns 0, or -1.
+ */
+int cachealloc_reset_accumulated_stats(int device);
+
+/**
+ * `torch.cuda.MemPool()` (PyTorch's `createOrIncrefPool`): create private
+ * pool `(id0, id1)` of `device` with one user, or add a user to it; a
+ * nonzero `use_on_oom` lets a default-pool request that would fail take a
+ * free block of it, a nonzero `no_split` never splits its blocks. Nothing
+ * is routed to it (`cachealloc_begin_allocate_to_pool_filtered` does
+ * that); `cachealloc_release_pool` takes the user away. Returns 0, or -1
+ * (the id `(0, 0)`, a pool with no users left, too many pools).
+ */
+int cachealloc_create_pool(int device, uint64_t id0, uint64_t id1, int use_on_oom, int no_split);
+
+/**
+ * PyTorch's `end_allocate_to_pool` hook (`set_end_allocate_to_pool_fn`):
+ * stop sending `device`'s requests to pool `(id0, id1)`. The pool's
+ * `MempoolId_t` (a `std::pair` of two `unsigned long long`, passed by
+ * value) arrives as the two integers. Errors (not routing to that pool) go
+ * to `cachealloc_last_error()`.
+ */
+void cachealloc_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * PyTorch's `begin_allocate_to_pool` hook (`set_begin_allocate_to_pool`,
+ * called by CUDA graph capture and `_cuda_beginAllocateToPool`): create
+ * private pool `(id0, id1)` (or add a user to it) and send `device`'s
+ * requests to it until `cachealloc_end_allocate_to_pool`.
+ *
+ * `filter` is PyTorch's `std::function<bool(cudaStream_t)>`, passed as a
+ * pointer that C cannot call: it is ignored, and every stream of the
+ * device is routed to the pool while it is active (an all-streams filter).
+ * Until `cachealloc_end_allocate_to_pool` the device is treated as
+ * capturing (PyTorch calls this before `cudaStreamBeginCapture` and the end
+ * after `cudaStreamEndCapture`): the library makes no driver call that
+ * could invalidate a capture (no event query or record, no device free, no
+ * synchronization; a freed block that other streams used waits for the
+ * end), and makes its device mallocs and page maps in relaxed capture
+ * mode.
+ * Errors (already routing to this pool, too many pools) go to
+ * `cachealloc_last_error()`.
+ */
+void cachealloc_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, const void *filter);
+
+/**
+ * PyTorch's `release_pool` hook (`set_release_pool`, `CUDAGraph::reset`):
+ * one user less of pool `(id0, id1)`; once it has none, the next
+ * `empty_cache` returns its memory and deletes it. Errors go to
+ * `cachealloc_last_error()`.
+ */
+void cachealloc_release_pool(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * The users of private pool `(id0, id1)` of `device` (PyTorch's
+ * `getPoolUseCount`): 0 for a pool with none left or none at all; -1 on
+ * failure (a bad device).
+ */
+int64_t cachealloc_pool_use_count(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * PyTorch's `setUseOnOOM`: whether a default-pool request that would fail
+ * may take a free block of pool `(id0, id1)`. Returns 0, or -1 (no such
+ * pool).
+ */
+int cachealloc_set_pool_use_on_oom(int device, uint64_t id0, uint64_t id1, int use_on_oom);
+
+/**
+ * PyTorch's `setNoSplit`: blocks of pool `(id0, id1)` are never split from
+ * now on. Returns 0, or -1 (no such pool).
+ */
+int cachealloc_set_pool_no_split(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * `torch.cuda.empty_cache()` for one private pool (PyTorch's
+ * `emptyCache(mempool_id)`, which `MemPool`'s destructor calls): return
+ * the cached segments of pool `(id0, id1)` of `device` (-1: of every
+ * device created so far) that are entirely free; the pool `(0, 0)` is the
+ * default pools (`cachealloc_empty_cache`). Returns 0, or -1.
+ */
+int cachealloc_empty_cache_pool(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * One consumer of a share of the allocation at `ptr` is done with it (it
+ * closed the handle). The last release of an allocation its owner has
+ * freed frees it. Returns 0, or -1 (no share outstanding).
+ */
+int cachealloc_release_ipc_share(void *ptr);
 
 #ifdef __cplusplus
 }  // extern "C"

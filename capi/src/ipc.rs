@@ -102,19 +102,6 @@ pub unsafe extern "C" fn cachealloc_share_ipc_handle(
     })
 }
 
-/// One consumer of a share of the allocation at `ptr` is done with it (it
-/// closed the handle). The last release of an allocation its owner has
-/// freed frees it. Returns 0, or -1 (no share outstanding).
-#[no_mangle]
-pub extern "C" fn cachealloc_release_ipc_share(ptr: *mut c_void) -> c_int {
-    status("cachealloc_release_ipc_share", || {
-        let p = ptr as usize as u64;
-        on_device!(registry::owner(p)?, |a| a
-            .release_ipc_share(DevicePtr(p))
-            .map_err(text))
-    })
-}
-
 /// The address, on `device`, of the allocation another process shared
 /// (PyTorch's `getIpcDevPtr` plus the offset). The segment is opened once
 /// per device and kept until its last user calls `cachealloc_close_ipc_handle`;

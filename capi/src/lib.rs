@@ -68,6 +68,8 @@ mod oom_cause;
 mod pluggable;
 /// `torch.cuda.MemPool(allocator=...)`: pools with a segment source of their own.
 mod segment_source;
+/// The C functions made from the operation table.
+mod shims;
 /// `cachealloc_snapshot`.
 mod snapshot;
 /// `cachealloc_snapshot_walk`, `cachealloc_get_allocator_settings`.
@@ -109,8 +111,8 @@ pub use history::{
 pub use ipc::{
     cachealloc_close_ipc_handle, cachealloc_close_ipc_pages, cachealloc_enable_peer_access,
     cachealloc_ipc_handle, cachealloc_ipc_pages, cachealloc_memcpy_async,
-    cachealloc_open_ipc_handle, cachealloc_open_ipc_pages, cachealloc_release_ipc_share,
-    cachealloc_share_ipc_handle, cachealloc_share_ipc_pages,
+    cachealloc_open_ipc_handle, cachealloc_open_ipc_pages, cachealloc_share_ipc_handle,
+    cachealloc_share_ipc_pages,
 };
 pub use observers::{
     cachealloc_attach_oom_observer, cachealloc_attach_trace_tracker, cachealloc_oom_observer,
@@ -118,12 +120,11 @@ pub use observers::{
 };
 pub use pluggable::{
     cachealloc_alloc, cachealloc_alloc_aligned, cachealloc_alloc_at, cachealloc_base_alloc,
-    cachealloc_begin_allocate_to_pool, cachealloc_end_allocate_to_pool, cachealloc_free,
-    cachealloc_free_checked, cachealloc_get_memory_fraction, cachealloc_init,
-    cachealloc_pluggable_alloc, cachealloc_record_stream, cachealloc_release_pool,
-    cachealloc_reset, cachealloc_set_memory_fraction,
+    cachealloc_free, cachealloc_free_checked, cachealloc_init, cachealloc_pluggable_alloc,
+    cachealloc_record_stream,
 };
 pub use segment_source::{cachealloc_create_pool_with_source, cachealloc_segment_source};
+pub use shims::*;
 pub use snapshot::cachealloc_snapshot;
 pub use snapshot_walk::{
     cachealloc_allocator_settings, cachealloc_block_info, cachealloc_get_allocator_settings,
@@ -131,14 +132,10 @@ pub use snapshot_walk::{
     cachealloc_trace_entry, CACHEALLOC_WALK_QUIET, CACHEALLOC_WALK_TRACES,
 };
 pub use stats::{
-    cachealloc_cache_info, cachealloc_device_stats, cachealloc_empty_cache,
-    cachealloc_get_device_stats, cachealloc_memory_stats, cachealloc_reset_accumulated_stats,
-    cachealloc_reset_peak_stats, cachealloc_stat, cachealloc_stat_callback,
+    cachealloc_cache_info, cachealloc_device_stats, cachealloc_get_device_stats,
+    cachealloc_memory_stats, cachealloc_stat, cachealloc_stat_callback,
 };
-pub use stream_filter::{
-    cachealloc_begin_allocate_to_pool_filtered, cachealloc_create_pool, cachealloc_pool_use_count,
-    cachealloc_set_pool_no_split, cachealloc_set_pool_use_on_oom, cachealloc_stream_filter,
-};
+pub use stream_filter::{cachealloc_begin_allocate_to_pool_filtered, cachealloc_stream_filter};
 
 use std::ffi::{c_char, CStr};
 

@@ -15,7 +15,7 @@ use crate::backend::{alloc_error, debug_inside_lock, on_device, text};
 use crate::error::{guard, status, Res};
 use crate::registry;
 use crate::settings::settings;
-use cachealloc_core::{DevicePtr, MallocFlags, MempoolId, SharedAllocator, StreamFilter};
+use cachealloc_core::{DevicePtr, MallocFlags, SharedAllocator};
 use std::ffi::{c_int, c_void};
 
 /// The raw value of a stream handle.
@@ -206,45 +206,6 @@ pub extern "C" fn cachealloc_init(device_count: c_int) {
     });
 }
 
-/// PyTorch's `reset` hook (`set_reset_fn`, called by
-/// `torch.cuda.empty_cache()`): `empty_cache` on every device created so
-/// far (`cachealloc_empty_cache(-1)`).
-#[no_mangle]
-pub extern "C" fn cachealloc_reset() {
-    guard("cachealloc_reset", (), || {
-        registry::each(-1, |d| on_device!(d, |a| a.empty_cache().map_err(text)))
-    });
-}
-
-/// PyTorch's `memory_fraction` hook (`set_memory_fraction_fn`,
-/// `torch.cuda.set_per_process_memory_fraction`): from now on no new
-/// segment may take `device`'s reserved memory above `fraction` (0 to 1) of
-/// its total memory. Errors go to `cachealloc_last_error()`.
-#[no_mangle]
-pub extern "C" fn cachealloc_set_memory_fraction(fraction: f64, device: c_int) {
-    guard("cachealloc_set_memory_fraction", (), || {
-        on_device!(registry::device(device)?, |a| a
-            .set_memory_fraction(fraction)
-            .map_err(|e| format!(
-                "cachealloc_set_memory_fraction({fraction}): {e}"
-            )))
-    });
-}
-
-/// The memory fraction of `device` (PyTorch's `getMemoryFraction`,
-/// `torch.cuda.get_per_process_memory_fraction`): its memory limit over its
-/// total memory, 1.0 when none is set, whichever front end set it
-/// (`cachealloc_set_memory_fraction`, torch, the settings). Returns -1.0 on
-/// failure (the reason in `cachealloc_last_error()`).
-#[no_mangle]
-pub extern "C" fn cachealloc_get_memory_fraction(device: c_int) -> f64 {
-    guard("cachealloc_get_memory_fraction", -1.0, || {
-        on_device!(registry::device(device)?, |a| a
-            .memory_fraction()
-            .map_err(text))
-    })
-}
-
 /// PyTorch's `base_alloc` hook (`set_base_alloc_fn`, `getBaseAllocation`):
 /// the base of the segment (device allocation) that holds `ptr`, with its
 /// size written to `*size`. NULL on failure (the reason in
@@ -284,65 +245,6 @@ pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void
         let stream = stream_value(stream);
         on_device!(registry::owner(p)?, |a| a
             .record_stream_ptr(DevicePtr(p), stream.into())
-            .map_err(text))
-    });
-}
-
-/// PyTorch's `begin_allocate_to_pool` hook (`set_begin_allocate_to_pool`,
-/// called by CUDA graph capture and `_cuda_beginAllocateToPool`): create
-/// private pool `(id0, id1)` (or add a user to it) and send `device`'s
-/// requests to it until `cachealloc_end_allocate_to_pool`.
-///
-/// `filter` is PyTorch's `std::function<bool(cudaStream_t)>`, passed as a
-/// pointer that C cannot call: it is ignored, and every stream of the
-/// device is routed to the pool while it is active (an all-streams filter).
-/// Until `cachealloc_end_allocate_to_pool` the device is treated as
-/// capturing (PyTorch calls this before `cudaStreamBeginCapture` and the end
-/// after `cudaStreamEndCapture`): the library makes no driver call that
-/// could invalidate a capture (no event query or record, no device free, no
-/// synchronization; a freed block that other streams used waits for the
-/// end), and makes its device mallocs and page maps in relaxed capture
-/// mode.
-/// Errors (already routing to this pool, too many pools) go to
-/// `cachealloc_last_error()`.
-#[no_mangle]
-pub extern "C" fn cachealloc_begin_allocate_to_pool(
-    device: c_int,
-    id0: u64,
-    id1: u64,
-    filter: *const c_void,
-) {
-    let _ = filter;
-    guard("cachealloc_begin_allocate_to_pool", (), || {
-        on_device!(registry::device(device)?, |a| a
-            .capture_begin(MempoolId(id0, id1), StreamFilter::All)
-            .map_err(text))
-    });
-}
-
-/// PyTorch's `end_allocate_to_pool` hook (`set_end_allocate_to_pool_fn`):
-/// stop sending `device`'s requests to pool `(id0, id1)`. The pool's
-/// `MempoolId_t` (a `std::pair` of two `unsigned long long`, passed by
-/// value) arrives as the two integers. Errors (not routing to that pool) go
-/// to `cachealloc_last_error()`.
-#[no_mangle]
-pub extern "C" fn cachealloc_end_allocate_to_pool(device: c_int, id0: u64, id1: u64) {
-    guard("cachealloc_end_allocate_to_pool", (), || {
-        on_device!(registry::device(device)?, |a| a
-            .end_allocate_to_pool(MempoolId(id0, id1))
-            .map_err(text))
-    });
-}
-
-/// PyTorch's `release_pool` hook (`set_release_pool`, `CUDAGraph::reset`):
-/// one user less of pool `(id0, id1)`; once it has none, the next
-/// `empty_cache` returns its memory and deletes it. Errors go to
-/// `cachealloc_last_error()`.
-#[no_mangle]
-pub extern "C" fn cachealloc_release_pool(device: c_int, id0: u64, id1: u64) {
-    guard("cachealloc_release_pool", (), || {
-        on_device!(registry::device(device)?, |a| a
-            .release_pool(MempoolId(id0, id1))
             .map_err(text))
     });
 }

@@ -78,56 +78,6 @@ pub extern "C" fn cachealloc_pool_reserved_stats(
     })
 }
 
-/// `torch.cuda.reset_peak_memory_stats(device)`: every peak becomes its
-/// current value. Returns 0, or -1.
-#[no_mangle]
-pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
-    status("cachealloc_reset_peak_stats", || {
-        on_device!(registry::device(device)?, |a| a
-            .reset_peak_stats()
-            .map_err(text))
-    })
-}
-
-/// `torch.cuda.reset_accumulated_memory_stats(device)`: the accumulated
-/// counts (`allocated`, `freed`, `num_alloc_retries`, `num_ooms`, ...)
-/// become 0. Returns 0, or -1.
-#[no_mangle]
-pub extern "C" fn cachealloc_reset_accumulated_stats(device: c_int) -> c_int {
-    status("cachealloc_reset_accumulated_stats", || {
-        on_device!(registry::device(device)?, |a| a
-            .reset_accumulated_stats()
-            .map_err(text))
-    })
-}
-
-/// `torch.cuda.empty_cache()` for `device`, or for every device created so
-/// far with -1: wait for the frees pending on other streams, then return
-/// every cached segment that is entirely free to the device. Returns 0, or
-/// -1 (with -1, after trying every device).
-#[no_mangle]
-pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
-    status("cachealloc_empty_cache", || {
-        registry::each(device, |d| on_device!(d, |a| a.empty_cache().map_err(text)))
-    })
-}
-
-/// `torch.cuda.empty_cache()` for one private pool (PyTorch's
-/// `emptyCache(mempool_id)`, which `MemPool`'s destructor calls): return
-/// the cached segments of pool `(id0, id1)` of `device` (-1: of every
-/// device created so far) that are entirely free; the pool `(0, 0)` is the
-/// default pools (`cachealloc_empty_cache`). Returns 0, or -1.
-#[no_mangle]
-pub extern "C" fn cachealloc_empty_cache_pool(device: c_int, id0: u64, id1: u64) -> c_int {
-    status("cachealloc_empty_cache_pool", || {
-        registry::each(device, |d| {
-            on_device!(d, |a| a
-                .empty_cache_pool(cachealloc_core::MempoolId(id0, id1))
-                .map_err(text))
-        })
-    })
-}
-
 /// The free and total memory of `device` as its driver reports them
 /// (`cudaMemGetInfo`; on the simulated device, its capacity). Either
 /// pointer may be NULL. Returns 0, or -1.

@@ -15,7 +15,7 @@
 use crate::backend::{on_device, text};
 use crate::error::{status, Res};
 use crate::registry;
-use cachealloc_core::{MempoolId, PoolOptions, SharedAllocator, StreamFilter};
+use cachealloc_core::{MempoolId, SharedAllocator, StreamFilter};
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -94,70 +94,4 @@ pub extern "C" fn cachealloc_begin_allocate_to_pool_filtered(
                 .map_err(text))
         },
     )
-}
-
-/// `torch.cuda.MemPool()` (PyTorch's `createOrIncrefPool`): create private
-/// pool `(id0, id1)` of `device` with one user, or add a user to it; a
-/// nonzero `use_on_oom` lets a default-pool request that would fail take a
-/// free block of it, a nonzero `no_split` never splits its blocks. Nothing
-/// is routed to it (`cachealloc_begin_allocate_to_pool_filtered` does
-/// that); `cachealloc_release_pool` takes the user away. Returns 0, or -1
-/// (the id `(0, 0)`, a pool with no users left, too many pools).
-#[no_mangle]
-pub extern "C" fn cachealloc_create_pool(
-    device: c_int,
-    id0: u64,
-    id1: u64,
-    use_on_oom: c_int,
-    no_split: c_int,
-) -> c_int {
-    status("cachealloc_create_pool", || {
-        let mut options = PoolOptions::NONE;
-        options.use_on_oom = use_on_oom != 0;
-        options.no_split = no_split != 0;
-        on_device!(registry::device(device)?, |a| a
-            .create_pool(MempoolId(id0, id1), options)
-            .map_err(text))
-    })
-}
-
-/// The users of private pool `(id0, id1)` of `device` (PyTorch's
-/// `getPoolUseCount`): 0 for a pool with none left or none at all; -1 on
-/// failure (a bad device).
-#[no_mangle]
-pub extern "C" fn cachealloc_pool_use_count(device: c_int, id0: u64, id1: u64) -> i64 {
-    crate::error::guard("cachealloc_pool_use_count", -1, || {
-        on_device!(registry::device(device)?, |a| a
-            .pool_use_count(MempoolId(id0, id1))
-            .map(i64::from)
-            .map_err(text))
-    })
-}
-
-/// PyTorch's `setUseOnOOM`: whether a default-pool request that would fail
-/// may take a free block of pool `(id0, id1)`. Returns 0, or -1 (no such
-/// pool).
-#[no_mangle]
-pub extern "C" fn cachealloc_set_pool_use_on_oom(
-    device: c_int,
-    id0: u64,
-    id1: u64,
-    use_on_oom: c_int,
-) -> c_int {
-    status("cachealloc_set_pool_use_on_oom", || {
-        on_device!(registry::device(device)?, |a| a
-            .set_use_on_oom(MempoolId(id0, id1), use_on_oom != 0)
-            .map_err(text))
-    })
-}
-
-/// PyTorch's `setNoSplit`: blocks of pool `(id0, id1)` are never split from
-/// now on. Returns 0, or -1 (no such pool).
-#[no_mangle]
-pub extern "C" fn cachealloc_set_pool_no_split(device: c_int, id0: u64, id1: u64) -> c_int {
-    status("cachealloc_set_pool_no_split", || {
-        on_device!(registry::device(device)?, |a| a
-            .set_no_split(MempoolId(id0, id1))
-            .map_err(text))
-    })
 }

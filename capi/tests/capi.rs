@@ -147,11 +147,41 @@ fn generated_header() -> String {
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(dir.join("src/lib.rs"))
+        .with_src(table_functions())
         .generate()
         .expect("cbindgen parses the sources");
     let mut out = Vec::new();
     bindings.write(&mut out);
     noexcept_callbacks(&String::from_utf8(out).expect("UTF-8"))
+}
+
+/// A source file of the C functions the operation table makes (`shims.rs`
+/// makes them with a macro, which cbindgen does not expand): their
+/// declarations as the table gives them.
+fn table_functions() -> PathBuf {
+    let mut src = String::from("use std::ffi::{c_int, c_void};\n");
+    for f in cachealloc_core::OPERATIONS.iter().flat_map(|op| op.c) {
+        for line in f.docs {
+            src.push_str(&format!("///{line}\n"));
+        }
+        let result = match f.result {
+            "" => String::new(),
+            r => format!(" -> {r}"),
+        };
+        src.push_str(&format!(
+            "#[no_mangle]\npub extern \"C\" fn {}({}){result} {{}}\n\n",
+            f.name, f.params
+        ));
+    }
+    // One file per caller: tests that make the header run side by side.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi");
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    let path = dir.join(format!(
+        "table_functions-{:?}.rs",
+        std::thread::current().id()
+    ));
+    std::fs::write(&path, src).expect("write the table's functions");
+    path
 }
 
 /// With `CACHEALLOC_BLESS` set, write `fresh` to `path` (false: nothing
@@ -516,6 +546,51 @@ fn declared_functions(header: &str, hooks: bool) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// The C functions that are no device operation of the table: the
+/// library's own (its version, backend, errors, settings, PyTorch's init
+/// hook) and the observers, which every device shares.
+const LIBRARY_FUNCTIONS: [&str; 10] = [
+    "cachealloc_attach_oom_cause_observer",
+    "cachealloc_attach_oom_observer",
+    "cachealloc_attach_oom_rejection_observer",
+    "cachealloc_backend",
+    "cachealloc_get_allocator_settings",
+    "cachealloc_init",
+    "cachealloc_last_error",
+    "cachealloc_last_error_code",
+    "cachealloc_version",
+    "cachealloc_set_allocator_settings",
+];
+
+/// Each C function of the header is an operation's, as the operation
+/// table says (made from it, or written by hand and named there), or one
+/// of the library's own: a new C function is found in the table.
+#[test]
+fn every_c_function_is_in_the_operation_table() {
+    let header =
+        std::fs::read_to_string(manifest_dir().join("include/cachealloc.h")).expect("the header");
+    let declared = declared_functions(&header, false);
+    let ops = cachealloc_core::OPERATIONS;
+    let made: Vec<&str> = ops.iter().flat_map(|op| op.c).map(|f| f.name).collect();
+    let by_hand: Vec<&str> = ops.iter().flat_map(|op| op.by_hand).copied().collect();
+    for name in made.iter().chain(&by_hand) {
+        assert!(
+            declared.iter().any(|d| d == name),
+            "the operation table names {name}, which the header does not declare"
+        );
+    }
+    for name in &declared {
+        assert!(
+            made.contains(&name.as_str())
+                || by_hand.contains(&name.as_str())
+                || LIBRARY_FUNCTIONS.contains(&name.as_str()),
+            "{name} is neither in the operation table (core/src/operations.rs) nor one of \
+             the library's own functions"
+        );
+    }
+    assert!(made.len() >= 15, "{made:?}");
 }
 
 #[test]

@@ -80,6 +80,7 @@ mod index;
 mod invariants;
 mod live;
 mod oom_cause;
+mod operations;
 pub mod policy;
 mod pool;
 mod private_pool;
@@ -114,6 +115,7 @@ pub use history::{
 };
 pub use invariants::InvariantViolation;
 pub use oom_cause::{OomCause, OomClass};
+pub use operations::{CFunction, Operation, OPERATIONS};
 pub use pool::Pool;
 pub use private_pool::{MempoolId, PoolInfo, PoolOptions, SegmentSource, StreamFilter};
 pub use segment_table::{MoreSlots, RegistryRefusal, SegmentRegistry, SegmentSlot, SegmentTable};
