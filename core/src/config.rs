@@ -14,6 +14,9 @@ use crate::policy::{LARGE_BUFFER, ROUNDUP_INTERVALS};
 use crate::torch_version::{BlockOrder, TorchVersion};
 use core::fmt;
 
+pub mod keys;
+use keys::{Later, KEYS};
+
 const MIB: u64 = 1 << 20;
 
 /// The settings of `PYTORCH_CUDA_ALLOC_CONF` (every key of torch 2.15's
@@ -74,9 +77,10 @@ pub struct Config {
     pub(crate) torch: TorchVersion,
     /// Its block order (kept beside it: read on every split).
     pub(crate) order: BlockOrder,
-    /// The keys the string set (a later string keeps what it leaves out of
-    /// some of them, as PyTorch's parser does).
-    pub(crate) mentioned: Mentioned,
+    /// The keys of [`keys::KEYS`] the string set, bit `i` for key `i`
+    /// (only those a later string keeps: it keeps what it leaves out of
+    /// them, as PyTorch's parser does).
+    pub(crate) mentioned: u32,
     /// The placement policy (`policy:pytorch`, the default, or
     /// `policy:compact`; a key of ours, not PyTorch's).
     pub policy: Policy,
@@ -105,20 +109,6 @@ pub struct HostSettings {
     pub pinned_max_round_threshold_mb: u64,
     /// `pinned_max_cached_size_mb` (torch 2.13 on; 0: unset).
     pub pinned_max_cached_size_mb: u64,
-}
-
-bitflags::bitflags! {
-    /// Keys a settings string set.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-    pub(crate) struct Mentioned: u16 {
-        const EXPANDABLE = 1;
-        const POLICY = 1 << 1;
-        const LARGE_SEGMENT = 1 << 2;
-        const NON_SPLIT_ROUNDING = 1 << 3;
-        const FRACTION = 1 << 4;
-        const THROW = 1 << 5;
-        const REUSE = 1 << 6;
-    }
 }
 
 /// Where new memory comes from and which cached blocks a request may take.
@@ -213,7 +203,7 @@ impl Config {
         },
         torch: TorchVersion::NEWEST,
         order: BlockOrder::SizeCounterAddress,
-        mentioned: Mentioned::empty(),
+        mentioned: 0,
         policy: Policy::PyTorch,
     };
 
@@ -276,9 +266,9 @@ impl Config {
         }
         // torch reads `large_segment_size_mb` first: it is the default of
         // `max_non_split_rounding_mb` and the bound of both split sizes.
-        for item in ConfigItems::of(text) {
-            let (key, value) = split(item)?;
-            if key == "large_segment_size_mb" {
+        for first in [true, false] {
+            for item in ConfigItems::of(text) {
+                let (key, value) = split(item)?;
                 let err = |reason, limit| ConfigError {
                     key,
                     value,
@@ -286,178 +276,26 @@ impl Config {
                     limit,
                     suggestion: None,
                 };
-                let mb: u64 = value
-                    .parse()
-                    .map_err(|_| err("expected a whole number of MiB", None))?;
-                if mb <= MIN_LARGE_SEGMENT_MB {
-                    return Err(err(
-                        "CachingAllocator option large_segment_size_mb must be > ",
-                        Some(MIN_LARGE_SEGMENT_MB),
-                    ));
-                }
-                c.large_segment_size = mb.min(MAX_MB) * MIB;
-                c.max_non_split_rounding = c.large_segment_size;
-                c.mentioned |= Mentioned::LARGE_SEGMENT;
-            }
-        }
-        for item in ConfigItems::of(text) {
-            let (key, value) = split(item)?;
-            let err = |reason| ConfigError {
-                key,
-                value,
-                reason,
-                limit: None,
-                suggestion: None,
-            };
-            if let Some(since) = key_added_in(key) {
-                if version.decisions_of() < since {
-                    return Err(ConfigError {
-                        key,
-                        value,
-                        reason: added_later(since),
-                        limit: None,
-                        suggestion: None,
-                    });
-                }
-            }
-            match key {
-                "large_segment_size_mb" => {}
-                "max_split_size_mb" | "max_non_split_rounding_mb" => {
-                    let mb: u64 = value
-                        .parse()
-                        .map_err(|_| err("expected a whole number of MiB"))?;
-                    let least = c.large_segment_size / MIB;
-                    if mb < least {
-                        return Err(ConfigError {
-                            key,
-                            value,
-                            reason: if key == "max_split_size_mb" {
-                                "CachingAllocator option max_split_size_mb too small, must be >= "
-                            } else {
-                                "CachingAllocator option max_non_split_rounding_mb too small, must be >= "
-                            },
-                            limit: Some(least),
-                            suggestion: None,
-                        });
+                let Some((i, k)) = keys::find(key) else {
+                    if first {
+                        continue;
                     }
-                    let bytes = mb.min(MAX_MB) * MIB;
-                    if key == "max_split_size_mb" {
-                        c.max_split_size = bytes;
-                    } else {
-                        c.max_non_split_rounding = bytes;
-                        c.mentioned |= Mentioned::NON_SPLIT_ROUNDING;
-                    }
-                }
-                "garbage_collection_threshold" => {
-                    let t: f64 = value.parse().map_err(|_| err("expected a number"))?;
-                    if !(t > 0.0 && t < 1.0) {
-                        return Err(err(
-                            "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
-                        ));
-                    }
-                    c.garbage_collection_threshold = t;
-                }
-                "roundup_power2_divisions" => {
-                    c.roundup_power2_divisions = parse_divisions(value).map_err(err)?;
-                }
-                "policy" => {
-                    c.policy = match value {
-                        "pytorch" | "PyTorch" => Policy::PyTorch,
-                        "compact" => Policy::Compact,
-                        _ => return Err(err("expected pytorch or compact")),
-                    };
-                    c.mentioned |= Mentioned::POLICY;
-                }
-                "expandable_segments" => {
-                    c.expandable_segments = parse_bool(value).map_err(err)?;
-                    c.mentioned |= Mentioned::EXPANDABLE;
-                }
-                "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
-                    c.release_lock_on_malloc = parse_bool(value).map_err(err)?;
-                }
-                "backend" => match value {
-                    "native" => {}
-                    "cudaMallocAsync" | "hipMallocAsync" => {
-                        return Err(err(
-                            "cachealloc is a native caching allocator; the driver's stream-ordered allocator (cudaMallocAsync, hipMallocAsync) is not implemented",
-                        ))
-                    }
-                    _ => {
-                        return Err(err(
-                            "Unknown allocator backend, options are native and cudaMallocAsync",
-                        ))
-                    }
-                },
-                "per_process_memory_fraction" => {
-                    let f: f64 = value.parse().map_err(|_| err("expected a number"))?;
-                    if !(0.0..=1.0).contains(&f) {
-                        return Err(err(
-                            "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
-                        ));
-                    }
-                    c.per_process_memory_fraction = f;
-                    c.mentioned |= Mentioned::FRACTION;
-                }
-                "throw_on_cudamalloc_oom" => {
-                    c.throw_on_cudamalloc_oom = parse_bool(value).map_err(err)?;
-                    c.mentioned |= Mentioned::THROW;
-                }
-                "graph_capture_record_stream_reuse" => {
-                    c.graph_capture_record_stream_reuse = parse_bool(value).map_err(err)?;
-                    c.mentioned |= Mentioned::REUSE;
-                }
-                "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
-                    c.host.pinned_use_host_register = parse_bool(value).map_err(err)?;
-                }
-                "pinned_use_background_threads" => {
-                    c.host.pinned_use_background_threads = parse_bool(value).map_err(err)?;
-                }
-                "pinned_free_catch_all" => {
-                    c.host.pinned_free_catch_all = parse_bool(value).map_err(err)?;
-                }
-                "pinned_num_register_threads" => {
-                    let n: u64 = value.parse().map_err(|_| err("expected a number"))?;
-                    if !n.is_power_of_two() {
-                        return Err(err("Number of register threads has to be power of 2"));
-                    }
-                    if n > MAX_REGISTER_THREADS {
-                        return Err(ConfigError {
-                            key,
-                            value,
-                            reason: "Number of register threads should be less than or equal to ",
-                            limit: Some(MAX_REGISTER_THREADS),
-                            suggestion: None,
-                        });
-                    }
-                    c.host.pinned_num_register_threads = n as u32;
-                }
-                "pinned_reserve_segment_size_mb" => {
-                    let n: u64 = value.parse().map_err(|_| err("expected a number"))?;
-                    if n == 0 {
-                        return Err(err("Pinned reserve segment size has to be greater than 0"));
-                    }
-                    c.host.pinned_reserve_segment_size_mb = n;
-                }
-                "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" => {
-                    let n: u64 = value
-                        .parse()
-                        .map_err(|_| err("expected a whole number of MiB"))?;
-                    if key == "pinned_max_round_threshold_mb" {
-                        c.host.pinned_max_round_threshold_mb = n;
-                    } else {
-                        c.host.pinned_max_cached_size_mb = n;
-                    }
-                }
-                "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
-                    // torch warns about a bad value and goes on with its
-                    // default; so does this parser (without the warning),
-                    // and it changes nothing here.
-                }
-                _ => {
                     return Err(ConfigError {
                         suggestion: suggest_key(key, version),
-                        ..err(UNKNOWN_KEY)
-                    })
+                        ..err(UNKNOWN_KEY, None)
+                    });
+                };
+                if k.first != first {
+                    continue;
+                }
+                if version.decisions_of() < k.since {
+                    return Err(err(added_later(k.since), None));
+                }
+                (k.parse)(&mut c, value).map_err(|(reason, limit)| err(reason, limit))?;
+                // Remembered for a later string (a key with nothing kept,
+                // such as `backend`, has nothing to remember).
+                if k.later != Later::Reset && (k.value)(&c).is_some() {
+                    c.mentioned |= 1 << i;
                 }
             }
         }
@@ -484,68 +322,32 @@ impl Config {
     }
 
     /// What a new settings string leaves in force of this one, as PyTorch's
-    /// parser does: `expandable_segments`, `large_segment_size_mb`,
-    /// `per_process_memory_fraction` and `throw_on_cudamalloc_oom` (and
-    /// ours, `policy`) stay unless the string sets them, and so does the
-    /// torch version; `max_non_split_rounding_mb` follows the large segment
-    /// size unless set. Everything else takes the new string's value or
-    /// its default.
+    /// parser does: each key the string leaves out is as the settings
+    /// table says ([`keys::Later`]): kept, reset to its default, or (for
+    /// `max_non_split_rounding_mb`) the large segment size in force. The
+    /// torch version stays.
     pub fn followed_by(&self, mut next: Config) -> Config {
-        if !next.mentioned.contains(Mentioned::EXPANDABLE) {
-            next.expandable_segments = self.expandable_segments;
-        }
-        if !next.mentioned.contains(Mentioned::POLICY) {
-            next.policy = self.policy;
-        }
-        if !next.mentioned.contains(Mentioned::LARGE_SEGMENT) {
-            next.large_segment_size = self.large_segment_size;
-            if !next.mentioned.contains(Mentioned::NON_SPLIT_ROUNDING) {
-                next.max_non_split_rounding = self.large_segment_size;
+        for (i, k) in KEYS.iter().enumerate() {
+            if k.later != Later::Reset && next.mentioned & (1 << i) == 0 {
+                (k.carry)(self, &mut next);
+                next.mentioned |= self.mentioned & (1 << i);
             }
         }
-        if !next.mentioned.contains(Mentioned::FRACTION) {
-            next.per_process_memory_fraction = self.per_process_memory_fraction;
-        }
-        if !next.mentioned.contains(Mentioned::THROW) {
-            next.throw_on_cudamalloc_oom = self.throw_on_cudamalloc_oom;
-        }
-        if !next.mentioned.contains(Mentioned::REUSE) {
-            next.graph_capture_record_stream_reuse = self.graph_capture_record_stream_reuse;
-        }
         next.with_torch_version(self.torch)
+    }
+
+    /// The defaults as this configuration's keys read them (the rounding
+    /// of oversize blocks follows its large segment size).
+    fn defaults(&self) -> Config {
+        Config {
+            max_non_split_rounding: self.large_segment_size,
+            ..Config::DEFAULT
+        }
     }
 }
 
 /// The reason for a key torch does not have.
 pub const UNKNOWN_KEY: &str = "unknown option (not a key of torch's allocator config)";
-
-/// Every key [`Config::parse_for`] takes (torch's newest, and `policy`),
-/// the common ones first: the candidates of [`suggest_key`].
-const KEYS: [&str; 23] = [
-    "expandable_segments",
-    "max_split_size_mb",
-    "garbage_collection_threshold",
-    "roundup_power2_divisions",
-    "large_segment_size_mb",
-    "max_non_split_rounding_mb",
-    "per_process_memory_fraction",
-    "throw_on_cudamalloc_oom",
-    "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc",
-    "backend",
-    "policy",
-    "graph_capture_record_stream_reuse",
-    "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register",
-    "pinned_use_background_threads",
-    "pinned_free_catch_all",
-    "pinned_num_register_threads",
-    "pinned_reserve_segment_size_mb",
-    "pinned_max_round_threshold_mb",
-    "pinned_max_cached_size_mb",
-    "expandable_segments_reserve",
-    "expandable_segments_reserve_by_class",
-];
 
 /// Keys longer than this get no suggestion (the longest known has 36
 /// bytes): the edit distance works in rows of this many on the stack.
@@ -600,11 +402,7 @@ fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
 /// assert_eq!(suggest_key("colour", TorchVersion::NEWEST), None);
 /// ```
 pub fn suggest_key(key: &str, version: TorchVersion) -> Option<&'static str> {
-    let candidates = || {
-        KEYS.iter()
-            .copied()
-            .filter(move |k| key_added_in(k).is_none_or(|since| version.decisions_of() >= since))
-    };
+    let candidates = || keys::names_of(version);
     let mut best: Option<(usize, &'static str)> = None;
     for k in candidates() {
         if let Some(d) = edit_distance(key.as_bytes(), k.as_bytes()) {
@@ -627,26 +425,6 @@ pub fn suggest_key(key: &str, version: TorchVersion) -> Option<&'static str> {
     candidates()
         .filter(|k| k.len() >= 4 && starts_with_ignore_case(key, k))
         .max_by_key(|k| k.len())
-}
-
-/// `large_segment_size_mb` must be more than this (the largest request
-/// it serves, 10 MiB, must fit).
-const MIN_LARGE_SEGMENT_MB: u64 = 10;
-/// torch clamps sizes in MiB so that the bytes fit a `size_t`.
-const MAX_MB: u64 = u64::MAX / MIB;
-/// `pinned_num_register_threads`' most.
-const MAX_REGISTER_THREADS: u64 = 128;
-
-/// The release that added a key, for keys younger than torch 2.11.
-fn key_added_in(key: &str) -> Option<TorchVersion> {
-    match key {
-        "pinned_free_catch_all" | "throw_on_cudamalloc_oom" => Some(TorchVersion::V2_12),
-        "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" => Some(TorchVersion::V2_13),
-        "expandable_segments_reserve" | "expandable_segments_reserve_by_class" => {
-            Some(TorchVersion::V2_15)
-        }
-        _ => None,
-    }
 }
 
 /// The reason for a key of a later release.
@@ -786,141 +564,22 @@ fn parse_divisions(value: &str) -> Result<[u32; ROUNDUP_INTERVALS], &'static str
     Ok(out)
 }
 
-/// Writes the canonical string of the options that differ from the default
-/// (or that a later string would keep); [`Config::parse`] of it gives the
-/// same `Config` back (the torch version aside: it is not a key).
+/// Writes the canonical string: the keys that differ from their default
+/// or that the string set (those a later string would keep), in the
+/// settings table's order; [`Config::parse`] of it gives the same `Config`
+/// back (the torch version aside: it is not a key).
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut first = true;
-        let mut item = |f: &mut fmt::Formatter<'_>, args: fmt::Arguments<'_>| {
-            let sep = if first { "" } else { "," };
-            first = false;
-            write!(f, "{sep}{args}")
-        };
-        if self.large_segment_size != LARGE_BUFFER
-            || self.mentioned.contains(Mentioned::LARGE_SEGMENT)
-        {
-            item(
-                f,
-                format_args!("large_segment_size_mb:{}", self.large_segment_size / MIB),
-            )?;
-        }
-        if self.max_split_size != u64::MAX {
-            item(
-                f,
-                format_args!("max_split_size_mb:{}", self.max_split_size / MIB),
-            )?;
-        }
-        if self.max_non_split_rounding != self.large_segment_size
-            || self.mentioned.contains(Mentioned::NON_SPLIT_ROUNDING)
-        {
-            item(
-                f,
-                format_args!(
-                    "max_non_split_rounding_mb:{}",
-                    self.max_non_split_rounding / MIB
-                ),
-            )?;
-        }
-        if self.roundup_power2_divisions != [0; ROUNDUP_INTERVALS] {
-            item(f, format_args!("roundup_power2_divisions:["))?;
-            for (i, d) in self.roundup_power2_divisions.iter().enumerate() {
-                write!(f, "{}{}:{}", if i == 0 { "" } else { "," }, 1u64 << i, d)?;
+        let defaults = self.defaults();
+        let mut sep = "";
+        for (i, k) in KEYS.iter().enumerate() {
+            let Some(value) = (k.value)(self) else {
+                continue;
+            };
+            if self.mentioned & (1 << i) != 0 || Some(value) != (k.value)(&defaults) {
+                write!(f, "{sep}{}:{value}", k.names[0])?;
+                sep = ",";
             }
-            write!(f, "]")?;
-        }
-        if self.garbage_collection_threshold != 0.0 {
-            item(
-                f,
-                format_args!(
-                    "garbage_collection_threshold:{}",
-                    self.garbage_collection_threshold
-                ),
-            )?;
-        }
-        let tf = |b: bool| if b { "True" } else { "False" };
-        if self.release_lock_on_malloc {
-            item(f, format_args!("release_lock_on_cudamalloc:True"))?;
-        }
-        if self.mentioned.contains(Mentioned::EXPANDABLE) {
-            item(
-                f,
-                format_args!("expandable_segments:{}", tf(self.expandable_segments)),
-            )?;
-        }
-        if self.per_process_memory_fraction != 1.0 || self.mentioned.contains(Mentioned::FRACTION) {
-            item(
-                f,
-                format_args!(
-                    "per_process_memory_fraction:{}",
-                    self.per_process_memory_fraction
-                ),
-            )?;
-        }
-        if self.throw_on_cudamalloc_oom || self.mentioned.contains(Mentioned::THROW) {
-            item(
-                f,
-                format_args!(
-                    "throw_on_cudamalloc_oom:{}",
-                    tf(self.throw_on_cudamalloc_oom)
-                ),
-            )?;
-        }
-        if self.graph_capture_record_stream_reuse || self.mentioned.contains(Mentioned::REUSE) {
-            item(
-                f,
-                format_args!(
-                    "graph_capture_record_stream_reuse:{}",
-                    tf(self.graph_capture_record_stream_reuse)
-                ),
-            )?;
-        }
-        let h = &self.host;
-        let d = &Config::DEFAULT.host;
-        if h.pinned_use_host_register {
-            item(f, format_args!("pinned_use_cuda_host_register:True"))?;
-        }
-        if h.pinned_num_register_threads != d.pinned_num_register_threads {
-            item(
-                f,
-                format_args!(
-                    "pinned_num_register_threads:{}",
-                    h.pinned_num_register_threads
-                ),
-            )?;
-        }
-        if h.pinned_use_background_threads {
-            item(f, format_args!("pinned_use_background_threads:True"))?;
-        }
-        if h.pinned_reserve_segment_size_mb != 0 {
-            item(
-                f,
-                format_args!(
-                    "pinned_reserve_segment_size_mb:{}",
-                    h.pinned_reserve_segment_size_mb
-                ),
-            )?;
-        }
-        if h.pinned_free_catch_all {
-            item(f, format_args!("pinned_free_catch_all:True"))?;
-        }
-        if h.pinned_max_round_threshold_mb != 0 {
-            item(
-                f,
-                format_args!(
-                    "pinned_max_round_threshold_mb:{}",
-                    h.pinned_max_round_threshold_mb
-                ),
-            )?;
-        }
-        if h.pinned_max_cached_size_mb != 0 {
-            item(
-                f,
-                format_args!("pinned_max_cached_size_mb:{}", h.pinned_max_cached_size_mb),
-            )?;
-        }
-        if self.mentioned.contains(Mentioned::POLICY) || self.policy != Policy::PyTorch {
-            item(f, format_args!("policy:{}", self.policy.name()))?;
         }
         Ok(())
     }
@@ -1085,6 +744,67 @@ mod tests {
         assert_eq!(next.block_order(), crate::BlockOrder::RegistrationCounter);
     }
 
+    /// A later string keeps what torch keeps: `release_lock_on_cudamalloc`
+    /// and the pinned allocator's keys among them (torch's CUDA parser
+    /// never resets them), and the table says so for each.
+    #[test]
+    fn a_later_string_keeps_the_lock_and_pinned_keys() {
+        let first = Config::parse(
+            "release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:True,\
+             pinned_num_register_threads:8,pinned_use_background_threads:True,\
+             pinned_reserve_segment_size_mb:16,pinned_free_catch_all:True,\
+             pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:64,max_split_size_mb:40",
+        )
+        .unwrap();
+        let next = first.followed_by(Config::parse("garbage_collection_threshold:0.5").unwrap());
+        assert!(next.release_lock_on_malloc);
+        assert_eq!(next.host, first.host);
+        assert_eq!(next.max_split_size, u64::MAX, "reset, as torch does");
+        // A key the later string sets is the later string's.
+        let off = first.followed_by(Config::parse("pinned_num_register_threads:1").unwrap());
+        assert_eq!(off.host.pinned_num_register_threads, 1);
+        assert!(off.host.pinned_use_host_register);
+        assert_eq!(
+            format!("{off}"),
+            "release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:True,\
+             pinned_num_register_threads:1,pinned_use_background_threads:True,\
+             pinned_reserve_segment_size_mb:16,pinned_free_catch_all:True,\
+             pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:64"
+        );
+        for k in KEYS {
+            let kept =
+                k.names[0] == "release_lock_on_cudamalloc" || k.names[0].starts_with("pinned_");
+            if kept {
+                assert_eq!(k.later, Later::Keep, "{}", k.names[0]);
+            }
+        }
+    }
+
+    /// The key table of `docs/torch-versions.md` is the settings table's
+    /// (`CACHEALLOC_BLESS=1` rewrites it).
+    #[test]
+    fn the_docs_key_table_is_the_settings_table() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/torch-versions.md");
+        let docs = std::fs::read_to_string(&path).expect("docs/torch-versions.md");
+        let table = format!("{}", keys::KeyTable);
+        let start = docs.find("| key | since |").expect("the docs' key table");
+        let end = docs[start..]
+            .find("\n\n")
+            .map_or(docs.len(), |e| start + e + 1);
+        if std::env::var_os("CACHEALLOC_BLESS").is_some() {
+            let fresh = format!("{}{table}{}", &docs[..start], &docs[end..]);
+            std::fs::write(&path, fresh).expect("write the docs");
+            return;
+        }
+        assert_eq!(
+            &docs[start..end],
+            table,
+            "docs/torch-versions.md's key table is not the settings table (core/src/config/keys.rs); \
+             refresh it with CACHEALLOC_BLESS=1 cargo test -p cachealloc-core --lib the_docs_key_table"
+        );
+    }
+
     #[test]
     fn display_round_trips() {
         for s in [
@@ -1174,7 +894,7 @@ mod tests {
             None
         );
         // Every key suggested is one the parser takes.
-        for k in KEYS {
+        for k in KEYS.iter().flat_map(|k| k.names) {
             let e = Config::parse(k).unwrap_err();
             assert_eq!(e.reason, "expected `key:value`", "{k}");
             let bad = format!("{k}:\u{1}");

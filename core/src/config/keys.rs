@@ -1,0 +1,525 @@
+//! The settings table: every key of the settings string, once, with the
+//! torch release that added it, torch's rule for its value (and the
+//! reasons it refuses one), what a later settings string that leaves it
+//! out does to it, its parser and its printer. [`Config::parse_for`],
+//! [`Config::followed_by`], `Display for Config`, the suggestions for a
+//! misspelt key and the key table of `docs/torch-versions.md` (the test
+//! `the_docs_key_table_is_the_settings_table`) all read it.
+
+use super::{parse_bool, parse_divisions, Config, Policy, MIB};
+use crate::policy::ROUNDUP_INTERVALS;
+use crate::torch_version::TorchVersion;
+use core::fmt;
+
+/// What a later settings string (torch's `_set_allocator_settings`) does
+/// to a key it leaves out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Later {
+    /// Back to its default: torch resets it at every string.
+    Reset,
+    /// The value in force stays.
+    Keep,
+    /// Back to the large segment size in force
+    /// (`max_non_split_rounding_mb`).
+    LargeSegmentSize,
+}
+
+/// A refused value: torch's reason, and the bound it ends with.
+pub(super) type Refusal = (&'static str, Option<u64>);
+
+/// A key's value, as the settings string writes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Value {
+    Bool(bool),
+    /// Bytes, written in MiB.
+    Mib(u64),
+    Number(u64),
+    Real(f64),
+    Divisions([u32; ROUNDUP_INTERVALS]),
+    Word(&'static str),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Value::Bool(b) => f.write_str(if b { "True" } else { "False" }),
+            Value::Mib(bytes) => write!(f, "{}", bytes / MIB),
+            Value::Number(n) => write!(f, "{n}"),
+            Value::Real(x) => write!(f, "{x}"),
+            Value::Divisions(d) => {
+                f.write_str("[")?;
+                for (i, d) in d.iter().enumerate() {
+                    write!(f, "{}{}:{d}", if i == 0 { "" } else { "," }, 1u64 << i)?;
+                }
+                f.write_str("]")
+            }
+            Value::Word(w) => f.write_str(w),
+        }
+    }
+}
+
+/// One key of the settings string.
+#[derive(Clone, Copy)]
+pub struct Key {
+    /// Its spellings: torch's CUDA and HIP names of one setting, or keys
+    /// cachealloc treats alike. The first is the one printed.
+    pub names: &'static [&'static str],
+    /// The torch release that added it ([`TorchVersion::OLDEST`]: that
+    /// release or an older one).
+    pub since: TorchVersion,
+    /// What a later settings string that leaves it out does to it.
+    pub later: Later,
+    /// The values torch takes, with its reasons for refusing one.
+    pub rule: &'static str,
+    /// Read before every other key (torch reads `large_segment_size_mb`
+    /// first: the other sizes are checked against it).
+    pub(super) first: bool,
+    /// Set it in a `Config` from the value as written.
+    pub(super) parse: fn(&mut Config, &str) -> Result<(), Refusal>,
+    /// Its value in a `Config`; `None`: not kept, never printed.
+    pub(super) value: fn(&Config) -> Option<Value>,
+    /// A later string that leaves it out: set it from the earlier
+    /// settings (`Keep`) or the new ones (`LargeSegmentSize`).
+    pub(super) carry: fn(&Config, &mut Config),
+}
+
+/// `large_segment_size_mb` must be more than this (the largest request
+/// it serves, 10 MiB, must fit).
+const MIN_LARGE_SEGMENT_MB: u64 = 10;
+/// torch clamps sizes in MiB so that the bytes fit a `size_t`.
+const MAX_MB: u64 = u64::MAX / MIB;
+/// `pinned_num_register_threads`' most.
+const MAX_REGISTER_THREADS: u64 = 128;
+
+fn whole_mib(v: &str) -> Result<u64, Refusal> {
+    v.parse()
+        .map_err(|_| ("expected a whole number of MiB", None))
+}
+
+fn number(v: &str) -> Result<u64, Refusal> {
+    v.parse().map_err(|_| ("expected a number", None))
+}
+
+fn real(v: &str) -> Result<f64, Refusal> {
+    v.parse().map_err(|_| ("expected a number", None))
+}
+
+fn boolean(v: &str) -> Result<bool, Refusal> {
+    parse_bool(v).map_err(|r| (r, None))
+}
+
+/// A split size of at least the large segment size in force, in bytes.
+fn split_size(c: &Config, v: &str, too_small: &'static str) -> Result<u64, Refusal> {
+    let mb = whole_mib(v)?;
+    let least = c.large_segment_size / MIB;
+    if mb < least {
+        return Err((too_small, Some(least)));
+    }
+    Ok(mb.min(MAX_MB) * MIB)
+}
+
+/// Nothing to set, nothing to print, nothing to carry.
+fn ignored(_: &mut Config, _: &str) -> Result<(), Refusal> {
+    Ok(())
+}
+fn no_value(_: &Config) -> Option<Value> {
+    None
+}
+fn no_carry(_: &Config, _: &mut Config) {}
+
+/// Every key, in the order the settings string is printed.
+pub const KEYS: &[Key] = &[
+    Key {
+        names: &["large_segment_size_mb"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "> 10 (\"CachingAllocator option large_segment_size_mb must be > 10\"); \
+               new in 2.11 (#172056); read before the other keys; sets \
+               `max_non_split_rounding_mb`'s default",
+        first: true,
+        parse: |c, v| {
+            let mb = whole_mib(v)?;
+            if mb <= MIN_LARGE_SEGMENT_MB {
+                return Err((
+                    "CachingAllocator option large_segment_size_mb must be > ",
+                    Some(MIN_LARGE_SEGMENT_MB),
+                ));
+            }
+            c.large_segment_size = mb.min(MAX_MB) * MIB;
+            c.max_non_split_rounding = c.large_segment_size;
+            Ok(())
+        },
+        value: |c| Some(Value::Mib(c.large_segment_size)),
+        carry: |from, to| to.large_segment_size = from.large_segment_size,
+    },
+    Key {
+        names: &["max_split_size_mb"],
+        since: TorchVersion::OLDEST,
+        later: Later::Reset,
+        rule: "at least `large_segment_size_mb` (\"... too small, must be >= 20\"): \
+               **20 is accepted**",
+        first: false,
+        parse: |c, v| {
+            c.max_split_size = split_size(
+                c,
+                v,
+                "CachingAllocator option max_split_size_mb too small, must be >= ",
+            )?;
+            Ok(())
+        },
+        value: |c| Some(Value::Mib(c.max_split_size)),
+        carry: no_carry,
+    },
+    Key {
+        names: &["max_non_split_rounding_mb"],
+        since: TorchVersion::OLDEST,
+        later: Later::LargeSegmentSize,
+        rule: "at least `large_segment_size_mb` (\"... too small, must be >= 20\")",
+        first: false,
+        parse: |c, v| {
+            c.max_non_split_rounding = split_size(
+                c,
+                v,
+                "CachingAllocator option max_non_split_rounding_mb too small, must be >= ",
+            )?;
+            Ok(())
+        },
+        value: |c| Some(Value::Mib(c.max_non_split_rounding)),
+        carry: |_, to| to.max_non_split_rounding = to.large_segment_size,
+    },
+    Key {
+        names: &["roundup_power2_divisions"],
+        since: TorchVersion::OLDEST,
+        later: Later::Reset,
+        rule: "a power of two, or `[k:v,...,>:v]` (0 allowed in the list)",
+        first: false,
+        parse: |c, v| {
+            c.roundup_power2_divisions = parse_divisions(v).map_err(|r| (r, None))?;
+            Ok(())
+        },
+        value: |c| Some(Value::Divisions(c.roundup_power2_divisions)),
+        carry: no_carry,
+    },
+    Key {
+        names: &["garbage_collection_threshold"],
+        since: TorchVersion::OLDEST,
+        later: Later::Reset,
+        rule: "in (0, 1) (\"garbage_collect_threshold is invalid, set it in (0.0, 1.0)\")",
+        first: false,
+        parse: |c, v| {
+            let t = real(v)?;
+            if !(t > 0.0 && t < 1.0) {
+                return Err((
+                    "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
+                    None,
+                ));
+            }
+            c.garbage_collection_threshold = t;
+            Ok(())
+        },
+        value: |c| Some(Value::Real(c.garbage_collection_threshold)),
+        carry: no_carry,
+    },
+    Key {
+        names: &["release_lock_on_cudamalloc", "release_lock_on_hipmalloc"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "boolean",
+        first: false,
+        parse: |c, v| {
+            c.release_lock_on_malloc = boolean(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Bool(c.release_lock_on_malloc)),
+        carry: |from, to| to.release_lock_on_malloc = from.release_lock_on_malloc,
+    },
+    Key {
+        names: &["expandable_segments"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "boolean",
+        first: false,
+        parse: |c, v| {
+            c.expandable_segments = boolean(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Bool(c.expandable_segments)),
+        carry: |from, to| to.expandable_segments = from.expandable_segments,
+    },
+    Key {
+        names: &["backend"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "`native` or `cudaMallocAsync` (cachealloc refuses the latter: it is not \
+               implemented)",
+        first: false,
+        parse: |_, v| match v {
+            "native" => Ok(()),
+            "cudaMallocAsync" | "hipMallocAsync" => Err((
+                "cachealloc is a native caching allocator; the driver's stream-ordered allocator \
+                 (cudaMallocAsync, hipMallocAsync) is not implemented",
+                None,
+            )),
+            _ => Err((
+                "Unknown allocator backend, options are native and cudaMallocAsync",
+                None,
+            )),
+        },
+        value: no_value,
+        carry: no_carry,
+    },
+    Key {
+        names: &["per_process_memory_fraction"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "in [0, 1] (\"per_process_memory_fraction is invalid, set it in [0.0, 1.0]\"); \
+               new in 2.11; applied as the memory fraction when the allocator is made \
+               (`NativeCachingAllocator::init` → `setMemoryFraction`, 0x29808), and the \
+               rejection policy's limit",
+        first: false,
+        parse: |c, v| {
+            let f = real(v)?;
+            if !(0.0..=1.0).contains(&f) {
+                return Err((
+                    "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
+                    None,
+                ));
+            }
+            c.per_process_memory_fraction = f;
+            Ok(())
+        },
+        value: |c| Some(Value::Real(c.per_process_memory_fraction)),
+        carry: |from, to| to.per_process_memory_fraction = from.per_process_memory_fraction,
+    },
+    Key {
+        names: &["throw_on_cudamalloc_oom"],
+        since: TorchVersion::V2_12,
+        later: Later::Keep,
+        rule: "boolean",
+        first: false,
+        parse: |c, v| {
+            c.throw_on_cudamalloc_oom = boolean(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Bool(c.throw_on_cudamalloc_oom)),
+        carry: |from, to| to.throw_on_cudamalloc_oom = from.throw_on_cudamalloc_oom,
+    },
+    Key {
+        names: &["graph_capture_record_stream_reuse"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "boolean, default False; new in 2.11 (see below)",
+        first: false,
+        parse: |c, v| {
+            c.graph_capture_record_stream_reuse = boolean(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Bool(c.graph_capture_record_stream_reuse)),
+        carry: |from, to| {
+            to.graph_capture_record_stream_reuse = from.graph_capture_record_stream_reuse
+        },
+    },
+    Key {
+        names: &[
+            "pinned_use_cuda_host_register",
+            "pinned_use_hip_host_register",
+        ],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "boolean",
+        first: false,
+        parse: |c, v| {
+            c.host.pinned_use_host_register = boolean(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Bool(c.host.pinned_use_host_register)),
+        carry: |from, to| to.host.pinned_use_host_register = from.host.pinned_use_host_register,
+    },
+    Key {
+        names: &["pinned_num_register_threads"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "a power of two, at most 128",
+        first: false,
+        parse: |c, v| {
+            let n = number(v)?;
+            if !n.is_power_of_two() {
+                return Err(("Number of register threads has to be power of 2", None));
+            }
+            if n > MAX_REGISTER_THREADS {
+                return Err((
+                    "Number of register threads should be less than or equal to ",
+                    Some(MAX_REGISTER_THREADS),
+                ));
+            }
+            c.host.pinned_num_register_threads = n as u32;
+            Ok(())
+        },
+        value: |c| Some(Value::Number(c.host.pinned_num_register_threads.into())),
+        carry: |from, to| {
+            to.host.pinned_num_register_threads = from.host.pinned_num_register_threads
+        },
+    },
+    Key {
+        names: &["pinned_use_background_threads"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "boolean",
+        first: false,
+        parse: |c, v| {
+            c.host.pinned_use_background_threads = boolean(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Bool(c.host.pinned_use_background_threads)),
+        carry: |from, to| {
+            to.host.pinned_use_background_threads = from.host.pinned_use_background_threads
+        },
+    },
+    Key {
+        names: &["pinned_reserve_segment_size_mb"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "> 0; new in 2.11",
+        first: false,
+        parse: |c, v| {
+            let n = number(v)?;
+            if n == 0 {
+                return Err(("Pinned reserve segment size has to be greater than 0", None));
+            }
+            c.host.pinned_reserve_segment_size_mb = n;
+            Ok(())
+        },
+        value: |c| Some(Value::Number(c.host.pinned_reserve_segment_size_mb)),
+        carry: |from, to| {
+            to.host.pinned_reserve_segment_size_mb = from.host.pinned_reserve_segment_size_mb
+        },
+    },
+    Key {
+        names: &["pinned_free_catch_all"],
+        since: TorchVersion::V2_12,
+        later: Later::Keep,
+        rule: "boolean",
+        first: false,
+        parse: |c, v| {
+            c.host.pinned_free_catch_all = boolean(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Bool(c.host.pinned_free_catch_all)),
+        carry: |from, to| to.host.pinned_free_catch_all = from.host.pinned_free_catch_all,
+    },
+    Key {
+        names: &["pinned_max_round_threshold_mb"],
+        since: TorchVersion::V2_13,
+        later: Later::Keep,
+        rule: "a size in MiB",
+        first: false,
+        parse: |c, v| {
+            c.host.pinned_max_round_threshold_mb = whole_mib(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Number(c.host.pinned_max_round_threshold_mb)),
+        carry: |from, to| {
+            to.host.pinned_max_round_threshold_mb = from.host.pinned_max_round_threshold_mb
+        },
+    },
+    Key {
+        names: &["pinned_max_cached_size_mb"],
+        since: TorchVersion::V2_13,
+        later: Later::Keep,
+        rule: "a size in MiB",
+        first: false,
+        parse: |c, v| {
+            c.host.pinned_max_cached_size_mb = whole_mib(v)?;
+            Ok(())
+        },
+        value: |c| Some(Value::Number(c.host.pinned_max_cached_size_mb)),
+        carry: |from, to| to.host.pinned_max_cached_size_mb = from.host.pinned_max_cached_size_mb,
+    },
+    Key {
+        names: &[
+            "expandable_segments_reserve",
+            "expandable_segments_reserve_by_class",
+        ],
+        since: TorchVersion::V2_15,
+        later: Later::Reset,
+        // torch warns about a bad value and goes on with its default; so
+        // does this parser (without the warning), and it changes nothing
+        // here.
+        rule: "a fraction or `<n>G`; a bad value only warns (cachealloc reserves as before)",
+        first: false,
+        parse: ignored,
+        value: no_value,
+        carry: no_carry,
+    },
+    Key {
+        names: &["policy"],
+        since: TorchVersion::OLDEST,
+        later: Later::Keep,
+        rule: "cachealloc's own: `pytorch` (the default) or `compact`",
+        first: false,
+        parse: |c, v| {
+            c.policy = match v {
+                "pytorch" | "PyTorch" => Policy::PyTorch,
+                "compact" => Policy::Compact,
+                _ => return Err(("expected pytorch or compact", None)),
+            };
+            Ok(())
+        },
+        value: |c| Some(Value::Word(c.policy.name())),
+        carry: |from, to| to.policy = from.policy,
+    },
+];
+
+// `Config::mentioned` has a bit per key.
+const _: () = assert!(KEYS.len() <= 32);
+
+/// The key spelled `name`, with its place in [`KEYS`].
+pub(super) fn find(name: &str) -> Option<(usize, &'static Key)> {
+    KEYS.iter()
+        .enumerate()
+        .find(|(_, k)| k.names.contains(&name))
+}
+
+/// Every spelling of every key torch `version` has, in the table's order.
+pub(super) fn names_of(version: TorchVersion) -> impl Iterator<Item = &'static str> + Clone {
+    KEYS.iter()
+        .filter(move |k| version.decisions_of() >= k.since)
+        .flat_map(|k| k.names.iter().copied())
+}
+
+/// The key table of `docs/torch-versions.md`, in Markdown, as [`KEYS`]
+/// gives it (a test checks the docs have it).
+pub struct KeyTable;
+
+impl fmt::Display for KeyTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "| key | since | a later string without it | value rule (torch's message) |"
+        )?;
+        writeln!(f, "| --- | --- | --- | --- |")?;
+        for k in KEYS {
+            for (i, name) in k.names.iter().enumerate() {
+                write!(f, "{}`{name}`", if i == 0 { "| " } else { ", " })?;
+            }
+            let since = if k.since == TorchVersion::OLDEST {
+                "≤2.11"
+            } else {
+                ""
+            };
+            if since.is_empty() {
+                write!(f, " | **{}**", k.since)?;
+            } else {
+                write!(f, " | {since}")?;
+            }
+            let later = match k.later {
+                Later::Reset => "reset to the default",
+                Later::Keep => "kept",
+                Later::LargeSegmentSize => "the large segment size in force",
+            };
+            writeln!(f, " | {later} | {} |", k.rule)?;
+        }
+        Ok(())
+    }
+}
