@@ -516,53 +516,6 @@ typedef struct {
 } cachealloc_snapshot_visitor;
 
 /**
- * The allocator's settings (PyTorch's `AllocatorConfigInfo`, the
- * `allocator_settings` of a snapshot).
- */
-typedef struct {
-    /**
-     * `garbage_collection_threshold` (0: off).
-     */
-    double garbage_collection_threshold;
-    /**
-     * `max_split_size` in bytes; SIZE_MAX when unlimited.
-     */
-    size_t max_split_size;
-    /**
-     * PyTorch's pinned-memory setting as set (host memory is not
-     * cachealloc's: it changes nothing).
-     */
-    size_t pinned_num_register_threads;
-    /**
-     * `expandable_segments`.
-     */
-    int expandable_segments;
-    /**
-     * `release_lock_on_cudamalloc` as in force: 0 (the device's lock is
-     * held through a device malloc, whatever the settings asked for).
-     */
-    int release_lock_on_malloc;
-    /**
-     * PyTorch's `pinned_use_cuda_host_register` as set (it changes nothing).
-     */
-    int pinned_use_host_register;
-    /**
-     * PyTorch's `graph_capture_record_stream_reuse`.
-     */
-    int graph_capture_record_stream_reuse;
-    /**
-     * `roundup_power2_divisions` by interval (the first `1 << i` MiB
-     * interval at index i; 0: no rounding there).
-     */
-    size_t roundup_power2_divisions[16];
-    /**
-     * The settings string as given (`CACHEALLOC_CONF` or
-     * `PYTORCH_CUDA_ALLOC_CONF`): a static string.
-     */
-    const char *last_allocator_settings;
-} cachealloc_allocator_settings;
-
-/**
  * Called once per statistic: its key (as `torch.cuda.memory_stats()` names
  * it, e.g. `"allocated_bytes.all.current"`; valid during the call only),
  * its value, and the caller's `user` pointer.
@@ -686,6 +639,53 @@ typedef struct {
  * go to the pool; called with the caller's `user` pointer.
  */
 typedef int (*cachealloc_stream_filter)(void*, void*) CACHEALLOC_NOEXCEPT;
+
+/**
+ * The allocator's settings (PyTorch's `AllocatorConfigInfo`, the
+ * `allocator_settings` of a snapshot).
+ */
+typedef struct {
+    /**
+     * `garbage_collection_threshold` (0: off).
+     */
+    double garbage_collection_threshold;
+    /**
+     * `max_split_size` in bytes; SIZE_MAX when unlimited.
+     */
+    size_t max_split_size;
+    /**
+     * PyTorch's pinned-memory setting as set (host memory is not
+     * cachealloc's: it changes nothing).
+     */
+    size_t pinned_num_register_threads;
+    /**
+     * `expandable_segments`.
+     */
+    int expandable_segments;
+    /**
+     * `release_lock_on_cudamalloc` as in force: 0 (the device's lock is
+     * held through a device malloc, whatever the settings asked for).
+     */
+    int release_lock_on_malloc;
+    /**
+     * PyTorch's `pinned_use_cuda_host_register` as set (it changes nothing).
+     */
+    int pinned_use_host_register;
+    /**
+     * PyTorch's `graph_capture_record_stream_reuse`.
+     */
+    int graph_capture_record_stream_reuse;
+    /**
+     * `roundup_power2_divisions` by interval (the first `1 << i` MiB
+     * interval at index i; 0: no rounding there).
+     */
+    size_t roundup_power2_divisions[16];
+    /**
+     * The settings string as given (`CACHEALLOC_CONF` or
+     * `PYTORCH_CUDA_ALLOC_CONF`): a static string.
+     */
+    const char *last_allocator_settings;
+} cachealloc_allocator_settings;
 
 /**
  * One block of a checkpointed pool (PyTorch's `BlockState`): every block
@@ -1181,17 +1181,6 @@ int cachealloc_snapshot_walk(int device,
                              void *user);
 
 /**
- * Fill `*out` with the allocator's settings (every device has the same).
- * Returns 0, or -1 (NULL `out`, bad settings in the environment).
- *
- * # Safety
- *
- * `out` is NULL (an error) or points to a writable
- * `cachealloc_allocator_settings`.
- */
-int cachealloc_get_allocator_settings(cachealloc_allocator_settings *out);
-
-/**
  * Call `callback(key, value, user)` for every key of
  * `torch.cuda.memory_stats()` of `device`, in its (sorted) order: the
  * same keys and values PyTorch's native allocator reports, as the torch
@@ -1264,6 +1253,17 @@ int cachealloc_begin_allocate_to_pool_filtered(int device,
                                                uint64_t id1,
                                                cachealloc_stream_filter filter,
                                                void *user);
+
+/**
+ * Fill `*out` with the allocator's settings (every device has the same).
+ * Returns 0, or -1 (NULL `out`, bad settings in the environment).
+ *
+ * # Safety
+ *
+ * `out` is NULL (an error) or points to a writable
+ * `cachealloc_allocator_settings`.
+ */
+int cachealloc_get_allocator_settings(cachealloc_allocator_settings *out);
 
 /**
  * Copy every block of private pool `(id0, id1)` of `device` to `out`, at

@@ -72,7 +72,7 @@ mod segment_source;
 mod shims;
 /// `cachealloc_snapshot`.
 mod snapshot;
-/// `cachealloc_snapshot_walk`, `cachealloc_get_allocator_settings`.
+/// `cachealloc_snapshot_walk`.
 mod snapshot_walk;
 /// `memory_stats`, the resets, `empty_cache`, `cache_info`.
 mod stats;
@@ -81,6 +81,8 @@ mod stream_filter;
 /// A history entry as C sees it.
 mod trace_entry;
 
+/// `cachealloc_get_allocator_settings`.
+mod allocator_settings;
 /// Checkpoints of a private pool (cudagraph trees).
 mod checkpoint;
 
@@ -95,6 +97,7 @@ mod registry;
 mod segments;
 mod settings;
 
+pub use allocator_settings::{cachealloc_allocator_settings, cachealloc_get_allocator_settings};
 pub use checkpoint::{
     cachealloc_checkpoint_block, cachealloc_checkpoint_pool, cachealloc_restore_callback,
     cachealloc_restore_pool,
@@ -127,9 +130,9 @@ pub use segment_source::{cachealloc_create_pool_with_source, cachealloc_segment_
 pub use shims::*;
 pub use snapshot::cachealloc_snapshot;
 pub use snapshot_walk::{
-    cachealloc_allocator_settings, cachealloc_block_info, cachealloc_get_allocator_settings,
-    cachealloc_segment_info, cachealloc_snapshot_visitor, cachealloc_snapshot_walk,
-    cachealloc_trace_entry, CACHEALLOC_WALK_QUIET, CACHEALLOC_WALK_TRACES,
+    cachealloc_block_info, cachealloc_segment_info, cachealloc_snapshot_visitor,
+    cachealloc_snapshot_walk, cachealloc_trace_entry, CACHEALLOC_WALK_QUIET,
+    CACHEALLOC_WALK_TRACES,
 };
 pub use stats::{
     cachealloc_cache_info, cachealloc_device_stats, cachealloc_get_device_stats,
