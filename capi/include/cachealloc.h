@@ -681,8 +681,10 @@ typedef struct {
      */
     size_t roundup_power2_divisions[16];
     /**
-     * The settings string as given (`CACHEALLOC_CONF` or
-     * `PYTORCH_CUDA_ALLOC_CONF`): a static string.
+     * The settings string in force: the latest given to
+     * `cachealloc_set_allocator_settings`, else the environment's
+     * (`CACHEALLOC_CONF` or `PYTORCH_CUDA_ALLOC_CONF`); valid for the
+     * process's life.
      */
     const char *last_allocator_settings;
 } cachealloc_allocator_settings;
@@ -1264,6 +1266,24 @@ int cachealloc_begin_allocate_to_pool_filtered(int device,
  * `cachealloc_allocator_settings`.
  */
 int cachealloc_get_allocator_settings(cachealloc_allocator_settings *out);
+
+/**
+ * torch's `_set_allocator_settings` (`torch.cuda.memory._set_allocator_settings`):
+ * apply a later settings string, in `PYTORCH_CUDA_ALLOC_CONF` syntax, to
+ * every device created so far and to those created from now on, with the
+ * rules of the selected torch release: the string is read as that
+ * release's parser reads it, and each key it leaves out is kept or reset
+ * to its default as torch does (docs/torch-versions.md's key table; the
+ * torch release stays). `cachealloc_get_allocator_settings` then reports
+ * it. A string that does not parse changes nothing. Returns 0, or -1
+ * (NULL, not UTF-8, a bad key or value; a failed device, after the others
+ * took the settings).
+ *
+ * # Safety
+ *
+ * `settings` is NULL (an error) or a NUL-terminated string.
+ */
+int cachealloc_set_allocator_settings(const char *settings);
 
 /**
  * Copy every block of private pool `(id0, id1)` of `device` to `out`, at

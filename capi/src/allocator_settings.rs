@@ -1,9 +1,13 @@
 //! The allocator's settings as C sees them: `cachealloc_get_allocator_settings`,
-//! the settings a snapshot carries (PyTorch's `AllocatorConfigInfo`).
+//! the settings a snapshot carries (PyTorch's `AllocatorConfigInfo`), and
+//! `cachealloc_set_allocator_settings`, a later settings string.
 
+use crate::backend::{on_device, text};
 use crate::error::status;
-use crate::settings::settings;
-use std::ffi::{c_char, c_int};
+use crate::registry;
+use crate::settings::{follow, settings};
+use cachealloc_core::{Config, SharedAllocator};
+use std::ffi::{c_char, c_int, CStr};
 
 /// The allocator's settings (PyTorch's `AllocatorConfigInfo`, the
 /// `allocator_settings` of a snapshot).
@@ -30,8 +34,10 @@ pub struct cachealloc_allocator_settings {
     /// `roundup_power2_divisions` by interval (the first `1 << i` MiB
     /// interval at index i; 0: no rounding there).
     pub roundup_power2_divisions: [usize; 16],
-    /// The settings string as given (`CACHEALLOC_CONF` or
-    /// `PYTORCH_CUDA_ALLOC_CONF`): a static string.
+    /// The settings string in force: the latest given to
+    /// `cachealloc_set_allocator_settings`, else the environment's
+    /// (`CACHEALLOC_CONF` or `PYTORCH_CUDA_ALLOC_CONF`); valid for the
+    /// process's life.
     pub last_allocator_settings: *const c_char,
 }
 
@@ -70,5 +76,42 @@ pub unsafe extern "C" fn cachealloc_get_allocator_settings(
         // SAFETY: non-null, and writable by the caller's contract.
         unsafe { out.write(settings) };
         Ok(())
+    })
+}
+
+/// torch's `_set_allocator_settings` (`torch.cuda.memory._set_allocator_settings`):
+/// apply a later settings string, in `PYTORCH_CUDA_ALLOC_CONF` syntax, to
+/// every device created so far and to those created from now on, with the
+/// rules of the selected torch release: the string is read as that
+/// release's parser reads it, and each key it leaves out is kept or reset
+/// to its default as torch does (docs/torch-versions.md's key table; the
+/// torch release stays). `cachealloc_get_allocator_settings` then reports
+/// it. A string that does not parse changes nothing. Returns 0, or -1
+/// (NULL, not UTF-8, a bad key or value; a failed device, after the others
+/// took the settings).
+///
+/// # Safety
+///
+/// `settings` is NULL (an error) or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cachealloc_set_allocator_settings(settings: *const c_char) -> c_int {
+    status("cachealloc_set_allocator_settings", || {
+        if settings.is_null() {
+            return Err("cachealloc_set_allocator_settings: settings is NULL".to_string());
+        }
+        // SAFETY: the caller passes a NUL-terminated string (see # Safety).
+        let given = unsafe { CStr::from_ptr(settings) }
+            .to_str()
+            .map_err(|e| format!("cachealloc_set_allocator_settings: not UTF-8: {e}"))?;
+        let torch = self::settings()?.config.torch_version();
+        let later = Config::parse_for(given, torch).map_err(|e| {
+            format!("cachealloc_set_allocator_settings({given:?}): {e} (read as torch {torch})")
+        })?;
+        let mut followed = Ok(());
+        registry::for_all_and_new(
+            |d| on_device!(d, |a| a.set_config(later).map_err(text)),
+            |_| followed = follow(given, later),
+        )?;
+        followed
     })
 }

@@ -11,7 +11,7 @@
 
 use crate::error::Res;
 use cachealloc_core::{Config, TorchVersion};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 
 /// Which kind of device the process's allocators run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,11 +55,39 @@ pub(crate) const DEFAULT_HISTORY: usize = 1 << 17;
 /// The settings (read once; an error in them is kept and reported by
 /// every call that needs a device).
 pub(crate) fn settings() -> Res<&'static Settings> {
+    if let Some(later) = *LATER.read().unwrap_or_else(|p| p.into_inner()) {
+        return Ok(later);
+    }
     static SETTINGS: OnceLock<Res<Settings>> = OnceLock::new();
     SETTINGS
         .get_or_init(|| read(&|name| std::env::var(name).ok()))
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// The settings since the latest `cachealloc_set_allocator_settings`
+/// (`None`: the environment's). Each is kept for the process's life (a
+/// few hundred bytes a call), so that what was handed out of one (the
+/// string `cachealloc_get_allocator_settings` points to) stays valid.
+static LATER: RwLock<Option<&'static Settings>> = RwLock::new(None);
+
+/// Put the later settings string `text`, parsed as `later`, in force as
+/// torch's `_set_allocator_settings` does ([`Config::followed_by`]): for
+/// the devices created from now on and for what the settings report. The
+/// caller holds device creation off and gives it to the created devices.
+pub(crate) fn follow(text: &str, later: Config) -> Res<()> {
+    let s = settings()?;
+    let next = Settings {
+        backend: s.backend,
+        conf_text: text.to_string(),
+        conf_c: std::ffi::CString::new(text.replace('\0', " ")).unwrap_or_default(),
+        config: s.config.followed_by(later),
+        mock_capacity: s.mock_capacity,
+        slots: s.slots,
+        history: s.history,
+    };
+    *LATER.write().unwrap_or_else(|p| p.into_inner()) = Some(Box::leak(Box::new(next)));
+    Ok(())
 }
 
 /// The backend the settings name, or (`auto`) the GPU that is present,

@@ -551,7 +551,7 @@ fn declared_functions(header: &str, hooks: bool) -> Vec<String> {
 /// The C functions that are no device operation of the table: the
 /// library's own (its version, backend, errors, settings, PyTorch's init
 /// hook) and the observers, which every device shares.
-const LIBRARY_FUNCTIONS: [&str; 10] = [
+const LIBRARY_FUNCTIONS: [&str; 9] = [
     "cachealloc_attach_oom_cause_observer",
     "cachealloc_attach_oom_observer",
     "cachealloc_attach_oom_rejection_observer",
@@ -561,7 +561,6 @@ const LIBRARY_FUNCTIONS: [&str; 10] = [
     "cachealloc_last_error",
     "cachealloc_last_error_code",
     "cachealloc_version",
-    "cachealloc_set_allocator_settings",
 ];
 
 /// Each C function of the header is an operation's, as the operation

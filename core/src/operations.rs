@@ -226,6 +226,13 @@ macro_rules! operations {
         with fn ordinal() -> u32 = |a| a.backend().ordinal();
     }
     {
+        /// [`DeviceAllocator::set_config`]: a later settings string's
+        /// settings, with torch's rules for the keys it leaves out
+        /// ([`Config::followed_by`]).
+        with fn set_config(config: Config) -> () = |a| a.set_config(config);
+        by_hand cachealloc_set_allocator_settings;
+    }
+    {
         /// [`DeviceAllocator::has_expandable_segments`].
         with fn has_expandable_segments() -> bool = |a| a.has_expandable_segments();
     }

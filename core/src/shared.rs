@@ -33,6 +33,7 @@ use crate::allocator::{CheckpointBlock, PagesShare, RestoreCounts, ShareableHand
 use crate::arena::{BlockId, BlockSlot};
 use crate::backend::{DeviceBackend, DevicePtr, MemInfo, PeerAccess};
 use crate::caching::CachingAllocator;
+use crate::config::Config;
 use crate::error::Error;
 use crate::fragmentation::{Fragmentation, PoolMemory};
 use crate::history::{HistoryStorage, OutOfMemoryObserver, TraceActions, TraceTracker};

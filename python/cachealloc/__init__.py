@@ -88,6 +88,7 @@ from .stats import (
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
     get_per_process_memory_fraction,
+    set_allocator_settings,
     set_per_process_memory_fraction,
     snapshot,
 )
@@ -133,6 +134,7 @@ __all__ = [
     "record_history",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
+    "set_allocator_settings",
     "set_per_process_memory_fraction",
     "snapshot",
     "version",

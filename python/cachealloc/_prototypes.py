@@ -85,6 +85,7 @@ PROTOTYPES = {
     "cachealloc_get_device_stats": (c_int, [c_int, c_void_p]),
     "cachealloc_begin_allocate_to_pool_filtered": (c_int, [c_int, c_uint64, c_uint64, STREAM_FILTER, c_void_p]),
     "cachealloc_get_allocator_settings": (c_int, [c_void_p]),
+    "cachealloc_set_allocator_settings": (c_int, [c_char_p]),
     "cachealloc_checkpoint_pool": (c_int64, [c_int, c_uint64, c_uint64, c_void_p, c_size_t]),
     "cachealloc_restore_pool": (c_int, [c_int, c_uint64, c_uint64, c_void_p, c_size_t, RESTORE_CALLBACK, c_void_p]),
     "cachealloc_empty_cache": (c_int, [c_int]),

@@ -127,6 +127,16 @@ def set_per_process_memory_fraction(fraction, device=None):
     _lib.check_void("cachealloc_set_memory_fraction(%r, %d)" % (fraction, d))
 
 
+def set_allocator_settings(settings):
+    """``torch.cuda.memory._set_allocator_settings``: apply a later settings
+    string (``PYTORCH_CUDA_ALLOC_CONF`` syntax) to every device, and to those
+    used from now on, with torch's rules for the keys it leaves out (kept or
+    reset, as the selected torch release does). A bad string raises and
+    changes nothing."""
+    _lib.check(_lib.lib().cachealloc_set_allocator_settings(settings.encode()),
+               "cachealloc_set_allocator_settings(%r)" % settings)
+
+
 def get_per_process_memory_fraction(device=None):
     """``torch.cuda.get_per_process_memory_fraction``: the device's memory
     limit over its total memory (1.0 with none), whoever set it."""

@@ -706,6 +706,46 @@ class Settings(unittest.TestCase):
             self.assertIn('%s="%s": ' % (var, value), msg)
 
 
+    def test_a_later_settings_string(self):
+        """``set_allocator_settings`` (torch's ``_set_allocator_settings``)
+        reaches the devices made before and after it, with torch's rules
+        for a key it leaves out; a bad string changes nothing."""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   CACHEALLOC_BACKEND="mock")
+        for v in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                  "CACHEALLOC_TORCH_VERSION"):
+            env.pop(v, None)
+        code = ("import cachealloc\n"
+                "from cachealloc import _lib\n"
+                "lib = _lib.lib()\n"
+                "def size(d):\n"
+                "    before = cachealloc.memory_allocated(d)\n"
+                "    assert lib.cachealloc_alloc(1100000, d, None)\n"
+                "    return cachealloc.memory_allocated(d) - before\n"
+                "print(size(0))\n"
+                "cachealloc.set_allocator_settings('roundup_power2_divisions:4')\n"
+                "print(size(0), size(1))\n"
+                "try:\n"
+                "    cachealloc.set_allocator_settings('roundup_power2_divisions:3')\n"
+                "except cachealloc.CacheallocError as e:\n"
+                "    print(e)\n"
+                "print(size(0))\n"
+                "cachealloc.set_allocator_settings('max_split_size_mb:40')\n"
+                "print(size(0), size(2))\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = r.stdout.strip().splitlines()
+        # 512-byte rounding; a quarter of a MiB on devices old and new; the
+        # bad string refused, nothing changed; a later string without the
+        # divisions resets them, as torch's parser does.
+        self.assertEqual(lines[0], "1100288")
+        self.assertEqual(lines[1], "1310720 1310720")
+        self.assertIn('cachealloc_set_allocator_settings("roundup_power2_divisions:3")', lines[2])
+        self.assertIn("divisions must be a power of two", lines[2])
+        self.assertEqual(lines[3], "1310720")
+        self.assertEqual(lines[4], "1100288 1100288")
+
+
 class Install(unittest.TestCase):
     def test_without_torch_raises_import_error_naming_torch(self):
         with mock.patch.dict(sys.modules, {"torch": None, "torch.cuda": None, "torch.cuda.memory": None}):

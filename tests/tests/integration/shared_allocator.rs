@@ -71,6 +71,13 @@ fn every_method_through_dyn_shared_allocator() {
     assert_eq!(a.memory_fraction().unwrap(), 0.5);
     a.set_memory_limit(None).unwrap();
     assert_eq!(a.memory_fraction().unwrap(), 1.0);
+    // A later settings string: what it leaves out is as torch leaves it.
+    a.set_config(Config::parse("roundup_power2_divisions:4").expect("settings"))
+        .unwrap();
+    let x = a.malloc(1_100_000, 0).unwrap();
+    assert_eq!(x.size, 1_310_720);
+    a.free_ptr(x.ptr).unwrap();
+    a.set_config(Config::parse("").expect("settings")).unwrap();
     a.set_memory_fraction(1.0).unwrap();
     assert!(!a.is_failed());
 
