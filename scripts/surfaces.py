@@ -49,8 +49,9 @@ def main():
     py_fns = len(re.findall(r'^    "cachealloc_\w+": \(', prototypes, re.M))
     cpp = uncommented(read("python", "cachealloc", "native", "allocator.cpp"))
     overrides = len(re.findall(r"\boverride\b", cpp))
-    config = read("core", "src", "config.rs")
-    keys = re.search(r"const KEYS: \[&str; (\d+)\]", config)
+    keys = read("core", "src", "config", "keys.rs")
+    key_names = re.findall(r"names: &\[([^\]]*)\]", keys)
+    spellings = sum(len(re.findall(r'"\w+"', n)) for n in key_names)
     rows = [
         ("`DeviceAllocator` public functions", "`core/src/allocator/*.rs`", device_fns),
         ("`SharedAllocator` methods: from the operation table, by hand",
@@ -59,7 +60,8 @@ def main():
         ("C functions made from the operation table", "`core/src/operations.rs` (`c` clauses)", made_c),
         ("Python prototypes (generated from the header)", "`python/cachealloc/_prototypes.py`", py_fns),
         ("C++ `CUDAAllocator` overrides", "`python/cachealloc/native/allocator.cpp`", overrides),
-        ("settings keys", "`core/src/config.rs` (`KEYS`)", int(keys.group(1)) if keys else "?"),
+        ("settings keys (their spellings)", "`core/src/config/keys.rs` (`KEYS`)",
+         "%d (%d)" % (len(key_names), spellings)),
     ]
     print("| surface | where | count |")
     print("| --- | --- | ---: |")
