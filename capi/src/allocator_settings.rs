@@ -5,8 +5,8 @@
 use crate::backend::{on_device, text};
 use crate::error::status;
 use crate::registry;
-use crate::settings::{follow, settings};
-use cachealloc_core::{Config, SharedAllocator};
+use crate::settings::{follow, settings, warn};
+use cachealloc_core::SharedAllocator;
 use std::ffi::{c_char, c_int, CStr};
 
 /// The allocator's settings (PyTorch's `AllocatorConfigInfo`, the
@@ -103,10 +103,15 @@ pub unsafe extern "C" fn cachealloc_set_allocator_settings(settings: *const c_ch
         let given = unsafe { CStr::from_ptr(settings) }
             .to_str()
             .map_err(|e| format!("cachealloc_set_allocator_settings: not UTF-8: {e}"))?;
-        let torch = self::settings()?.config.torch_version();
-        let later = Config::parse_for(given, torch).map_err(|e| {
-            format!("cachealloc_set_allocator_settings({given:?}): {e} (read as torch {torch})")
-        })?;
+        let now = self::settings()?.config;
+        let torch = now.torch_version();
+        let later = now
+            .parse_later(given, &mut |odd| {
+                warn("cachealloc_set_allocator_settings", odd)
+            })
+            .map_err(|e| {
+                format!("cachealloc_set_allocator_settings({given:?}): {e} (read as torch {torch})")
+            })?;
         let mut followed = Ok(());
         registry::for_all_and_new(
             |d| on_device!(d, |a| a.set_config(later).map_err(text)),

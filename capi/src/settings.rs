@@ -138,7 +138,7 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         .find_map(|n| env(n).map(|v| (*n, v)))
         .unwrap_or(("", String::new()));
     // Every bad value is given as `VARIABLE="value": why`.
-    let config = Config::parse_for(&conf_text, torch)
+    let config = Config::parse_noting(&conf_text, torch, &mut |odd| warn(conf_name, odd))
         .map_err(|e| format!("{conf_name}={conf_text:?}: {e} (read as torch {torch})"))?;
     let mock_capacity = match env("CACHEALLOC_MOCK_CAPACITY") {
         Some(s) if !s.trim().is_empty() => Some(
@@ -167,6 +167,13 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         slots,
         history: count("CACHEALLOC_HISTORY_CAPACITY", DEFAULT_HISTORY, usize::MAX)?,
     })
+}
+
+/// Say on stderr, once (the settings are read once a string), that a value
+/// of `source`'s string is read as only torch reads it (`20MB` as 20): the
+/// string means the same as under torch, which says nothing.
+pub(crate) fn warn(source: &str, odd: cachealloc_core::Oddity<'_>) {
+    eprintln!("cachealloc: warning: {source}: {odd}");
 }
 
 /// The backend a `CACHEALLOC_BACKEND` value names (`None`: the machine's

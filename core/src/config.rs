@@ -15,7 +15,9 @@ use crate::torch_version::{BlockOrder, TorchVersion};
 use core::fmt;
 
 pub mod keys;
-use keys::{Later, KEYS};
+mod tokens;
+use keys::{Later, Walk, KEYS};
+use tokens::Tokens;
 
 const MIB: u64 = 1 << 20;
 
@@ -244,60 +246,59 @@ impl Config {
         Config::parse_for(text, TorchVersion::NEWEST)
     }
 
-    /// Parse a settings string as torch `version`'s parser does: its keys,
-    /// its value rules, its reasons (keys added by a later release are
-    /// refused, naming the release). Options not mentioned take their
-    /// defaults (like PyTorch's `_set_allocator_settings`). Spaces are
-    /// ignored; `True` and `False` are spelt so, as torch's tokenizer takes
-    /// no other spelling.
+    /// Parse a settings string as torch `version`'s parser does
+    /// (`tokens.rs`): its keys, its value rules, its reasons (keys added by
+    /// a later release are refused, naming the release). Options not
+    /// mentioned take their defaults (like PyTorch's
+    /// `_set_allocator_settings`). Whitespace is dropped anywhere; `True`
+    /// and `False` are spelt so; numbers are read as C's `stoull` / `stod`
+    /// read them (`20MB` is 20: [`Config::parse_noting`] says where).
     pub fn parse_for(text: &str, version: TorchVersion) -> Result<Config, ConfigError<'_>> {
-        let mut c = Config::DEFAULT.with_torch_version(version);
-        fn split(item: &str) -> Result<(&str, &str), ConfigError<'_>> {
-            match item.split_once(':') {
-                Some((k, v)) => Ok((k.trim(), v.trim())),
-                None => Err(ConfigError {
-                    key: item,
-                    value: "",
-                    reason: "expected `key:value`",
-                    limit: None,
-                    suggestion: None,
-                }),
-            }
-        }
-        // torch reads `large_segment_size_mb` first: it is the default of
-        // `max_non_split_rounding_mb` and the bound of both split sizes.
-        for first in [true, false] {
-            for item in ConfigItems::of(text) {
-                let (key, value) = split(item)?;
-                let err = |reason, limit| ConfigError {
-                    key,
-                    value,
-                    reason,
-                    limit,
-                    suggestion: None,
-                };
-                let Some((i, k)) = keys::find(key) else {
-                    if first {
-                        continue;
-                    }
-                    return Err(ConfigError {
-                        suggestion: suggest_key(key, version),
-                        ..err(UNKNOWN_KEY, None)
-                    });
-                };
-                if k.first != first {
-                    continue;
-                }
-                if version.decisions_of() < k.since {
-                    return Err(err(added_later(k.since), None));
-                }
-                (k.parse)(&mut c, value).map_err(|(reason, limit)| err(reason, limit))?;
-                // Remembered for a later string (a key with nothing kept,
-                // such as `backend`, has nothing to remember).
-                if k.later != Later::Reset && (k.value)(&c).is_some() {
-                    c.mentioned |= 1 << i;
-                }
-            }
+        Config::parse_noting(text, version, &mut |_| {})
+    }
+
+    /// [`Config::parse_for`], telling `note` of each value read as only
+    /// torch reads it (a number's prefix, whitespace inside a word), for a
+    /// front end to warn once.
+    pub fn parse_noting<'a>(
+        text: &'a str,
+        version: TorchVersion,
+        note: &mut dyn FnMut(Oddity<'a>),
+    ) -> Result<Config, ConfigError<'a>> {
+        Config::parse_from(Config::DEFAULT.with_torch_version(version), text, note)
+    }
+
+    /// A later settings string (torch's `_set_allocator_settings`) as torch
+    /// reads it after this one: its split sizes checked against the large
+    /// segment size in force. What it leaves out is this one's business:
+    /// [`followed_by`](Self::followed_by) (or
+    /// [`DeviceAllocator::set_config`](crate::DeviceAllocator::set_config))
+    /// of the result. `note` is told of odd values as by
+    /// [`parse_noting`](Self::parse_noting).
+    pub fn parse_later<'a>(
+        &self,
+        text: &'a str,
+        note: &mut dyn FnMut(Oddity<'a>),
+    ) -> Result<Config, ConfigError<'a>> {
+        let mut start = Config::DEFAULT.with_torch_version(self.torch);
+        start.large_segment_size = self.large_segment_size;
+        start.max_non_split_rounding = self.large_segment_size;
+        Config::parse_from(start, text, note)
+    }
+
+    /// Parse `text` into `c` (its torch version's keys and rules).
+    fn parse_from<'a>(
+        mut c: Config,
+        text: &'a str,
+        note: &mut dyn FnMut(Oddity<'a>),
+    ) -> Result<Config, ConfigError<'a>> {
+        let version = c.torch;
+        // torch reads `large_segment_size_mb` first (the bound of both
+        // split sizes and the default of the rounding), then each of its
+        // two parsers reads the whole string, passing over the other's
+        // keys.
+        for pass in [Pass::First, Pass::Accelerator, Pass::Device] {
+            walk(&mut c, text, version, pass, note)?;
         }
         Ok(c)
     }
@@ -344,6 +345,132 @@ impl Config {
             ..Config::DEFAULT
         }
     }
+}
+
+/// A value torch reads in its own way, which cachealloc reads the same
+/// ([`Config::parse_noting`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Oddity<'a> {
+    /// The key as written.
+    pub key: &'a str,
+    /// Its value as written.
+    pub value: &'a str,
+}
+
+impl fmt::Display for Oddity<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}:{}` is read as torch reads it (a number's leading digits, whitespace dropped)",
+            self.key, self.value
+        )
+    }
+}
+
+/// One of the reads of a settings string.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// The keys read before the others.
+    First,
+    /// The keys of torch's `AcceleratorAllocatorConfig`.
+    Accelerator,
+    /// The keys of torch's `CUDAAllocatorConfig`.
+    Device,
+}
+
+/// One read of `text` as torch's parsers walk it: each key, one token
+/// passed over (the `:`), its value, one token passed over (the `,`).
+/// The keys of this pass are set in `c`, the others passed over as torch
+/// passes over a key it leaves to its other parser.
+fn walk<'a>(
+    c: &mut Config,
+    text: &'a str,
+    version: TorchVersion,
+    pass: Pass,
+    note: &mut dyn FnMut(Oddity<'a>),
+) -> Result<(), ConfigError<'a>> {
+    let mut t = Tokens::of(text);
+    while let Some(key) = t.next() {
+        let err = |value, (reason, limit): keys::Refusal| ConfigError {
+            key: key.text,
+            value,
+            reason,
+            limit,
+            suggestion: None,
+        };
+        let found = keys::find(&key).filter(|(_, k)| version.decisions_of() >= k.since);
+        // The first read only looks for its keys: what is wrong elsewhere
+        // is for the full reads to say.
+        let skip = |t: &mut Tokens<'a>| match skip_value(t) {
+            Err(_) if pass == Pass::First => Ok(false),
+            Err(r) => Err(err("", r)),
+            Ok(()) => Ok(true),
+        };
+        let Some((i, k)) = found else {
+            if pass != Pass::Accelerator {
+                if !skip(&mut t)? {
+                    return Ok(());
+                }
+                t.pass();
+                continue;
+            }
+            let reason = match keys::find(&key) {
+                Some((_, k)) => added_later(k.since),
+                None => UNKNOWN_KEY,
+            };
+            let suggestion = match keys::find(&key) {
+                Some(_) => None,
+                None => suggest_key(key.text, version),
+            };
+            let mut rest = t.clone();
+            rest.pass();
+            let value = rest.next().map_or("", |v| v.text);
+            return Err(ConfigError {
+                suggestion,
+                ..err(value, (reason, None))
+            });
+        };
+        let ours = match pass {
+            Pass::First => k.first,
+            Pass::Accelerator => k.walk == Walk::Accelerator && !k.first,
+            Pass::Device => k.walk == Walk::Device,
+        };
+        if !ours {
+            if !skip(&mut t)? {
+                return Ok(());
+            }
+            t.pass();
+            continue;
+        }
+        t.pass(); // `:`
+        let at = t.offset();
+        t.odd = key.text.bytes().any(|b| b.is_ascii_whitespace());
+        (k.parse)(c, &mut t).map_err(|r| err(t.since(at), r))?;
+        if t.odd {
+            note(Oddity {
+                key: key.text,
+                value: t.since(at),
+            });
+        }
+        // Remembered for a later string (a key with nothing kept, such as
+        // `backend`, has nothing to remember).
+        if k.later != Later::Reset && (k.value)(c).is_some() {
+            c.mentioned |= 1 << i;
+        }
+        t.pass(); // `,`
+    }
+    Ok(())
+}
+
+/// Pass over a key's `:` and value as torch's `skipKey` does: one token,
+/// or a list to its `]`.
+fn skip_value(t: &mut Tokens<'_>) -> Result<(), keys::Refusal> {
+    t.pass();
+    if t.value()?.is("[") {
+        while !t.value()?.is("]") {}
+    }
+    Ok(())
 }
 
 /// The reason for a key torch does not have.
@@ -436,14 +563,6 @@ fn added_later(since: TorchVersion) -> &'static str {
     }
 }
 
-fn parse_bool(v: &str) -> Result<bool, &'static str> {
-    match v {
-        "True" => Ok(true),
-        "False" => Ok(false),
-        _ => Err("Expected 'True' or 'False' (torch takes no other spelling)"),
-    }
-}
-
 /// The `key:value` items of a settings string, in order: split at the
 /// commas outside brackets (`roundup_power2_divisions:[256:1,>:4]` is one
 /// item), trimmed, empty ones skipped. The one splitter of settings
@@ -498,72 +617,6 @@ fn split_top_level(s: &str) -> (&str, &str) {
     (s, "")
 }
 
-fn parse_power_of_two_or_zero(v: &str) -> Result<u32, &'static str> {
-    let d: u32 = v
-        .trim()
-        .parse()
-        .map_err(|_| "divisions must be a whole number")?;
-    if d != 0 && !d.is_power_of_two() {
-        return Err("divisions must be a power of two");
-    }
-    Ok(d)
-}
-
-/// `roundup_power2_divisions`: one power of two for every bucket, or
-/// `[k:v,...,>:v]` with PyTorch's fill rules (the first key also fills every
-/// lower bucket; `>` fills from the last key's own bucket to the end).
-fn parse_divisions(value: &str) -> Result<[u32; ROUNDUP_INTERVALS], &'static str> {
-    let mut out = [0u32; ROUNDUP_INTERVALS];
-    let Some(body) = value.strip_prefix('[') else {
-        let d = parse_power_of_two_or_zero(value)?;
-        if d == 0 {
-            return Err("divisions must be a power of two");
-        }
-        return Ok([d; ROUNDUP_INTERVALS]);
-    };
-    let body = body.strip_suffix(']').ok_or("missing `]`")?;
-    let mut first = true;
-    let mut last_index = 0usize;
-    let mut any = false;
-    for item in body.split(',') {
-        let item = item.trim();
-        if item.is_empty() {
-            continue;
-        }
-        any = true;
-        let (k, v) = item
-            .split_once(':')
-            .ok_or("expected `interval:divisions` in the list")?;
-        let d = parse_power_of_two_or_zero(v)?;
-        let k = k.trim();
-        if k == ">" {
-            for slot in out.iter_mut().skip(last_index) {
-                *slot = d;
-            }
-        } else {
-            let mb: u64 = k
-                .parse()
-                .map_err(|_| "interval must be a power-of-two number of MiB or `>`")?;
-            if !mb.is_power_of_two() {
-                return Err("interval must be a power of two (MiB)");
-            }
-            let index = (63 - mb.leading_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
-            if first {
-                for slot in out.iter_mut().take(index) {
-                    *slot = d;
-                }
-                first = false;
-            }
-            out[index] = d;
-            last_index = index;
-        }
-    }
-    if !any {
-        return Err("empty list");
-    }
-    Ok(out)
-}
-
 /// Writes the canonical string: the keys that differ from their default
 /// or that the string set (those a later string would keep), in the
 /// settings table's order; [`Config::parse`] of it gives the same `Config`
@@ -600,8 +653,21 @@ mod tests {
             c.roundup_power2_divisions,
             [8, 8, 8, 8, 8, 8, 8, 2, 2, 2, 1, 1, 1, 1, 1, 1]
         );
+        // torch's rule: `>` fills the buckets after the last entry's, a
+        // list that starts with `>` leaves bucket 0 alone, and buckets
+        // between entries keep their 0 (torch 2.11 to 2.15).
         let q = Config::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").unwrap();
-        assert_eq!(q.roundup_power2_divisions[10], 8);
+        assert_eq!(
+            q.roundup_power2_divisions,
+            [1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8]
+        );
+        let gaps = Config::parse("roundup_power2_divisions:[64:8,256:4,1024:4,>:1]").unwrap();
+        assert_eq!(
+            gaps.roundup_power2_divisions,
+            [8, 8, 8, 8, 8, 8, 8, 0, 4, 0, 4, 1, 1, 1, 1, 1]
+        );
+        let tail = Config::parse("roundup_power2_divisions:[>:2]").unwrap();
+        assert_eq!(tail.roundup_power2_divisions[..2], [0, 2]);
     }
 
     #[test]
@@ -896,7 +962,7 @@ mod tests {
         // Every key suggested is one the parser takes.
         for k in KEYS.iter().flat_map(|k| k.names) {
             let e = Config::parse(k).unwrap_err();
-            assert_eq!(e.reason, "expected `key:value`", "{k}");
+            assert_eq!(e.reason, "expected a value (the string ends here)", "{k}");
             let bad = format!("{k}:\u{1}");
             if let Err(e) = Config::parse(&bad) {
                 assert_ne!(e.reason, UNKNOWN_KEY, "{k}");

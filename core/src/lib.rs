@@ -106,7 +106,7 @@ pub use backend::{
     NO_MARKER,
 };
 pub use caching::{CachingAllocator, DeviceAllocation, MultiDeviceAllocator};
-pub use config::{Config, ConfigError, ConfigItems, Policy};
+pub use config::{Config, ConfigError, ConfigItems, Oddity, Policy};
 pub use error::{Error, Explained, NotShareable, OomReport, PytorchMessage};
 pub use fragmentation::{Fragmentation, PoolMemory};
 pub use history::{

@@ -706,6 +706,18 @@ class Settings(unittest.TestCase):
             self.assertIn('%s="%s": ' % (var, value), msg)
 
 
+    def test_what_torch_reads_oddly_is_read_so_and_said(self):
+        """``20MB`` is 20, as torch's ``stoull`` reads it: the settings
+        start as under torch, and stderr says so once."""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   CACHEALLOC_BACKEND="mock", CACHEALLOC_CONF="max_split_size_mb:20MB")
+        code = "import cachealloc\nprint(cachealloc.memory_stats(0)['max_split_size'])\n"
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stdout.strip(), str(20 << 20))
+        self.assertEqual(r.stderr.count("cachealloc: warning: CACHEALLOC_CONF: `max_split_size_mb:20MB`"), 1,
+                         r.stderr)
+
     def test_a_later_settings_string(self):
         """``set_allocator_settings`` (torch's ``_set_allocator_settings``)
         reaches the devices made before and after it, with torch's rules
@@ -741,7 +753,7 @@ class Settings(unittest.TestCase):
         self.assertEqual(lines[0], "1100288")
         self.assertEqual(lines[1], "1310720 1310720")
         self.assertIn('cachealloc_set_allocator_settings("roundup_power2_divisions:3")', lines[2])
-        self.assertIn("divisions must be a power of two", lines[2])
+        self.assertIn("the divisions has to be power of 2", lines[2])
         self.assertEqual(lines[3], "1310720")
         self.assertEqual(lines[4], "1100288 1100288")
 

@@ -6,7 +6,8 @@
 //! misspelt key and the key table of `docs/torch-versions.md` (the test
 //! `the_docs_key_table_is_the_settings_table`) all read it.
 
-use super::{parse_bool, parse_divisions, Config, Policy, MIB};
+use super::tokens::Tokens;
+use super::{Config, Policy, MIB};
 use crate::policy::ROUNDUP_INTERVALS;
 use crate::torch_version::TorchVersion;
 use core::fmt;
@@ -23,6 +24,16 @@ pub enum Later {
     /// Back to the large segment size in force
     /// (`max_non_split_rounding_mb`).
     LargeSegmentSize,
+}
+
+/// Which of torch's two parsers reads a key: each walks the whole string
+/// and passes over the other's keys (a string must pass both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walk {
+    /// c10's `AcceleratorAllocatorConfig` (and cachealloc's own `policy`).
+    Accelerator,
+    /// c10's `CUDAAllocatorConfig`.
+    Device,
 }
 
 /// A refused value: torch's reason, and the bound it ends with.
@@ -72,11 +83,13 @@ pub struct Key {
     pub later: Later,
     /// The values torch takes, with its reasons for refusing one.
     pub rule: &'static str,
+    /// Which of torch's parsers reads it.
+    pub walk: Walk,
     /// Read before every other key (torch reads `large_segment_size_mb`
     /// first: the other sizes are checked against it).
     pub(super) first: bool,
-    /// Set it in a `Config` from the value as written.
-    pub(super) parse: fn(&mut Config, &str) -> Result<(), Refusal>,
+    /// Read its value from the tokens after its `:` and set it.
+    pub(super) parse: fn(&mut Config, &mut Tokens<'_>) -> Result<(), Refusal>,
     /// Its value in a `Config`; `None`: not kept, never printed.
     pub(super) value: fn(&Config) -> Option<Value>,
     /// A later string that leaves it out: set it from the earlier
@@ -92,26 +105,9 @@ const MAX_MB: u64 = u64::MAX / MIB;
 /// `pinned_num_register_threads`' most.
 const MAX_REGISTER_THREADS: u64 = 128;
 
-fn whole_mib(v: &str) -> Result<u64, Refusal> {
-    v.parse()
-        .map_err(|_| ("expected a whole number of MiB", None))
-}
-
-fn number(v: &str) -> Result<u64, Refusal> {
-    v.parse().map_err(|_| ("expected a number", None))
-}
-
-fn real(v: &str) -> Result<f64, Refusal> {
-    v.parse().map_err(|_| ("expected a number", None))
-}
-
-fn boolean(v: &str) -> Result<bool, Refusal> {
-    parse_bool(v).map_err(|r| (r, None))
-}
-
 /// A split size of at least the large segment size in force, in bytes.
-fn split_size(c: &Config, v: &str, too_small: &'static str) -> Result<u64, Refusal> {
-    let mb = whole_mib(v)?;
+fn split_size(c: &Config, t: &mut Tokens<'_>, too_small: &'static str) -> Result<u64, Refusal> {
+    let mb = t.size()?;
     let least = c.large_segment_size / MIB;
     if mb < least {
         return Err((too_small, Some(least)));
@@ -119,10 +115,82 @@ fn split_size(c: &Config, v: &str, too_small: &'static str) -> Result<u64, Refus
     Ok(mb.min(MAX_MB) * MIB)
 }
 
-/// Nothing to set, nothing to print, nothing to carry.
-fn ignored(_: &mut Config, _: &str) -> Result<(), Refusal> {
-    Ok(())
+/// A value read and dropped (torch 2.15's reserve: a bad value only warns).
+fn ignored(_: &mut Config, t: &mut Tokens<'_>) -> Result<(), Refusal> {
+    t.value().map(|_| ())
 }
+
+/// torch 2.15's `expandable_segments_reserve_by_class`: a list
+/// `[class:reserve,...]`, read to its `]` and dropped.
+fn ignored_list(_: &mut Config, t: &mut Tokens<'_>) -> Result<(), Refusal> {
+    loop {
+        if t.value()?.is("]") {
+            return Ok(());
+        }
+    }
+}
+
+/// `roundup_power2_divisions`' value, with torch's rules: one power of two
+/// for every bucket, or a list `[mib:divisions,...,>:divisions]` (the
+/// first entry also fills every bucket below its own, `>` fills every
+/// bucket after the last entry's, the others only their own).
+fn divisions(out: &mut [u32; ROUNDUP_INTERVALS], t: &mut Tokens<'_>) -> Result<(), Refusal> {
+    let count = |d: u64| {
+        u32::try_from(d).map_err(|_| ("more divisions than cachealloc holds (at most 2^31)", None))
+    };
+    if !t.peek().is_some_and(|v| v.is("[")) {
+        let d = t.size()?;
+        if !d.is_power_of_two() {
+            return Err(("For roundups, the divisions has to be power of 2", None));
+        }
+        *out = [count(d)?; ROUNDUP_INTERVALS];
+        return Ok(());
+    }
+    t.pass();
+    let mut first = true;
+    let mut last = 0;
+    loop {
+        let key = t.value()?;
+        if key.is("]") {
+            return Ok(());
+        }
+        t.pass(); // `:`
+        let d = t.size()?;
+        if d != 0 && !d.is_power_of_two() {
+            return Err((
+                "For roundups, the divisions has to be power of 2 or 0 to disable roundup",
+                None,
+            ));
+        }
+        let d = count(d)?;
+        if key.is(">") {
+            for slot in out.iter_mut().skip(last + 1) {
+                *slot = d;
+            }
+        } else {
+            let (mib, whole) = key.to_size()?;
+            t.odd |= !whole;
+            if !mib.is_power_of_two() {
+                return Err(("For roundups, the intervals have to be power of 2", None));
+            }
+            let index = (mib.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+            if first {
+                for slot in out.iter_mut().take(index) {
+                    *slot = d;
+                }
+                first = false;
+            }
+            out[index] = d;
+            last = index;
+        }
+        // torch passes over the token after an entry unless it ends the list.
+        if !t.value_ahead()?.is("]") {
+            t.pass();
+        }
+    }
+}
+
+/// Nothing to print, nothing to carry.
 fn no_value(_: &Config) -> Option<Value> {
     None
 }
@@ -134,12 +202,13 @@ pub const KEYS: &[Key] = &[
         names: &["large_segment_size_mb"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Accelerator,
         rule: "> 10 (\"CachingAllocator option large_segment_size_mb must be > 10\"); \
                new in 2.11 (#172056); read before the other keys; sets \
                `max_non_split_rounding_mb`'s default",
         first: true,
-        parse: |c, v| {
-            let mb = whole_mib(v)?;
+        parse: |c, t| {
+            let mb = t.size()?;
             if mb <= MIN_LARGE_SEGMENT_MB {
                 return Err((
                     "CachingAllocator option large_segment_size_mb must be > ",
@@ -157,13 +226,14 @@ pub const KEYS: &[Key] = &[
         names: &["max_split_size_mb"],
         since: TorchVersion::OLDEST,
         later: Later::Reset,
+        walk: Walk::Accelerator,
         rule: "at least `large_segment_size_mb` (\"... too small, must be >= 20\"): \
                **20 is accepted**",
         first: false,
-        parse: |c, v| {
+        parse: |c, t| {
             c.max_split_size = split_size(
                 c,
-                v,
+                t,
                 "CachingAllocator option max_split_size_mb too small, must be >= ",
             )?;
             Ok(())
@@ -175,12 +245,13 @@ pub const KEYS: &[Key] = &[
         names: &["max_non_split_rounding_mb"],
         since: TorchVersion::OLDEST,
         later: Later::LargeSegmentSize,
+        walk: Walk::Accelerator,
         rule: "at least `large_segment_size_mb` (\"... too small, must be >= 20\")",
         first: false,
-        parse: |c, v| {
+        parse: |c, t| {
             c.max_non_split_rounding = split_size(
                 c,
-                v,
+                t,
                 "CachingAllocator option max_non_split_rounding_mb too small, must be >= ",
             )?;
             Ok(())
@@ -192,12 +263,12 @@ pub const KEYS: &[Key] = &[
         names: &["roundup_power2_divisions"],
         since: TorchVersion::OLDEST,
         later: Later::Reset,
-        rule: "a power of two, or `[k:v,...,>:v]` (0 allowed in the list)",
+        walk: Walk::Accelerator,
+        rule: "a power of two (not 0), or a list `[mib:v,...,>:v]` (0 allowed): the first entry \
+               also fills the buckets below its own, `>` those after the last entry's, the \
+               others only their own",
         first: false,
-        parse: |c, v| {
-            c.roundup_power2_divisions = parse_divisions(v).map_err(|r| (r, None))?;
-            Ok(())
-        },
+        parse: |c, t| divisions(&mut c.roundup_power2_divisions, t),
         value: |c| Some(Value::Divisions(c.roundup_power2_divisions)),
         carry: no_carry,
     },
@@ -205,17 +276,18 @@ pub const KEYS: &[Key] = &[
         names: &["garbage_collection_threshold"],
         since: TorchVersion::OLDEST,
         later: Later::Reset,
+        walk: Walk::Accelerator,
         rule: "in (0, 1) (\"garbage_collect_threshold is invalid, set it in (0.0, 1.0)\")",
         first: false,
-        parse: |c, v| {
-            let t = real(v)?;
-            if !(t > 0.0 && t < 1.0) {
+        parse: |c, t| {
+            let x = t.real()?;
+            if !(x > 0.0 && x < 1.0) {
                 return Err((
                     "garbage_collect_threshold is invalid, set it in (0.0, 1.0)",
                     None,
                 ));
             }
-            c.garbage_collection_threshold = t;
+            c.garbage_collection_threshold = x;
             Ok(())
         },
         value: |c| Some(Value::Real(c.garbage_collection_threshold)),
@@ -225,10 +297,11 @@ pub const KEYS: &[Key] = &[
         names: &["release_lock_on_cudamalloc", "release_lock_on_hipmalloc"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, v| {
-            c.release_lock_on_malloc = boolean(v)?;
+        parse: |c, t| {
+            c.release_lock_on_malloc = t.boolean()?;
             Ok(())
         },
         value: |c| Some(Value::Bool(c.release_lock_on_malloc)),
@@ -238,10 +311,11 @@ pub const KEYS: &[Key] = &[
         names: &["expandable_segments"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Accelerator,
         rule: "boolean",
         first: false,
-        parse: |c, v| {
-            c.expandable_segments = boolean(v)?;
+        parse: |c, t| {
+            c.expandable_segments = t.boolean()?;
             Ok(())
         },
         value: |c| Some(Value::Bool(c.expandable_segments)),
@@ -251,12 +325,13 @@ pub const KEYS: &[Key] = &[
         names: &["backend"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "`native` or `cudaMallocAsync` (cachealloc refuses the latter: it is not \
                implemented)",
         first: false,
-        parse: |_, v| match v {
-            "native" => Ok(()),
-            "cudaMallocAsync" | "hipMallocAsync" => Err((
+        parse: |_, t| match t.word()? {
+            v if v.is("native") => Ok(()),
+            v if v.is("cudaMallocAsync") || v.is("hipMallocAsync") => Err((
                 "cachealloc is a native caching allocator; the driver's stream-ordered allocator \
                  (cudaMallocAsync, hipMallocAsync) is not implemented",
                 None,
@@ -273,13 +348,14 @@ pub const KEYS: &[Key] = &[
         names: &["per_process_memory_fraction"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "in [0, 1] (\"per_process_memory_fraction is invalid, set it in [0.0, 1.0]\"); \
                new in 2.11; applied as the memory fraction when the allocator is made \
                (`NativeCachingAllocator::init` → `setMemoryFraction`, 0x29808), and the \
                rejection policy's limit",
         first: false,
-        parse: |c, v| {
-            let f = real(v)?;
+        parse: |c, t| {
+            let f = t.real()?;
             if !(0.0..=1.0).contains(&f) {
                 return Err((
                     "per_process_memory_fraction is invalid, set it in [0.0, 1.0]",
@@ -296,10 +372,11 @@ pub const KEYS: &[Key] = &[
         names: &["throw_on_cudamalloc_oom"],
         since: TorchVersion::V2_12,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, v| {
-            c.throw_on_cudamalloc_oom = boolean(v)?;
+        parse: |c, t| {
+            c.throw_on_cudamalloc_oom = t.boolean()?;
             Ok(())
         },
         value: |c| Some(Value::Bool(c.throw_on_cudamalloc_oom)),
@@ -309,10 +386,11 @@ pub const KEYS: &[Key] = &[
         names: &["graph_capture_record_stream_reuse"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "boolean, default False; new in 2.11 (see below)",
         first: false,
-        parse: |c, v| {
-            c.graph_capture_record_stream_reuse = boolean(v)?;
+        parse: |c, t| {
+            c.graph_capture_record_stream_reuse = t.boolean()?;
             Ok(())
         },
         value: |c| Some(Value::Bool(c.graph_capture_record_stream_reuse)),
@@ -327,10 +405,11 @@ pub const KEYS: &[Key] = &[
         ],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, v| {
-            c.host.pinned_use_host_register = boolean(v)?;
+        parse: |c, t| {
+            c.host.pinned_use_host_register = t.boolean()?;
             Ok(())
         },
         value: |c| Some(Value::Bool(c.host.pinned_use_host_register)),
@@ -340,10 +419,11 @@ pub const KEYS: &[Key] = &[
         names: &["pinned_num_register_threads"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "a power of two, at most 128",
         first: false,
-        parse: |c, v| {
-            let n = number(v)?;
+        parse: |c, t| {
+            let n = t.size()?;
             if !n.is_power_of_two() {
                 return Err(("Number of register threads has to be power of 2", None));
             }
@@ -365,10 +445,11 @@ pub const KEYS: &[Key] = &[
         names: &["pinned_use_background_threads"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Accelerator,
         rule: "boolean",
         first: false,
-        parse: |c, v| {
-            c.host.pinned_use_background_threads = boolean(v)?;
+        parse: |c, t| {
+            c.host.pinned_use_background_threads = t.boolean()?;
             Ok(())
         },
         value: |c| Some(Value::Bool(c.host.pinned_use_background_threads)),
@@ -380,10 +461,11 @@ pub const KEYS: &[Key] = &[
         names: &["pinned_reserve_segment_size_mb"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "> 0; new in 2.11",
         first: false,
-        parse: |c, v| {
-            let n = number(v)?;
+        parse: |c, t| {
+            let n = t.size()?;
             if n == 0 {
                 return Err(("Pinned reserve segment size has to be greater than 0", None));
             }
@@ -399,10 +481,11 @@ pub const KEYS: &[Key] = &[
         names: &["pinned_free_catch_all"],
         since: TorchVersion::V2_12,
         later: Later::Keep,
+        walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, v| {
-            c.host.pinned_free_catch_all = boolean(v)?;
+        parse: |c, t| {
+            c.host.pinned_free_catch_all = t.boolean()?;
             Ok(())
         },
         value: |c| Some(Value::Bool(c.host.pinned_free_catch_all)),
@@ -412,10 +495,11 @@ pub const KEYS: &[Key] = &[
         names: &["pinned_max_round_threshold_mb"],
         since: TorchVersion::V2_13,
         later: Later::Keep,
+        walk: Walk::Accelerator,
         rule: "a size in MiB",
         first: false,
-        parse: |c, v| {
-            c.host.pinned_max_round_threshold_mb = whole_mib(v)?;
+        parse: |c, t| {
+            c.host.pinned_max_round_threshold_mb = t.size()?;
             Ok(())
         },
         value: |c| Some(Value::Number(c.host.pinned_max_round_threshold_mb)),
@@ -427,22 +511,21 @@ pub const KEYS: &[Key] = &[
         names: &["pinned_max_cached_size_mb"],
         since: TorchVersion::V2_13,
         later: Later::Keep,
+        walk: Walk::Accelerator,
         rule: "a size in MiB",
         first: false,
-        parse: |c, v| {
-            c.host.pinned_max_cached_size_mb = whole_mib(v)?;
+        parse: |c, t| {
+            c.host.pinned_max_cached_size_mb = t.size()?;
             Ok(())
         },
         value: |c| Some(Value::Number(c.host.pinned_max_cached_size_mb)),
         carry: |from, to| to.host.pinned_max_cached_size_mb = from.host.pinned_max_cached_size_mb,
     },
     Key {
-        names: &[
-            "expandable_segments_reserve",
-            "expandable_segments_reserve_by_class",
-        ],
+        names: &["expandable_segments_reserve"],
         since: TorchVersion::V2_15,
         later: Later::Reset,
+        walk: Walk::Device,
         // torch warns about a bad value and goes on with its default; so
         // does this parser (without the warning), and it changes nothing
         // here.
@@ -453,16 +536,31 @@ pub const KEYS: &[Key] = &[
         carry: no_carry,
     },
     Key {
+        names: &["expandable_segments_reserve_by_class"],
+        since: TorchVersion::V2_15,
+        later: Later::Reset,
+        walk: Walk::Device,
+        rule: "a list `[class:reserve,...]` (a single value is refused); a bad reserve only warns",
+        first: false,
+        parse: ignored_list,
+        value: no_value,
+        carry: no_carry,
+    },
+    Key {
         names: &["policy"],
         since: TorchVersion::OLDEST,
         later: Later::Keep,
+        walk: Walk::Accelerator,
         rule: "cachealloc's own: `pytorch` (the default) or `compact`",
         first: false,
-        parse: |c, v| {
-            c.policy = match v {
-                "pytorch" | "PyTorch" => Policy::PyTorch,
-                "compact" => Policy::Compact,
-                _ => return Err(("expected pytorch or compact", None)),
+        parse: |c, t| {
+            let v = t.word()?;
+            c.policy = if v.is("pytorch") || v.is("PyTorch") {
+                Policy::PyTorch
+            } else if v.is("compact") {
+                Policy::Compact
+            } else {
+                return Err(("expected pytorch or compact", None));
             };
             Ok(())
         },
@@ -474,11 +572,11 @@ pub const KEYS: &[Key] = &[
 // `Config::mentioned` has a bit per key.
 const _: () = assert!(KEYS.len() <= 32);
 
-/// The key spelled `name`, with its place in [`KEYS`].
-pub(super) fn find(name: &str) -> Option<(usize, &'static Key)> {
+/// The key torch reads in `token`, with its place in [`KEYS`].
+pub(super) fn find(token: &super::tokens::Token<'_>) -> Option<(usize, &'static Key)> {
     KEYS.iter()
         .enumerate()
-        .find(|(_, k)| k.names.contains(&name))
+        .find(|(_, k)| k.names.iter().any(|n| token.is(n)))
 }
 
 /// Every spelling of every key torch `version` has, in the table's order.

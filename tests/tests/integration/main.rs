@@ -29,3 +29,4 @@ mod shared_allocator;
 mod shared_space;
 mod snapshots;
 mod tf_allocator;
+mod torch_parser;
