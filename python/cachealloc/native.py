@@ -345,4 +345,9 @@ def install(verbose=False):
     err = ctypes.create_string_buffer(4096)
     if lib.cachealloc_torch_install(err, len(err)) != 0:
         raise RuntimeError("cachealloc: torch refused the native allocator: " + err.value.decode("utf-8", "replace"))
+    import torch
+
+    from .torch_glue import follow_torch_settings
+
+    follow_torch_settings(torch)
     return lib

@@ -46,6 +46,37 @@ _INSTALLED = None  # what install() returned, kept for the process's life
 _MODE = None  # "native" or "pluggable"
 
 
+#: torch's setters of a later settings string (``_set_allocator_settings``
+#: and the accelerator's, which the first calls from torch 2.9 on): each is
+#: wrapped by ``follow_torch_settings`` where the installed torch has it.
+SETTINGS_SETTERS = ("_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings")
+
+
+def follow_torch_settings(torch):
+    """Make torch's run-time settings reach cachealloc: after torch's own
+    parser accepted a string given to ``torch.cuda.memory._set_allocator_settings``
+    (or ``torch._C._accelerator_setAllocatorSettings``), the same string is
+    applied to cachealloc with the selected release's later-string rules
+    (``cachealloc.set_allocator_settings``). A string torch refuses raises
+    as before and changes nothing. Idempotent."""
+    from .stats import set_allocator_settings
+
+    for name in SETTINGS_SETTERS:
+        torchs = getattr(torch._C, name, None)
+        if torchs is None or getattr(torchs, "_cachealloc_follows", False):
+            continue
+
+        def setter(env, _torchs=torchs):
+            result = _torchs(env)
+            set_allocator_settings(env)
+            return result
+
+        setter._cachealloc_follows = True
+        setter.__name__ = name
+        setter.__doc__ = getattr(torchs, "__doc__", None)
+        setattr(torch._C, name, setter)
+
+
 def _pluggable_entry(verbose):
     """(library, alloc name, free name) for CUDAPluggableAllocator: the
     entry that raises torch.OutOfMemoryError (built against this torch's
@@ -191,6 +222,7 @@ def install(native=True, verbose=False):
                     stacklevel=2,
                 )
             else:
+                follow_torch_settings(torch)
                 _INSTALLED = torch.cuda.memory._get_current_allocator()
                 _MODE = "native"
                 return _INSTALLED
@@ -201,6 +233,7 @@ def install(native=True, verbose=False):
             if set_hook is not None:
                 set_hook(_lib.address(c_name))
         torch.cuda.memory.change_current_allocator(pluggable)
+        follow_torch_settings(torch)
         _INSTALLED = pluggable
         _MODE = "pluggable"
         return pluggable

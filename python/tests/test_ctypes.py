@@ -706,6 +706,36 @@ class Settings(unittest.TestCase):
             self.assertIn('%s="%s": ' % (var, value), msg)
 
 
+    def test_torchs_later_settings_reach_cachealloc(self):
+        """``install()`` wraps torch's setter of a later settings string: a
+        string torch's parser accepts reaches cachealloc, one it refuses
+        raises as before and changes nothing (a stand-in ``torch._C``)."""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   CACHEALLOC_BACKEND="mock")
+        for v in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+            env.pop(v, None)
+        code = ("import types, cachealloc\n"
+                "from cachealloc import _lib, torch_glue\n"
+                "def torchs(env):\n"
+                "    if 'true' in env:\n"
+                "        raise ValueError(\"Expected 'True' or 'False'\")\n"
+                "torch = types.SimpleNamespace(_C=types.SimpleNamespace(_accelerator_setAllocatorSettings=torchs))\n"
+                "torch_glue.follow_torch_settings(torch)\n"
+                "torch_glue.follow_torch_settings(torch)  # idempotent\n"
+                "def size():\n"
+                "    before = cachealloc.memory_allocated(0)\n"
+                "    assert _lib.lib().cachealloc_alloc(1100000, 0, None)\n"
+                "    return cachealloc.memory_allocated(0) - before\n"
+                "try:\n"
+                "    torch._C._accelerator_setAllocatorSettings('roundup_power2_divisions:4,expandable_segments:true')\n"
+                "except ValueError:\n"
+                "    print('refused', size())\n"
+                "torch._C._accelerator_setAllocatorSettings('roundup_power2_divisions:4')\n"
+                "print('taken', size())\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stdout.split(), ["refused", "1100288", "taken", "1310720"])
+
     def test_what_torch_reads_oddly_is_read_so_and_said(self):
         """``20MB`` is 20, as torch's ``stoull`` reads it: the settings
         start as under torch, and stderr says so once."""

@@ -181,9 +181,32 @@ assert torch._C._cuda_getMemoryFraction(0) == 0.5, torch._C._cuda_getMemoryFract
 torch._C._cuda_setMemoryFraction(0.25, 0)
 assert cachealloc.get_per_process_memory_fraction(0) == 0.25
 assert torch._C._cuda_getMemoryFraction(0) == 0.25
+# A later settings string given to torch reaches cachealloc once torch's
+# parser accepted it: the next segment is expandable, and the snapshot's
+# settings say so; a string torch refuses changes nothing.
+import warnings
+warnings.simplefilter("ignore", FutureWarning)  # _set_allocator_settings is deprecated in favour of the next
+try:
+    torch.cuda.memory._set_allocator_settings("expandable_segments:true")
+except Exception as e:
+    assert "True" in str(e), e
+else:
+    raise AssertionError("torch took a misspelt boolean")
+torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+ptrs.append(cachealloc.caching_allocator_alloc(30 << 20))
+later = torch.cuda.memory._snapshot()
+assert later["allocator_settings"]["expandable_segments"], later["allocator_settings"]
+# torch names the string in force PYTORCH_CUDA_ALLOC_CONF; max_split_size
+# went back to its default, as torch's later-string rule has it.
+assert "expandable_segments:True" in later["allocator_settings"].values(), later["allocator_settings"]
+assert later["allocator_settings"]["max_split_size"] != 64 << 20, later["allocator_settings"]
+new = [s for s in later["segments"] if s.get("is_expandable")]
+assert len(new) == 1 and new[0]["blocks"][0]["size"] == 30 << 20, later["segments"]
+torch._C._accelerator_setAllocatorSettings("expandable_segments:False")
+assert not torch.cuda.memory._snapshot()["allocator_settings"]["expandable_segments"]
 print("torch.cuda.memory_stats: %d keys equal; memory_summary, max_memory_allocated, "
       "reset_peak_memory_stats; _snapshot: %d segments equal, %d allocs in the history (%s); "
-      "the memory fraction reads back through torch"
+      "the memory fraction reads back through torch; torch's _set_allocator_settings reaches it"
       % (len(theirs), len(snap["segments"]), len(allocs), pools))
 '''
         snap = os.path.join(self.tmp.name, "torch-snap.json")
