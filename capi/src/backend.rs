@@ -194,6 +194,10 @@ where
     let _ = inner.attach_out_of_memory_observer(&FORWARD);
     // A fresh allocator holds no segment: nothing to refuse.
     let _ = inner.attach_segment_registry(segments::map(), index);
+    // The configured fraction from the start, as torch's allocator sets it
+    // when it is made (a failed read of the device's memory leaves it to
+    // the first segment).
+    let _ = inner.apply_configured_fraction();
     Box::new(CachingAllocator::new(inner).with_storage_growth(twice))
 }
 

@@ -61,8 +61,9 @@ def follow_torch_settings(torch):
     as before and changes nothing. Idempotent."""
     from .stats import set_allocator_settings
 
+    c = getattr(torch, "_C", None)
     for name in SETTINGS_SETTERS:
-        torchs = getattr(torch._C, name, None)
+        torchs = getattr(c, name, None)
         if torchs is None or getattr(torchs, "_cachealloc_follows", False):
             continue
 
@@ -74,7 +75,7 @@ def follow_torch_settings(torch):
         setter._cachealloc_follows = True
         setter.__name__ = name
         setter.__doc__ = getattr(torchs, "__doc__", None)
-        setattr(torch._C, name, setter)
+        setattr(c, name, setter)
 
 
 def _pluggable_entry(verbose):

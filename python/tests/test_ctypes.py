@@ -736,6 +736,25 @@ class Settings(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertEqual(r.stdout.split(), ["refused", "1100288", "taken", "1310720"])
 
+    def test_the_configured_fraction_from_the_start(self):
+        """``per_process_memory_fraction:0.5`` reads back as 0.5 before the
+        first allocation (torch sets it when the allocator is made); a
+        fraction of 1.0 then sets no limit (an out-of-memory names no
+        "allowed"), as torch 2.11 to 2.15 do."""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   CACHEALLOC_BACKEND="mock", CACHEALLOC_MOCK_CAPACITY="1GiB",
+                   CACHEALLOC_CONF="per_process_memory_fraction:0.5")
+        code = ("import cachealloc\n"
+                "print(cachealloc.get_per_process_memory_fraction(0))\n"
+                "cachealloc.set_per_process_memory_fraction(1.0, 0)\n"
+                "try:\n"
+                "    cachealloc.caching_allocator_alloc(2 << 30, 0)\n"
+                "except cachealloc.OutOfMemoryError as e:\n"
+                "    print('allowed;' in str(e))\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stdout.split(), ["0.5", "False"])
+
     def test_what_torch_reads_oddly_is_read_so_and_said(self):
         """``20MB`` is 20, as torch's ``stoull`` reads it: the settings
         start as under torch, and stderr says so once."""

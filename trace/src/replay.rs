@@ -219,9 +219,21 @@ impl<D: ReplayDevice> Replay<D> {
             alloc.set_memory_limit(cap);
         }
         if let Some(f) = self.opts.memory_fraction {
-            alloc
-                .set_memory_fraction(f)
-                .map_err(|e| Reason::Option(format!("--memory-fraction {f}: {e}")))?;
+            // The limit a recording ran under: f of the device, a limit
+            // even at 1.0 (the import writes 1.0 for a limit it read off the
+            // out-of-memory entries), where torch's
+            // set_per_process_memory_fraction(1.0) sets none.
+            if !(0.0..=1.0).contains(&f) {
+                return Err(Reason::Option(format!(
+                    "--memory-fraction {f}: expected a fraction in [0, 1]"
+                )));
+            }
+            let total = alloc
+                .backend_mut()
+                .mem_info()
+                .map_err(|e| Reason::Option(format!("--memory-fraction {f}: {e}")))?
+                .total;
+            alloc.set_memory_limit((f * total as f64) as u64);
         }
         for _ in 0..self.empty_caches_since_init {
             alloc.empty_cache().map_err(allocator_error)?;

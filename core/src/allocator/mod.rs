@@ -412,8 +412,15 @@ where
         if !(0.0..=1.0).contains(&fraction) {
             return Err(Error::InvalidFraction);
         }
-        let total = self.backend.mem_info().map_err(Error::Backend)?.total;
-        self.limit = Some((fraction * total as f64) as u64);
+        // torch 2.11 to 2.15 (each wheel's `setMemoryFraction`): 1.0 sets
+        // no limit (and so no "allowed" in an out-of-memory message, no
+        // garbage collection); a lower fraction, that much of the device.
+        self.limit = if fraction < 1.0 {
+            let total = self.backend.mem_info().map_err(Error::Backend)?.total;
+            Some((fraction * total as f64) as u64)
+        } else {
+            None
+        };
         // Later than the config's fraction, which torch applies at init.
         self.fraction_pending = false;
         Ok(())

@@ -229,6 +229,31 @@ fn invalid_memory_fraction() {
     assert_eq!(a.memory_limit(), Some(1 << 28));
 }
 
+/// torch 2.11 to 2.15 (each wheel's `setMemoryFraction`): a fraction of
+/// 1.0 sets no limit, so an out-of-memory names no "allowed" and garbage
+/// collection stays off; a lower one sets a limit.
+#[test]
+fn a_fraction_of_one_sets_no_limit() {
+    let mut a = allocator(
+        Some(64 << 20),
+        Config::parse("garbage_collection_threshold:0.5").unwrap(),
+        64,
+    );
+    let message = |a: &mut MockAllocator| match a.malloc(100 << 20, 0) {
+        Err(Error::OutOfMemory(r)) => r.pytorch_message().to_string(),
+        other => panic!("{other:?}"),
+    };
+    a.set_memory_fraction(0.5).unwrap();
+    assert_eq!(a.memory_limit(), Some(32 << 20));
+    assert!(message(&mut a).contains("allowed"));
+    a.set_memory_fraction(1.0).unwrap();
+    assert_eq!(a.memory_limit(), None);
+    assert_eq!(a.memory_fraction().unwrap(), 1.0);
+    let m = message(&mut a);
+    assert!(!m.contains("allowed"), "{m}");
+    a.check_invariants().unwrap();
+}
+
 #[test]
 fn no_retry_flag_skips_the_release_ladder() {
     let mut a = allocator(Some(100 << 20), Config::DEFAULT, 64);
