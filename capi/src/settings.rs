@@ -3,7 +3,7 @@
 //! | variable | meaning | default |
 //! | --- | --- | --- |
 //! | `CACHEALLOC_BACKEND` | `cuda`, `hip`, `mock`, or `auto`: the GPU that is present (CUDA first, then HIP; `cachealloc_backend()` says which) | `auto` |
-//! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | torch's variables in torch's order: `PYTORCH_CUDA_ALLOC_CONF`, (on HIP) `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_ALLOC_CONF`; the first set wins |
+//! | `CACHEALLOC_CONF` | the allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax | torch's variables in torch's order: `PYTORCH_CUDA_ALLOC_CONF`, (on HIP only: `hip`, or `auto` on an AMD GPU) `PYTORCH_HIP_ALLOC_CONF`, then `PYTORCH_ALLOC_CONF`; the first set wins |
 //! | `CACHEALLOC_TORCH_VERSION` | the torch release whose decisions to take (`2.13`, `2.15.0+cu132`; `cachealloc.install()` sets it from `torch.__version__`) | the newest known (2.15) |
 //! | `CACHEALLOC_MOCK_CAPACITY` | the simulated device's size: bytes, or with a unit (`4GiB`) | unlimited |
 //! | `CACHEALLOC_SLOTS` | block slots per device to start with (88 bytes of host memory each, one per block; doubled whenever they run out) | 65536 |
@@ -94,11 +94,16 @@ pub(crate) fn follow(text: &str, later: Config) -> Res<()> {
 /// probed once per process at the first device open (it loads the GPU
 /// runtimes, which reading the settings must not).
 pub(crate) fn backend_kind(s: &Settings) -> Res<BackendKind> {
-    static PROBED: OnceLock<Res<BackendKind>> = OnceLock::new();
     match s.backend {
         Some(kind) => Ok(kind),
-        None => PROBED.get_or_init(probe_gpus).clone(),
+        None => probed(),
     }
+}
+
+/// The GPU this machine has, probed once per process ([`probe_gpus`]).
+fn probed() -> Res<BackendKind> {
+    static PROBED: OnceLock<Res<BackendKind>> = OnceLock::new();
+    PROBED.get_or_init(probe_gpus).clone()
 }
 
 /// The settings from `env` (a variable's value, if set).
@@ -111,27 +116,31 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         _ => TorchVersion::NEWEST,
     };
     // torch's order (c10's AcceleratorAllocatorConfig::instance): the first
-    // of these that is set, ours ahead of them; HIP's variable where the
-    // backend is HIP or not yet chosen.
+    // of these that is set, ours ahead of them; HIP's variable only where
+    // the backend is HIP. Under `auto` the GPU is probed for it only when
+    // HIP's variable would decide (reading the settings loads no GPU
+    // runtime otherwise).
+    const ON_HIP: &[&str] = &[
+        "CACHEALLOC_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_HIP_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+    ];
+    const ELSEWHERE: &[&str] = &[
+        "CACHEALLOC_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+    ];
+    let hip_decides = || {
+        env("PYTORCH_HIP_ALLOC_CONF").is_some()
+            && ON_HIP[..2].iter().all(|n| env(n).is_none())
+    };
     let conf_names: &[&str] = match backend {
         #[cfg(feature = "hip")]
-        Some(BackendKind::Hip) => &[
-            "CACHEALLOC_CONF",
-            "PYTORCH_CUDA_ALLOC_CONF",
-            "PYTORCH_HIP_ALLOC_CONF",
-            "PYTORCH_ALLOC_CONF",
-        ],
-        None => &[
-            "CACHEALLOC_CONF",
-            "PYTORCH_CUDA_ALLOC_CONF",
-            "PYTORCH_HIP_ALLOC_CONF",
-            "PYTORCH_ALLOC_CONF",
-        ],
-        _ => &[
-            "CACHEALLOC_CONF",
-            "PYTORCH_CUDA_ALLOC_CONF",
-            "PYTORCH_ALLOC_CONF",
-        ],
+        Some(BackendKind::Hip) => ON_HIP,
+        #[cfg(feature = "hip")]
+        None if hip_decides() && probed() == Ok(BackendKind::Hip) => ON_HIP,
+        _ => ELSEWHERE,
     };
     let (conf_name, conf_text) = conf_names
         .iter()
@@ -335,7 +344,7 @@ mod tests {
             }
         };
         // Unset or `auto`: left to the first device open; reading the
-        // settings probes nothing, and reads HIP's variable too.
+        // settings probes nothing.
         for vars in [
             &[][..],
             &[("CACHEALLOC_BACKEND", "auto")][..],
@@ -343,7 +352,18 @@ mod tests {
         ] {
             assert_eq!(read(&env(vars)).unwrap().backend, None, "{vars:?}");
         }
+        // HIP's variable counts only on HIP: under `auto` on a machine
+        // without an AMD GPU (this one) it is not read, as torch's CUDA
+        // build does not read it.
         let s = read(&env(&[("PYTORCH_HIP_ALLOC_CONF", "max_split_size_mb:64")])).unwrap();
+        if probed() != Ok(BackendKind::Hip) {
+            assert_eq!(s.config.max_split_size, u64::MAX);
+        }
+        let s = read(&env(&[
+            ("CACHEALLOC_BACKEND", "hip"),
+            ("PYTORCH_HIP_ALLOC_CONF", "max_split_size_mb:64"),
+        ]))
+        .unwrap();
         assert_eq!(s.config.max_split_size, 64 << 20);
         let s = read(&env(&[("CACHEALLOC_BACKEND", "mock")])).unwrap();
         assert_eq!(backend_kind(&s), Ok(BackendKind::Mock));
