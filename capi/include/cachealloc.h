@@ -318,7 +318,7 @@ typedef struct {
     /**
      * The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
      * pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
-     * other_memory, 8 other_size.
+     * other_memory, 8 other_size, 9 rejected, 10 pool_allocator.
      */
     int class_;
     /**

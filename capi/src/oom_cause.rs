@@ -19,7 +19,7 @@ use std::ffi::{c_char, c_int, c_void};
 pub struct cachealloc_oom_cause {
     /// The verdict: 0 capacity, 1 memory_fraction, 2 fragmentation, 3
     /// pending_frees, 4 other_streams, 5 private_pools, 6 mixed, 7
-    /// other_memory, 8 other_size.
+    /// other_memory, 8 other_size, 9 rejected, 10 pool_allocator.
     pub class_: c_int,
     /// The verdict's name (a static string).
     pub class_name: *const c_char,

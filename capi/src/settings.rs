@@ -131,10 +131,8 @@ fn read(env: &dyn Fn(&str) -> Option<String>) -> Res<Settings> {
         "PYTORCH_CUDA_ALLOC_CONF",
         "PYTORCH_ALLOC_CONF",
     ];
-    let hip_decides = || {
-        env("PYTORCH_HIP_ALLOC_CONF").is_some()
-            && ON_HIP[..2].iter().all(|n| env(n).is_none())
-    };
+    let hip_decides =
+        || env("PYTORCH_HIP_ALLOC_CONF").is_some() && ON_HIP[..2].iter().all(|n| env(n).is_none());
     let conf_names: &[&str] = match backend {
         #[cfg(feature = "hip")]
         Some(BackendKind::Hip) => ON_HIP,

@@ -548,6 +548,33 @@ fn declared_functions(header: &str, hooks: bool) -> Vec<String> {
     names
 }
 
+/// Every out-of-memory class (`oom_classes!`, the one list) is named with
+/// its number in the header, in the Python package and in docs/oom.md's
+/// table: a new class cannot be missed in one of them.
+#[test]
+fn every_oom_class_is_named_in_the_header_python_and_the_docs() {
+    let read = |p: &str| std::fs::read_to_string(manifest_dir().join(p)).expect(p);
+    let header = read("include/cachealloc.h").replace("\n     * ", " ");
+    let python = read("../python/cachealloc/stats.py").replace("\n    ", " ");
+    let docs = read("../docs/oom.md");
+    for c in cachealloc_core::OomClass::ALL {
+        let name = c.as_str();
+        assert!(
+            header.contains(&format!("{} {name}", c.index())),
+            "the header's cachealloc_oom_cause does not name class {} {name}",
+            c.index()
+        );
+        assert!(
+            python.contains(&format!("``{name}``")),
+            "python/cachealloc/stats.py (last_oom_cause) does not name {name}"
+        );
+        assert!(
+            docs.contains(&format!("| `{name}` |")),
+            "docs/oom.md's table has no row for {name}"
+        );
+    }
+}
+
 /// The C functions that are no device operation of the table: the
 /// library's own (its version, backend, errors, settings, PyTorch's init
 /// hook) and the observers, which every device shares.

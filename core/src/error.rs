@@ -4,6 +4,7 @@ use crate::backend::DevicePtr;
 use crate::oom_cause::{OomCause, OomClass};
 use crate::policy::FormatSize;
 use crate::private_pool::MempoolId;
+use crate::torch_version::TorchVersion;
 use core::fmt;
 
 /// The numbers of PyTorch's out-of-memory message. `Display` writes that
@@ -54,6 +55,11 @@ pub struct OomReport {
     /// The device's number for this out-of-memory (1 for its first,
     /// rejections counted too, wrapping): the verdict is found by it.
     pub seq: u32,
+    /// The torch release whose message is written (2.15 adds sentences).
+    pub torch: TorchVersion,
+    /// Whether expandable segments were on (torch 2.15 then says so in
+    /// place of the advice to turn them on).
+    pub expandable_segments: bool,
 }
 
 impl OomReport {
@@ -99,9 +105,9 @@ impl fmt::Display for Explained<'_> {
 /// ([`OomReport::pytorch_message`]): the pieces and the documentation link
 /// of the `libc10_cuda.so` strings of torch 2.11 to 2.15 (the link was
 /// pytorch.org's `#environment-variables` before). Not here: the "Process
-/// N has X memory in use" lines torch adds where NVML answers, and torch
-/// 2.15's sentences for a `MemPool` allocator that returned null and for
-/// expandable segments' address space.
+/// N has X memory in use" lines torch adds where NVML answers. torch 2.15's
+/// sentences for expandable segments' address space and for a `MemPool`
+/// allocator that returned null are written for 2.15.
 #[derive(Clone, Copy, Debug)]
 pub struct PytorchMessage<'a>(&'a OomReport);
 
@@ -143,13 +149,39 @@ impl fmt::Display for PytorchMessage<'_> {
         }
         write!(
             f,
-            "and {} is reserved by PyTorch but unallocated. \
-             If reserved but unallocated memory is large try setting PYTORCH_{}_ALLOC_CONF=expandable_segments:True \
-             to avoid fragmentation.  See documentation for Memory Management  \
-             (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+            "and {} is reserved by PyTorch but unallocated.",
             FormatSize(r.reserved.saturating_sub(allocated)),
-            r.platform
-        )
+        )?;
+        // torch 2.15 (its wheel's `malloc`): with expandable segments on,
+        // a sentence on their address space instead of the advice to turn
+        // them on; after everything, one for a pool's allocator that
+        // returned null.
+        let since_2_15 = r.torch.decisions_of() >= TorchVersion::V2_15;
+        if since_2_15 && r.expandable_segments {
+            write!(
+                f,
+                " expandable_segments is enabled. If instead the process is running out of virtual address space (VSZ), \
+                 expandable segments may be over-reserving VA (each segment reserves ~9/8 of device memory, times the number of streams); \
+                 reduce it via PYTORCH_{}_ALLOC_CONF expandable_segments_reserve / expandable_segments_reserve_by_class.",
+                r.platform
+            )?;
+        } else {
+            write!(
+                f,
+                " If reserved but unallocated memory is large try setting PYTORCH_{}_ALLOC_CONF=expandable_segments:True \
+                 to avoid fragmentation.  See documentation for Memory Management  \
+                 (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+                r.platform
+            )?;
+        }
+        if since_2_15 && r.class == OomClass::PoolAllocator {
+            write!(
+                f,
+                " The custom allocator backing this MemPool returned nullptr. Check preceding allocator warnings or logs for the underlying cause. \
+                 This can indicate an allocator-specific error or memory constraint, even when device-wide free memory is available."
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -99,6 +99,12 @@ oom_classes! {
     /// the reserved bytes over `per_process_memory_fraction` of the device.
     /// No cache was released to make room.
     Rejected => "rejected",
+    /// The allocator of the private pool the request was routed to (a
+    /// `MemPool` with an allocator of its own: a segment source) returned
+    /// no memory for the segment: the device was not asked, so its
+    /// figures say nothing about this request (torch 2.15: "The custom
+    /// allocator backing this MemPool returned nullptr").
+    PoolAllocator => "pool_allocator",
 }
 
 impl OomClass {
@@ -170,6 +176,9 @@ pub(crate) struct OomFacts {
     pub(crate) private_pools_bytes: u64,
     pub(crate) other_size_bytes: u64,
     pub(crate) unmapped_bytes: u64,
+    /// The segment was asked of a pool's own allocator, which returned
+    /// none.
+    pub(crate) source_refused: bool,
 }
 
 /// The verdict on `f`, in this order: a memory limit that refused a
@@ -212,7 +221,9 @@ pub(crate) fn classify(f: &OomFacts) -> OomCause {
     ];
     let contributors = kinds.iter().filter(|&&b| b > 0).count();
     let together = kinds.iter().fold(0u64, |t, &b| t.saturating_add(b));
-    let class = if limit_refused && f.device_free >= f.alloc_size {
+    let class = if f.source_refused {
+        OomClass::PoolAllocator
+    } else if limit_refused && f.device_free >= f.alloc_size {
         OomClass::MemoryFraction
     } else if f.live_bytes.saturating_add(need) > limit {
         OomClass::Capacity
@@ -339,6 +350,11 @@ impl fmt::Display for OomCause {
                 "{} is cached in blocks of the other size, which never serve this request (small-pool blocks serve requests of at most 1 MiB, large-pool blocks larger ones), in segments that live blocks keep from being released; {} is left on the device (needed {need})",
                 FormatSize(self.other_size_bytes),
                 FormatSize(self.headroom)
+            ),
+            OomClass::PoolAllocator => write!(
+                f,
+                "the allocator of the pool this request was routed to (a MemPool's own allocator) returned no memory for a {} segment; the device was not asked (needed {need})",
+                FormatSize(self.segment)
             ),
             OomClass::OtherMemory if self.headroom >= self.segment => write!(
                 f,

@@ -208,7 +208,7 @@ def last_oom_cause():
     """Why this thread's last out-of-memory happened (None if it had none):
     ``class`` (``capacity``, ``memory_fraction``, ``fragmentation``,
     ``pending_frees``, ``other_streams``, ``private_pools``, ``mixed``,
-    ``other_memory``, ``other_size``) and the bytes behind it (``needed``, ``live_bytes``,
+    ``other_memory``, ``other_size``, ``rejected``, ``pool_allocator``) and the bytes behind it (``needed``, ``live_bytes``,
     ``limit``, ``segment``, ``headroom``, ``free_bytes``,
     ``largest_free_block``, ``pending_free_bytes``, ``other_streams_bytes``,
     ``private_pools_bytes``, ``other_size_bytes``, ``unmapped_bytes``). The

@@ -91,6 +91,7 @@ where
             device_total: None,
             fraction_pending: config.per_process_memory_fraction < 1.0,
             rejected: None,
+            source_refused: false,
             callbacks: heapless::Vec::new(),
             history: History::new(history),
             trackers: heapless::Vec::new(),

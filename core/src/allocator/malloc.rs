@@ -253,6 +253,7 @@ where
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
+        self.source_refused = false;
         if self.fraction_pending {
             self.apply_configured_fraction()?;
         }
@@ -291,7 +292,10 @@ where
         let (ptr, origin) = match source {
             Some(src) => match in_callback(|| (src.alloc)(src.ctx, alloc_size, skey)) {
                 Some(p) => (p, Origin::Source(src, skey)),
-                None => return Ok(NIL),
+                None => {
+                    self.source_refused = true;
+                    return Ok(NIL);
+                }
             },
             None => match self.backend.malloc(alloc_size) {
                 Ok(p) => (p, Origin::Device),
@@ -453,6 +457,8 @@ where
             private_pools: self.cached_in_private_pools(),
             class: OomClass::Rejected,
             seq: self.next_oom_seq(),
+            torch: self.config.torch_version(),
+            expandable_segments: self.config.expandable_segments,
         };
         self.notify_out_of_memory(&report, &cause, r.device_total);
         Error::OutOfMemory(report)
@@ -491,6 +497,7 @@ where
             device_total: info.total,
             device_free: info.free,
             allowed,
+            source_refused: core::mem::take(&mut self.source_refused),
             ..self.oom_facts(owner, pool, stream, size)
         };
         let cause = classify(&facts);
@@ -508,6 +515,8 @@ where
             private_pools: self.cached_in_private_pools(),
             class: cause.class,
             seq: self.next_oom_seq(),
+            torch: self.config.torch_version(),
+            expandable_segments: self.config.expandable_segments,
         };
         self.notify_out_of_memory(&report, &cause, self.limit.unwrap_or(info.total));
         Error::OutOfMemory(report)

@@ -190,6 +190,9 @@ pub struct DeviceAllocator<
     /// The rejection policy refused the last `alloc_block` (taken by the
     /// ladder).
     rejected: Option<malloc::Rejection>,
+    /// The last `alloc_block` asked a pool's own allocator (a segment
+    /// source), which returned none (the verdict `pool_allocator`).
+    source_refused: bool,
     callbacks: heapless::Vec<&'static dyn FreeMemoryCallback, MAX_CALLBACKS>,
     /// The memory history.
     history: History<H>,

@@ -4,8 +4,8 @@
 //! agreeing with the verdict's figures.
 
 use cachealloc_core::{
-    BlockSlot, Config, DeviceAllocator, Error, MempoolId, OomCause, OomClass, PoolMemory,
-    StreamFilter,
+    BlockSlot, Config, DeviceAllocator, DevicePtr, Error, MempoolId, OomCause, OomClass,
+    PoolMemory, PoolOptions, SegmentSource, StreamFilter, TorchVersion,
 };
 use cachealloc_mock::{CaptureMode, MockDevice};
 
@@ -336,5 +336,77 @@ fn each_kind_of_free_bytes_gets_its_own_class() {
         ];
         assert_eq!(kinds.iter().sum::<u64>(), free, "{row}");
         assert_eq!(kinds.iter().filter(|&&b| b > 0).count(), 1, "{row}");
+    }
+}
+
+/// A pool whose own allocator returns nothing: the verdict is the pool's
+/// allocator (whatever the device has), and torch 2.15's message says so
+/// where 2.14's does not.
+#[test]
+fn pool_allocator_returned_nothing() {
+    fn refuse(_: usize, _: u64, _: u64) -> Option<DevicePtr> {
+        None
+    }
+    fn free(_: usize, _: DevicePtr, _: u64, _: u64) {}
+    const SENTENCE: &str = " The custom allocator backing this MemPool returned nullptr.";
+    for (torch, said) in [(TorchVersion::V2_14, false), (TorchVersion::V2_15, true)] {
+        let mut a: Alloc = DeviceAllocator::with_events(
+            MockDevice::with_capacity(64 * MIB),
+            vec![BlockSlot::VACANT; 512],
+            Config::DEFAULT.with_torch_version(torch),
+        );
+        let pool = MempoolId(7, 0);
+        a.create_pool_with_source(pool, PoolOptions::NONE, SegmentSource::new(refuse, free, 0))
+            .unwrap();
+        a.begin_allocate_to_pool(pool, StreamFilter::All).unwrap();
+        let cause = oom(&mut a, 4 * MIB, 0);
+        assert_eq!(cause.class, OomClass::PoolAllocator);
+        assert!(
+            cause.to_string().contains("the device was not asked"),
+            "{cause}"
+        );
+        let Err(Error::OutOfMemory(r)) = a.malloc(4 * MIB, 0) else {
+            panic!("the pool's allocator refuses again")
+        };
+        let m = r.pytorch_message().to_string();
+        assert_eq!(m.contains(SENTENCE), said, "torch {torch}: {m}");
+        // The device was not asked: it has all its memory.
+        assert_eq!(a.stats().num_device_alloc, 0);
+        a.end_allocate_to_pool(pool).unwrap();
+        // Default-pool requests are the device's as before.
+        let x = a.malloc(4 * MIB, 0).unwrap();
+        a.free_ptr(x.ptr).unwrap();
+        a.check_invariants().unwrap();
+    }
+}
+
+/// torch 2.15, with expandable segments on: its sentence on their address
+/// space in place of the advice to turn them on; 2.14 gives the advice.
+#[test]
+fn expandable_segments_get_torch_2_15s_sentence() {
+    for (torch, said) in [(TorchVersion::V2_14, false), (TorchVersion::V2_15, true)] {
+        let mut a: Alloc = DeviceAllocator::with_events(
+            MockDevice::with_capacity(64 * MIB),
+            vec![BlockSlot::VACANT; 512],
+            Config::parse("expandable_segments:True")
+                .unwrap()
+                .with_torch_version(torch),
+        );
+        let Err(Error::OutOfMemory(r)) = a.malloc(100 * MIB, 0) else {
+            panic!("100 MiB on a 64 MiB device")
+        };
+        let m = r.pytorch_message().to_string();
+        assert_eq!(
+            m.contains(
+                " expandable_segments is enabled. If instead the process is running out of virtual address space (VSZ)"
+            ),
+            said,
+            "{m}"
+        );
+        assert_eq!(
+            m.contains("If reserved but unallocated memory is large"),
+            !said,
+            "{m}"
+        );
     }
 }
