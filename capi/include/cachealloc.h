@@ -1239,9 +1239,12 @@ int cachealloc_get_device_stats(int device, cachealloc_device_stats *out);
  * pool `(id0, id1)` (or add a user to it) and send the requests of
  * `device` on the streams `filter(stream, user)` accepts to it until
  * `cachealloc_end_allocate_to_pool` (NULL `filter`: every stream). The
- * newest routing wins where filters overlap. As with
- * `cachealloc_begin_allocate_to_pool`, the device is treated as capturing
- * until the end (no driver call that could invalidate a capture).
+ * newest routing wins where filters overlap. PyTorch's `beginAllocateToPool`
+ * as the selected torch release treats it: under torch 2.11 and 2.12 the
+ * device is treated as capturing until the end (no driver call that could
+ * invalidate a capture; no cache flush for a request that finds no room);
+ * from 2.13 a routing alone is no capture, and a graph's capture is marked
+ * apart (`cachealloc_mark_capture_begin`).
  *
  * The filter is called on the allocating thread while the device's lock
  * is held, at each allocation while the routing lasts: a call into
@@ -1413,6 +1416,22 @@ void cachealloc_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
  * `cachealloc_last_error()`.
  */
 void cachealloc_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, const void *filter);
+
+/**
+ * PyTorch's `markCaptureBegin` (torch 2.13 on, called by
+ * `CUDAGraph::capture_begin` on `device`): a capture is under way on
+ * the device until `cachealloc_mark_capture_end` (marks nest). With
+ * `cachealloc_begin_allocate_to_pool_filtered`, what tells a graph's
+ * capture from a routing alone (`torch.cuda.use_mem_pool`) under torch
+ * 2.13 and later. Returns 0, or -1.
+ */
+int cachealloc_mark_capture_begin(int device);
+
+/**
+ * PyTorch's `markCaptureEnd`: the capture `cachealloc_mark_capture_begin`
+ * marked on `device` is over. Returns 0, or -1 (none is marked).
+ */
+int cachealloc_mark_capture_end(int device);
 
 /**
  * PyTorch's `release_pool` hook (`set_release_pool`, `CUDAGraph::reset`):

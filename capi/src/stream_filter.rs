@@ -67,9 +67,12 @@ where
 /// pool `(id0, id1)` (or add a user to it) and send the requests of
 /// `device` on the streams `filter(stream, user)` accepts to it until
 /// `cachealloc_end_allocate_to_pool` (NULL `filter`: every stream). The
-/// newest routing wins where filters overlap. As with
-/// `cachealloc_begin_allocate_to_pool`, the device is treated as capturing
-/// until the end (no driver call that could invalidate a capture).
+/// newest routing wins where filters overlap. PyTorch's `beginAllocateToPool`
+/// as the selected torch release treats it: under torch 2.11 and 2.12 the
+/// device is treated as capturing until the end (no driver call that could
+/// invalidate a capture; no cache flush for a request that finds no room);
+/// from 2.13 a routing alone is no capture, and a graph's capture is marked
+/// apart (`cachealloc_mark_capture_begin`).
 ///
 /// The filter is called on the allocating thread while the device's lock
 /// is held, at each allocation while the routing lasts: a call into
@@ -90,7 +93,7 @@ pub extern "C" fn cachealloc_begin_allocate_to_pool_filtered(
         || -> Res<()> {
             let f = filter.map(|f| (f, user as usize));
             on_device!(registry::device(device)?, |a| a
-                .capture_begin(MempoolId(id0, id1), stream_filter(f, device))
+                .begin_allocate_to_pool_torch(MempoolId(id0, id1), stream_filter(f, device))
                 .map_err(text))
         },
     )

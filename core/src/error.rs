@@ -387,6 +387,9 @@ pub enum Error<E> {
         /// The operation.
         what: &'static str,
     },
+    /// `markCaptureEnd` on a device with no capture marked
+    /// ([`DeviceAllocator::mark_capture_end`](crate::DeviceAllocator::mark_capture_end)).
+    NoCaptureMarked,
     /// An earlier call panicked while it held this device's lock, so the
     /// device's metadata may be half-updated: the thread-safe front ends
     /// refuse every later call on it.
@@ -546,6 +549,10 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f,
                 "{what} is refused while a stream capture (CUDA graph) is under way on this device: \
                  it would make device calls that invalidate the capture"
+            ),
+            Error::NoCaptureMarked => write!(
+                f,
+                "markCaptureEnd without a markCaptureBegin on this device (no capture is marked)"
             ),
             Error::DeviceFailed { device } => write!(
                 f,

@@ -345,7 +345,6 @@ macro_rules! operations {
         /// on the streams `filter` accepts (from any thread) go to pool `id`.
         try_with fn begin_allocate_to_pool(id: MempoolId, filter: StreamFilter<Self::Stream>) -> ()
             = |a| a.begin_allocate_to_pool(id, filter);
-        by_hand cachealloc_begin_allocate_to_pool_filtered;
     }
     {
         /// [`DeviceAllocator::end_allocate_to_pool`].
@@ -381,6 +380,30 @@ macro_rules! operations {
         /// `cachealloc_last_error()`.
         c void cachealloc_begin_allocate_to_pool(device: c_int, id0: u64, id1: u64,
             filter: *const c_void) on device(device) => (MempoolId(id0, id1), StreamFilter::All);
+    }
+    {
+        /// [`DeviceAllocator::begin_allocate_to_pool_torch`].
+        try_with fn begin_allocate_to_pool_torch(id: MempoolId, filter: StreamFilter<Self::Stream>)
+            -> () = |a| a.begin_allocate_to_pool_torch(id, filter);
+        by_hand cachealloc_begin_allocate_to_pool_filtered;
+    }
+    {
+        /// [`DeviceAllocator::mark_capture_begin`].
+        with fn mark_capture_begin() -> () = |a| a.mark_capture_begin();
+        /// PyTorch's `markCaptureBegin` (torch 2.13 on, called by
+        /// `CUDAGraph::capture_begin` on `device`): a capture is under way on
+        /// the device until `cachealloc_mark_capture_end` (marks nest). With
+        /// `cachealloc_begin_allocate_to_pool_filtered`, what tells a graph's
+        /// capture from a routing alone (`torch.cuda.use_mem_pool`) under torch
+        /// 2.13 and later. Returns 0, or -1.
+        c status cachealloc_mark_capture_begin(device: c_int) on device(device) => ();
+    }
+    {
+        /// [`DeviceAllocator::mark_capture_end`].
+        try_with fn mark_capture_end() -> () = |a| a.mark_capture_end();
+        /// PyTorch's `markCaptureEnd`: the capture `cachealloc_mark_capture_begin`
+        /// marked on `device` is over. Returns 0, or -1 (none is marked).
+        c status cachealloc_mark_capture_end(device: c_int) on device(device) => ();
     }
     {
         /// [`DeviceAllocator::capture_end`].

@@ -97,6 +97,8 @@ PROTOTYPES = {
     "cachealloc_create_pool": (c_int, [c_int, c_uint64, c_uint64, c_int, c_int]),
     "cachealloc_end_allocate_to_pool": (None, [c_int, c_uint64, c_uint64]),
     "cachealloc_begin_allocate_to_pool": (None, [c_int, c_uint64, c_uint64, c_void_p]),
+    "cachealloc_mark_capture_begin": (c_int, [c_int]),
+    "cachealloc_mark_capture_end": (c_int, [c_int]),
     "cachealloc_release_pool": (None, [c_int, c_uint64, c_uint64]),
     "cachealloc_pool_use_count": (c_int64, [c_int, c_uint64, c_uint64]),
     "cachealloc_set_pool_use_on_oom": (c_int, [c_int, c_uint64, c_uint64, c_int]),

@@ -142,6 +142,7 @@ HEADER_FEATURES = [
      "CACHEALLOC_TORCH_POOL_RESERVED_STATS"),
     ("c10/cuda/CUDACachingAllocator.h", "allocateWithAddress",
      "CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS"),
+    ("c10/cuda/CUDACachingAllocator.h", "markCaptureBegin", "CACHEALLOC_TORCH_MARK_CAPTURE"),
 ]
 
 

@@ -273,6 +273,35 @@ int main(int argc, char** argv) {
     std::printf("ok getCheckpointState / setCheckpointPoolState rewind a graph's pool "
                 "(%zu freed, %zu handed back)\n", freed.size(), made.size());
 
+#if CACHEALLOC_TORCH_MARK_CAPTURE
+    // ------- torch 2.13's capture marks: a capture apart from the routing
+    // (CUDAGraph::capture_begin: beginAllocateToPool, then markCaptureBegin).
+    // While marked, emptyCache gives nothing back; an unmatched end throws.
+    c10::MempoolId_t marked{6, 0};
+    void* kept = self.alloc(3 << 20, 0, stream);
+    a.raw_delete(kept);  // a cached segment of the default pool
+    int64_t reserved_before = a.getDeviceStats(0).reserved_bytes[0].current;
+    a.beginAllocateToPool(0, marked, [](cudaStream_t) { return true; });
+    a.markCaptureBegin(0);
+    a.emptyCache({0, 0});
+    EXPECT(a.getDeviceStats(0).reserved_bytes[0].current == reserved_before,
+           "no segment is freed during a marked capture");
+    a.markCaptureEnd(0);
+    a.endAllocateToPool(0, marked);
+    bool unmatched = false;
+    try {
+        a.markCaptureEnd(0);
+    } catch (const c10::Error&) {
+        unmatched = true;
+    }
+    EXPECT(unmatched, "markCaptureEnd without a mark throws");
+    a.releasePool(0, marked);
+    a.emptyCache({0, 0});
+    EXPECT(a.getDeviceStats(0).reserved_bytes[0].current < reserved_before,
+           "after the capture emptyCache frees");
+    std::printf("ok markCaptureBegin / markCaptureEnd mark a capture apart from the routing\n");
+#endif
+
     // ---------------- torch.cuda.MemPool: create, use_mem_pool, release
     c10::MempoolId_t mem{0, 9};
     a.createOrIncrefPool(0, mem, nullptr);

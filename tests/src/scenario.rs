@@ -521,7 +521,10 @@ impl<'h, H: Harness> Run<'h, H> {
                     }
                     self.capturing.push((pool.clone(), ks));
                 } else {
-                    a.begin_allocate_to_pool(id, filter)
+                    // `beginAllocateToPool` as the release treats it: a
+                    // capture context under 2.11 and 2.12, a routing alone
+                    // from 2.13 (conformance/versions.md, V05).
+                    a.begin_allocate_to_pool_torch(id, filter)
                         .map_err(|e| e.to_string())?;
                 }
             }

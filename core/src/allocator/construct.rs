@@ -101,6 +101,7 @@ where
             private: PoolTable::new(),
             routes: heapless::Vec::new(),
             captures: 0,
+            marked_captures: 0,
             deferred: Deferred::EMPTY,
             compact: super::compact::CompactHeads::NONE,
             handovers: 0,

@@ -208,6 +208,9 @@ pub struct DeviceAllocator<
     routes: heapless::Vec<Route<B::Stream>, P>,
     /// Real captures under way (routes with `capture`).
     captures: u32,
+    /// The captures of `captures` marked by `mark_capture_begin` (torch
+    /// 2.13 on), apart from the routings that are captures.
+    marked_captures: u32,
     /// Blocks freed during a capture, waiting for it to end (linked
     /// through `hash_next()`, oldest first).
     deferred: Deferred,

@@ -194,6 +194,56 @@ where
         Ok(())
     }
 
+    /// PyTorch's `beginAllocateToPool(id, filter)` as the selected torch
+    /// release treats it: torch 2.11 and 2.12 take any routing for a
+    /// capture (their `malloc` skips the cache flush and its retry while a
+    /// pool is routed to: [`capture_begin`](Self::capture_begin)); from
+    /// 2.13, whose `CUDAGraph::capture_begin` marks the capture apart
+    /// ([`mark_capture_begin`](Self::mark_capture_begin)), a routing
+    /// alone (`use_mem_pool`) is no capture: the flush runs, and the pool's
+    /// allocator is asked again ([`begin_allocate_to_pool`](Self::begin_allocate_to_pool)).
+    pub fn begin_allocate_to_pool_torch(
+        &mut self,
+        id: MempoolId,
+        filter: StreamFilter<B::Stream>,
+    ) -> Res<(), B> {
+        if self.config.torch_version().decisions_of() >= crate::TorchVersion::V2_13 {
+            self.begin_allocate_to_pool(id, filter)
+        } else {
+            self.capture_begin(id, filter)
+        }
+    }
+
+    /// PyTorch's `markCaptureBegin(device)` (torch 2.13 on, from
+    /// `CUDAGraph::capture_begin`): a capture is under way on the device
+    /// (marks nest) until [`mark_capture_end`](Self::mark_capture_end),
+    /// whatever is routed where: what tells a graph's capture from a
+    /// routing alone (`use_mem_pool`), at every place torch asks
+    /// `is_capture_context` (the ladder's flush, frees, `empty_cache`,
+    /// `record_stream`, ...).
+    pub fn mark_capture_begin(&mut self) {
+        self.marked_captures += 1;
+        self.captures += 1;
+        if self.captures == 1 {
+            self.backend.set_capture_underway(true);
+        }
+    }
+
+    /// PyTorch's `markCaptureEnd(device)`: the marked capture is over.
+    /// [`Error::NoCaptureMarked`] when none is.
+    pub fn mark_capture_end(&mut self) -> Res<(), B> {
+        if self.marked_captures == 0 {
+            return Err(Error::NoCaptureMarked);
+        }
+        self.marked_captures -= 1;
+        self.captures -= 1;
+        if self.captures == 0 {
+            self.backend.set_capture_underway(false);
+            self.give_back_later_ones();
+        }
+        Ok(())
+    }
+
     /// `endAllocateToPool(id)`: stop routing to the pool (its use count is
     /// unchanged). Ends the capture too if it was one.
     pub fn end_allocate_to_pool(&mut self, id: MempoolId) -> Res<(), B> {

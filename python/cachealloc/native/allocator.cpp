@@ -41,6 +41,9 @@
 #ifndef CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS
 #define CACHEALLOC_TORCH_ALLOCATE_WITH_ADDRESS (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 13)
 #endif
+#ifndef CACHEALLOC_TORCH_MARK_CAPTURE
+#define CACHEALLOC_TORCH_MARK_CAPTURE (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 13)
+#endif
 
 #include <array>
 #include <atomic>
@@ -346,6 +349,19 @@ class CacheallocAllocator final : public CA::CUDAAllocator {
             TORCH_CHECK(false, "cachealloc: beginAllocateToPool failed: ", msg);
         }
     }
+
+#if CACHEALLOC_TORCH_MARK_CAPTURE
+    // torch 2.13's capture count: CUDAGraph::capture_begin marks a capture
+    // apart from the routing (beginAllocateToPool), which alone
+    // (use_mem_pool) is no capture from this release on.
+    void markCaptureBegin(c10::DeviceIndex device) override {
+        check(cachealloc_mark_capture_begin(device), "markCaptureBegin");
+    }
+
+    void markCaptureEnd(c10::DeviceIndex device) override {
+        check(cachealloc_mark_capture_end(device), "markCaptureEnd");
+    }
+#endif
 
     void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
         // This routing's slot, found before the routing ends: a routing to

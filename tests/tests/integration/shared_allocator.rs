@@ -210,6 +210,17 @@ fn every_method_through_dyn_shared_allocator() {
     a.capture_end(g).unwrap();
     a.free_ptr(c.ptr).unwrap();
     a.release_pool(g).unwrap();
+    // torch 2.13's way: the routing, and the capture marked apart.
+    let g = MempoolId(2, 3);
+    a.begin_allocate_to_pool_torch(g, StreamFilter::stream(9))
+        .unwrap();
+    a.mark_capture_begin().unwrap();
+    let c = a.malloc(4096, 9).unwrap();
+    a.mark_capture_end().unwrap();
+    assert!(matches!(a.mark_capture_end(), Err(Error::NoCaptureMarked)));
+    a.end_allocate_to_pool(g).unwrap();
+    a.free_ptr(c.ptr).unwrap();
+    a.release_pool(g).unwrap();
     // Pages of an expandable segment across processes: the simulated
     // device has no file descriptors to export, and says so.
     let mut fds = [0i32; 4];
