@@ -217,6 +217,35 @@ print("torch.cuda.memory_stats: %d keys equal; memory_summary, max_memory_alloca
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         print("ok " + proc.stdout.strip().splitlines()[-1])
 
+    def test_the_memory_fraction_as_torch_has_it(self):
+        """Under the native allocator in torch: the configured fraction reads
+        back right after start-up (torch sets it when the allocator is
+        made), and a fraction of 1.0 sets no limit: an out-of-memory then
+        names no "allowed" (torch 2.11 to 2.15's setMemoryFraction)."""
+        script = r'''
+import torch, cachealloc
+from cachealloc import native
+native.install()
+assert torch._C._cuda_getMemoryFraction(0) == 0.5, torch._C._cuda_getMemoryFraction(0)
+torch._C._cuda_setMemoryFraction(1.0, 0)
+assert torch._C._cuda_getMemoryFraction(0) == 1.0
+# (torch's raw_alloc needs a CUDA runtime; the allocation the C++ makes
+# is cachealloc_alloc, whose message it throws.)
+try:
+    cachealloc.caching_allocator_alloc(2 << 30, 0)
+except cachealloc.OutOfMemoryError as e:
+    message = str(e)
+else:
+    raise AssertionError("2 GiB on a 1 GiB device")
+assert "out of memory" in message and "allowed;" not in message, message
+print("the configured fraction reads back at start-up; 1.0 sets no limit")
+'''
+        env = dict(mock_env({"CACHEALLOC_CONF": "per_process_memory_fraction:0.5"}), PYTHONPATH=PACKAGE_ROOT)
+        proc = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, env=env, timeout=180)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        print("ok " + proc.stdout.strip().splitlines()[-1])
+
 
 if __name__ == "__main__":
     unittest.main()
