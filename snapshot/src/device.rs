@@ -23,6 +23,7 @@ pub trait SnapshotNames {
 /// given).
 pub fn settings_dict(s: AllocatorSettings, conf: &str) -> SettingsDict {
     let c = s.config;
+    let since_2_13 = c.torch_version().decisions_of() >= TorchVersion::V2_13;
     SettingsDict {
         conf: conf.to_string(),
         max_split_size: if c.max_split_size == u64::MAX {
@@ -42,6 +43,18 @@ pub fn settings_dict(s: AllocatorSettings, conf: &str) -> SettingsDict {
             .enumerate()
             .map(|(i, d)| ((1u64 << i).to_string(), *d))
             .collect(),
+        // torch 2.13 on (the keys the import tells the release by).
+        max_cached_size: since_2_13.then_some(pinned_bytes(c.host.pinned_max_cached_size_mb)),
+        max_round_threshold: since_2_13
+            .then_some(pinned_bytes(c.host.pinned_max_round_threshold_mb)),
+    }
+}
+
+/// A pinned size in MiB in bytes, -1 when unset.
+fn pinned_bytes(mb: u64) -> i64 {
+    match mb {
+        0 => -1,
+        mb => i64::try_from(mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX),
     }
 }
 
@@ -54,6 +67,11 @@ pub fn add_device<St: Into<u64> + From<u64> + Copy>(
 ) {
     let device = snap.device;
     let idx = device as usize;
+    // torch 2.14 on write the pinned host allocator's (empty here).
+    if snap.settings.config.torch_version().decisions_of() >= TorchVersion::V2_14 {
+        dict.host_segments.get_or_insert_with(Vec::new);
+        dict.host_traces.get_or_insert_with(Vec::new);
+    }
     dict.cachealloc_fragmentation
         .push(FragmentationDict::of(device, &snap.fragmentation));
     if dict.device_traces.len() <= idx {

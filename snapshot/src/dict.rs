@@ -191,6 +191,14 @@ pub struct SettingsDict {
     pub graph_capture_record_stream_reuse: bool,
     /// Divisions per size bucket, keyed "1", "2", "4", ... (MiB).
     pub roundup_power2_divisions: BTreeMap<String, u32>,
+    /// The pinned allocator's cache bound in bytes, -1 when unset (as
+    /// `max_split_size`: memory_viz reads no int beyond 8 bytes); torch 2.13
+    /// on write the key, and the import reads the release off it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cached_size: Option<i64>,
+    /// The pinned allocator's rounding bound (as `max_cached_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_round_threshold: Option<i64>,
 }
 
 /// The snapshot.
@@ -207,6 +215,13 @@ pub struct SnapshotDict {
     /// cachealloc's accounting of each device's memory by pool (a key
     /// memory_viz and PyTorch's readers ignore).
     pub cachealloc_fragmentation: Vec<FragmentationDict>,
+    /// The pinned host allocator's segments and history: empty (host
+    /// memory is not cachealloc's), written as torch 2.14 on write them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_segments: Option<Vec<u64>>,
+    /// (As `host_segments`.)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_traces: Option<Vec<u64>>,
 }
 
 /// One pool's memory (`PoolMemory`), in a snapshot.
@@ -306,6 +321,8 @@ impl SnapshotDict {
             allocator_settings: settings_dict(settings, conf),
             external_annotations: Vec::new(),
             cachealloc_fragmentation: Vec::new(),
+            host_segments: None,
+            host_traces: None,
         }
     }
 }

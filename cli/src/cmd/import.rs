@@ -29,7 +29,9 @@ pub struct ImportArgs {
     #[arg(long, value_parser = human::parse_bytes, requires = "memory_fraction")]
     capacity: Option<u64>,
     /// The torch release the recording was made with: written to the trace's
-    /// header (`torch_version`), so that replays take its decisions.
+    /// header (`torch_version`), so that replays take its decisions. Default:
+    /// the release the snapshot's fields tell (`pool_id` on trace entries:
+    /// 2.12 on; none: 2.11 or older; ...), said in the summary.
     #[arg(long, value_name = "VERSION", value_parser = super::torch_version)]
     torch_version: Option<TorchVersion>,
 }
@@ -67,6 +69,7 @@ impl ImportArgs {
             Ok(mut i) => {
                 if let Some(v) = self.torch_version {
                     i.header["torch_version"] = serde_json::json!(v.to_string());
+                    i.torch = Some((v, "given (--torch-version)"));
                 }
                 i
             }
@@ -96,6 +99,9 @@ fn summary(path: &str, i: &Imported) {
             &i.conf
         }
     );
+    if let Some((v, why)) = i.torch {
+        println!("  torch release   {v}: {why}");
+    }
     for d in &i.devices {
         let f = &d.facts;
         println!(

@@ -157,8 +157,9 @@ fn replay_against(
         config: Config::parse(conf).unwrap(),
         conf: conf.to_string(),
         real_addresses: true,
-        // Recorded with torch 2.11 or older: its block order.
-        torch: Some(cachealloc_core::TorchVersion::V2_11),
+        // No release given: the import reads it off the snapshot's fields
+        // (the header's `torch_version`), as it must for a recording that
+        // names none.
         ..Options::default()
     };
     against(trace.to_str().unwrap(), snapshot, name, &opts)
@@ -468,4 +469,42 @@ fn real_snapshots_reproduce_what_pytorch_did() {
         names.len()
     );
     assert!(checked > 0, "no recording was checked");
+}
+
+/// A snapshot cachealloc writes under each release carries that release's
+/// fields, and the import reads the release (its family: 2.14 stands for
+/// 2.15 too, whose own field torch writes only on tagged entries) off
+/// them, into the trace's header.
+#[test]
+fn the_import_reads_the_release_a_snapshot_was_written_under() {
+    use cachealloc_core::TorchVersion;
+    let dir = scratch("releases");
+    let t = format!(
+        "{}/traces/bert-mlm-train.jsonl.gz",
+        bundled_testdata().display()
+    );
+    let events = TraceReader::open(&t).unwrap().count_rest().unwrap() as usize;
+    for (minor, family) in [(11, 11), (12, 12), (13, 13), (14, 14), (15, 14)] {
+        let opts = Options {
+            history: 3 * events + 16,
+            snapshot: true,
+            torch: Some(TorchVersion::new(2, minor)),
+            ..Options::default()
+        };
+        let (report, _) = run(&t, &opts, &mut Quiet).unwrap();
+        let p = dir.join(format!("2.{minor}.pickle"));
+        write_snapshot(p.to_str().unwrap(), &report.snapshot.unwrap().0).unwrap();
+        let imported = import(&std::fs::read(&p).unwrap(), "release", None).unwrap();
+        let (v, why) = imported.torch.expect("a torch recording");
+        assert_eq!(
+            v,
+            TorchVersion::new(2, family),
+            "written under 2.{minor}: {why}"
+        );
+        assert_eq!(
+            imported.header["torch_version"].as_str(),
+            Some(v.to_string().as_str())
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -23,7 +23,9 @@ mod state;
 mod warmup;
 
 pub use body::{DeviceFacts, PENDING_STREAM_BASE};
-pub use pytorch::{read_snapshot, PtBlock, PtEntry, PtSegment, PtSettings, PtSnapshot};
+pub use pytorch::{
+    read_snapshot, recorded_with, PtBlock, PtEntry, PtSegment, PtSettings, PtSnapshot,
+};
 pub use rmm::{import_rmm_log, is_rmm_log};
 pub use state::{initial_state, Block, InitialState, Segment};
 
@@ -134,6 +136,10 @@ pub struct Imported {
     /// `pool_id`, torch 2.12 on): the trace has no pool routing for them
     /// and replays them in the default pools.
     pub private_pool_allocs: u64,
+    /// The torch release the recording was made with, as its fields tell
+    /// ([`recorded_with`]), and why: the header's `torch_version`, whose
+    /// decisions replays take (`None`: not a torch recording, an RMM log).
+    pub torch: Option<(cachealloc_core::TorchVersion, &'static str)>,
 }
 
 impl Imported {
@@ -168,11 +174,17 @@ pub fn import_with_limit(
     limit: Option<MemoryLimit>,
 ) -> Result<Imported, String> {
     let snap = read_snapshot(bytes)?;
+    let torch = recorded_with(&snap);
     let conf = conf
         .map(str::to_string)
         .or_else(|| snap.allocator_settings.as_ref().map(|s| s.conf.clone()))
         .unwrap_or_default();
-    let config = Config::parse(&conf).map_err(|e| format!("allocator settings {conf:?}: {e}"))?;
+    let config = Config::parse_for(&conf, torch.0).map_err(|e| {
+        format!(
+            "allocator settings {conf:?}: {e} (read as torch {})",
+            torch.0
+        )
+    })?;
     let streams = StreamMap::of(&snap);
     let mut next_id = 0u64;
     let mut next_pending = PENDING_STREAM_BASE;
@@ -236,7 +248,7 @@ pub fn import_with_limit(
         None if devices.iter().any(|d| d.facts.limit_refusals > 0) => capacity.map(|c| (1.0, c.0)),
         None => None,
     };
-    let header = header(
+    let mut header = header(
         name,
         &conf,
         &devices,
@@ -251,6 +263,7 @@ pub fn import_with_limit(
         .flatten()
         .filter(|e| e.action == "alloc" && e.pool_id.is_some_and(|p| p != (0, 0)))
         .count() as u64;
+    header["torch_version"] = serde_json::json!(torch.0.to_string());
     Ok(Imported {
         header,
         events,
@@ -261,6 +274,7 @@ pub fn import_with_limit(
         final_segments: snap.segments,
         memory_limit,
         private_pool_allocs,
+        torch: Some(torch),
     })
 }
 

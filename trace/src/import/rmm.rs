@@ -134,6 +134,7 @@ pub fn import_rmm_log(text: &str, name: &str) -> Result<Imported, String> {
         final_segments: Vec::new(),
         memory_limit: None,
         private_pool_allocs: 0,
+        torch: None,
     })
 }
 
