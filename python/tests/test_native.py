@@ -246,6 +246,40 @@ print("the configured fraction reads back at start-up; 1.0 sets no limit")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         print("ok " + proc.stdout.strip().splitlines()[-1])
 
+    def test_torchs_own_settings_parser_gives_the_checked_in_answers(self):
+        """torch's own parser (scripts/torch_parser/probe.cpp, built against
+        this torch) reads every string of tests/data/torch_parser/strings.txt
+        as the answers checked in for its release say; the Rust test
+        torch_parser.rs compares those answers with cachealloc's parser. A
+        release whose parser changed fails here until the answers are made
+        again (scripts/torch-parser.sh)."""
+        root = os.path.dirname(os.path.dirname(HERE))
+        data = os.path.join(root, "tests", "data", "torch_parser")
+        minor = int(torch.__version__.split(".")[1])
+        answers = os.path.join(data, "torch-2.%d.jsonl" % minor)
+        if not os.path.isfile(answers):
+            self.skipTest("no answers checked in for torch 2.%d" % minor)
+        probe = os.path.join(self.tmp.name, "probe")
+        cmd = native.command(torch, probe, os.path.join(root, "scripts", "torch_parser", "probe.cpp"),
+                             executable=True) + ["-DTORCH_MINOR=%d" % minor, "-w"]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        self.assertEqual(proc.returncode, 0, "compiling probe.cpp failed:\n" + proc.stdout[-4000:])
+        env = dict(os.environ)
+        for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+            env.pop(v, None)
+        with open(os.path.join(data, "strings.txt"), encoding="utf-8") as f:
+            run = subprocess.run([probe], stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True, env=env, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stderr[-2000:])
+        ours = [json.loads(line) for line in run.stdout.splitlines()]
+        with open(answers, encoding="utf-8") as f:
+            checked_in = [json.loads(line) for line in f]
+        # The messages name the source line torch was built at: compare the rest.
+        strip = lambda rs: [{k: v for k, v in r.items() if k != "error"} for r in rs]
+        self.assertEqual(strip(ours), strip(checked_in))
+        print("ok torch %s's own parser: %d strings read as the checked-in answers say"
+              % (torch.__version__, len(ours)))
+
 
 if __name__ == "__main__":
     unittest.main()
