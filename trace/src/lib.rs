@@ -34,6 +34,7 @@ mod check;
 mod device;
 mod error;
 mod event;
+mod fast_parse;
 pub mod fuzzing;
 pub mod import;
 mod liveness;

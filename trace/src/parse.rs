@@ -129,8 +129,17 @@ fn field(v: Option<Int>, key: &str, required: bool) -> Result<Option<u64>, Strin
     }
 }
 
-/// Parse one event line (not the header).
+/// Parse one event line (not the header): the plain shapes by hand
+/// (`fast_parse.rs`), anything else through serde.
 pub fn parse_event(line: &[u8]) -> Result<Event, Reason> {
+    match crate::fast_parse::plain_event(line) {
+        Some(e) => Ok(e),
+        None => parse_event_serde(line),
+    }
+}
+
+/// [`parse_event`] through serde alone (the reference of the fast path).
+pub(crate) fn parse_event_serde(line: &[u8]) -> Result<Event, Reason> {
     parse_event_fields(line).map_err(Reason::Event)
 }
 

@@ -1,6 +1,6 @@
 //! Reading and parsing a trace in chunks, for a replay: on other threads
 //! when the trace is a file large enough to gain from it (one reads and
-//! decompresses, two parse, while the replay applies the chunk before),
+//! decompresses, one parses, while the replay applies the chunk before),
 //! else on the replay's own thread. Either way the replay sees the events
 //! in the file's order, and a bad line ends its chunk, carrying the error.
 
@@ -93,14 +93,25 @@ fn parse_lines(raw: RawLines, path: &str, mut events: Vec<(u64, Event)>) -> Pars
     }
 }
 
-/// Parser threads beside the reading thread.
-const PARSERS: usize = 2;
+/// Parser threads beside the reading thread on a machine of `threads`: one
+/// on two cores, since the plain lines are parsed by hand
+/// (`fast_parse.rs`) faster than the reading thread decompresses them and a
+/// second only takes a core from the replay (gpt2-generate end to end,
+/// median of 9 on 2 cores: 4.4 M events/s with two, 5.5 M with one); two
+/// where there are more cores.
+fn parsers(threads: usize) -> usize {
+    if threads > 2 {
+        2
+    } else {
+        1
+    }
+}
 
 /// Give `consume` every chunk of `reader`'s events, in order, until it
 /// returns `Ok(true)` (stop), an error, or the chunks run out.
 ///
 /// For a large file on a machine with two cores or more, one thread reads
-/// and decompresses chunks of lines and deals them in turn to two parser
+/// and decompresses chunks of lines and deals them in turn to the parser
 /// threads; the caller takes the parsed chunks in the same turn, so the
 /// order is the file's. A consumer that stops drops its ends of the
 /// channels, and every thread then stops at its next send.
@@ -121,9 +132,10 @@ pub(crate) fn for_each_chunk(
     }
     let path = reader.path().to_string();
     std::thread::scope(|s| {
-        let mut to_parsers = Vec::with_capacity(PARSERS);
-        let mut from_parsers = Vec::with_capacity(PARSERS);
-        for _ in 0..PARSERS {
+        let parsers = parsers(threads);
+        let mut to_parsers = Vec::with_capacity(parsers);
+        let mut from_parsers = Vec::with_capacity(parsers);
+        for _ in 0..parsers {
             let (raw_tx, raw_rx) = mpsc::sync_channel::<RawLines>(1);
             let (out_tx, out_rx) = mpsc::sync_channel::<Parsed>(1);
             let path = path.as_str();
@@ -143,7 +155,7 @@ pub(crate) fn for_each_chunk(
             for k in 0.. {
                 let raw = reader.read_lines(CHUNK, Vec::with_capacity(CHUNK * 64));
                 let last = raw.last;
-                if to_parsers[k % PARSERS].send(raw).is_err() || last {
+                if to_parsers[k % parsers].send(raw).is_err() || last {
                     return;
                 }
             }
@@ -152,7 +164,7 @@ pub(crate) fn for_each_chunk(
         // scope waits for the threads (whose next send then fails).
         let from_parsers = from_parsers;
         for k in 0.. {
-            let Ok(p) = from_parsers[k % PARSERS].recv() else {
+            let Ok(p) = from_parsers[k % parsers].recv() else {
                 break;
             };
             if consume(&p)? || p.last {
