@@ -10,10 +10,10 @@ use crate::event::Event;
 use crate::min_capacity::min_capacity;
 use crate::reader::TraceReader;
 use crate::report::Report;
-use crate::run::{run, Options, Quiet};
+use crate::run::{run_reader, Options, Quiet};
 use cachealloc_core::{Config, ConfigItems, OomClass};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// What [`advise`] is asked.
 #[derive(Clone, Debug, Default)]
@@ -266,9 +266,16 @@ pub fn singles(trace: &str, opts: &AdviseOptions) -> Result<Vec<Candidate>, Trac
     Ok(out)
 }
 
-/// Replay `c`.
-fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, TraceError> {
-    let trace_fraction = TraceReader::open(trace)?.header.memory_fraction;
+/// Replay `c` (`data`: the trace, read and decompressed once for every
+/// candidate).
+fn try_one(
+    trace: &str,
+    data: &Arc<Vec<u8>>,
+    c: &Candidate,
+    opts: &AdviseOptions,
+) -> Result<Outcome, TraceError> {
+    let open = || TraceReader::from_shared(trace, data.clone());
+    let trace_fraction = open()?.header.memory_fraction;
     let config = Config::parse(&c.conf)
         .map_err(|e| option_error(trace, format!("settings {:?}: {e}", c.conf)))?;
     let base = Options {
@@ -285,7 +292,7 @@ fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, 
             .map(|f| trace_fraction.unwrap_or(f)),
         ..Options::default()
     };
-    let (r, _) = run(trace, &base, &mut Quiet)?;
+    let (r, _) = run_reader(open()?, &base, &mut Quiet)?;
     let min = if opts.min_capacity {
         // As `compare --min-capacity`: bisect up to the peak of a run no
         // capacity limits (not even the trace's own).
@@ -294,7 +301,7 @@ fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, 
             memory_fraction: None,
             ..base.clone()
         };
-        let (u, _): (Report, _) = run(trace, &unlimited, &mut Quiet)?;
+        let (u, _): (Report, _) = run_reader(open()?, &unlimited, &mut Quiet)?;
         let probe = Options {
             capacity: None,
             ..unlimited
@@ -322,6 +329,7 @@ fn try_one(trace: &str, c: &Candidate, opts: &AdviseOptions) -> Result<Outcome, 
 /// each (with how many are done).
 fn try_all(
     trace: &str,
+    data: &Arc<Vec<u8>>,
     candidates: &[Candidate],
     opts: &AdviseOptions,
     done: &(dyn Fn(usize) + Sync),
@@ -343,7 +351,7 @@ fn try_all(
                 let Some(c) = candidates.get(k) else {
                     return;
                 };
-                let r = try_one(trace, c, opts);
+                let r = try_one(trace, data, c, opts);
                 let failed = r.is_err();
                 results.lock().unwrap_or_else(|p| p.into_inner())[k] = Some(r);
                 done(finished.fetch_add(1, Ordering::Relaxed) + 1);
@@ -455,8 +463,10 @@ pub fn advise(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Advice, TraceError> {
     let singles = singles(trace, opts)?;
+    // Read and decompressed once: every replay parses it from memory.
+    let data = TraceReader::read_whole(trace)?;
     let total = AtomicUsize::new(singles.len());
-    let tried = try_all(trace, &singles, opts, &|n| {
+    let tried = try_all(trace, &data, &singles, opts, &|n| {
         progress(n, total.load(Ordering::Relaxed))
     })?;
     let recorded = tried
@@ -474,7 +484,7 @@ pub fn advise(
         .collect();
     let before = singles.len();
     total.store(before + combos.len(), Ordering::Relaxed);
-    let more = try_all(trace, &combos, opts, &|n| {
+    let more = try_all(trace, &data, &combos, opts, &|n| {
         progress(before + n, before + combos.len())
     })?;
     let mut ranked = tried;

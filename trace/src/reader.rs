@@ -105,6 +105,39 @@ impl TraceReader {
         TraceReader::from_read(name, Box::new(io::Cursor::new(data)), gzip, len)
     }
 
+    /// Read a trace decompressed once and shared (say, by every replay of
+    /// `advise`): no copy and no decompression per reader.
+    pub fn from_shared(name: &str, data: Arc<Vec<u8>>) -> Result<TraceReader, TraceError> {
+        /// The shared bytes, as a cursor reads them.
+        struct Shared(Arc<Vec<u8>>);
+        impl AsRef<[u8]> for Shared {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        let len = data.len() as u64;
+        TraceReader::from_read(name, Box::new(io::Cursor::new(Shared(data))), false, len)
+    }
+
+    /// The trace at `path` whole, decompressed (for [`from_shared`](Self::from_shared)).
+    pub fn read_whole(path: &str) -> Result<Arc<Vec<u8>>, TraceError> {
+        let err = |reason| TraceError {
+            path: path.to_string(),
+            line: 0,
+            reason,
+        };
+        let file = File::open(path).map_err(|e| err(Reason::Io(format!("cannot open: {e}"))))?;
+        let gzip = path.ends_with(".gz");
+        let mut data = Vec::new();
+        let read = if gzip {
+            flate2::read::GzDecoder::new(BufReader::new(file)).read_to_end(&mut data)
+        } else {
+            BufReader::new(file).read_to_end(&mut data)
+        };
+        read.map_err(|e| err(read_failure(gzip, &e)))?;
+        Ok(Arc::new(data))
+    }
+
     fn from_read(
         path: &str,
         inner: Box<dyn Read + Send>,
