@@ -196,6 +196,47 @@ fn no_value(_: &Config) -> Option<Value> {
 }
 fn no_carry(_: &Config, _: &mut Config) {}
 
+/// The parser, printer and carrier of a key that is one field of `Config`
+/// read as torch reads a boolean (`bool`) or a count (`number`), for the
+/// rest of its entry to complete (`..plain!(bool, host.pinned_free_catch_all)`).
+macro_rules! plain {
+    (bool, $($f:ident).+) => {
+        Key {
+            parse: |c, t| {
+                c.$($f).+ = t.boolean()?;
+                Ok(())
+            },
+            value: |c| Some(Value::Bool(c.$($f).+)),
+            carry: |from, to| to.$($f).+ = from.$($f).+,
+            ..PLAIN
+        }
+    };
+    (number, $($f:ident).+) => {
+        Key {
+            parse: |c, t| {
+                c.$($f).+ = t.size()?;
+                Ok(())
+            },
+            value: |c| Some(Value::Number(c.$($f).+)),
+            carry: |from, to| to.$($f).+ = from.$($f).+,
+            ..PLAIN
+        }
+    };
+}
+
+/// What `plain!` leaves to the entry.
+const PLAIN: Key = Key {
+    names: &[],
+    since: TorchVersion::OLDEST,
+    later: Later::Keep,
+    walk: Walk::Accelerator,
+    rule: "",
+    first: false,
+    parse: ignored,
+    value: no_value,
+    carry: no_carry,
+};
+
 /// Every key, in the order the settings string is printed.
 pub const KEYS: &[Key] = &[
     Key {
@@ -300,12 +341,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, t| {
-            c.release_lock_on_malloc = t.boolean()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Bool(c.release_lock_on_malloc)),
-        carry: |from, to| to.release_lock_on_malloc = from.release_lock_on_malloc,
+        ..plain!(bool, release_lock_on_malloc)
     },
     Key {
         names: &["expandable_segments"],
@@ -314,12 +350,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Accelerator,
         rule: "boolean",
         first: false,
-        parse: |c, t| {
-            c.expandable_segments = t.boolean()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Bool(c.expandable_segments)),
-        carry: |from, to| to.expandable_segments = from.expandable_segments,
+        ..plain!(bool, expandable_segments)
     },
     Key {
         names: &["backend"],
@@ -375,12 +406,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, t| {
-            c.throw_on_cudamalloc_oom = t.boolean()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Bool(c.throw_on_cudamalloc_oom)),
-        carry: |from, to| to.throw_on_cudamalloc_oom = from.throw_on_cudamalloc_oom,
+        ..plain!(bool, throw_on_cudamalloc_oom)
     },
     Key {
         names: &["graph_capture_record_stream_reuse"],
@@ -389,14 +415,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Device,
         rule: "boolean, default False; new in 2.11 (see below)",
         first: false,
-        parse: |c, t| {
-            c.graph_capture_record_stream_reuse = t.boolean()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Bool(c.graph_capture_record_stream_reuse)),
-        carry: |from, to| {
-            to.graph_capture_record_stream_reuse = from.graph_capture_record_stream_reuse
-        },
+        ..plain!(bool, graph_capture_record_stream_reuse)
     },
     Key {
         names: &[
@@ -408,12 +427,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, t| {
-            c.host.pinned_use_host_register = t.boolean()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Bool(c.host.pinned_use_host_register)),
-        carry: |from, to| to.host.pinned_use_host_register = from.host.pinned_use_host_register,
+        ..plain!(bool, host.pinned_use_host_register)
     },
     Key {
         names: &["pinned_num_register_threads"],
@@ -448,14 +462,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Accelerator,
         rule: "boolean",
         first: false,
-        parse: |c, t| {
-            c.host.pinned_use_background_threads = t.boolean()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Bool(c.host.pinned_use_background_threads)),
-        carry: |from, to| {
-            to.host.pinned_use_background_threads = from.host.pinned_use_background_threads
-        },
+        ..plain!(bool, host.pinned_use_background_threads)
     },
     Key {
         names: &["pinned_reserve_segment_size_mb"],
@@ -484,12 +491,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Device,
         rule: "boolean",
         first: false,
-        parse: |c, t| {
-            c.host.pinned_free_catch_all = t.boolean()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Bool(c.host.pinned_free_catch_all)),
-        carry: |from, to| to.host.pinned_free_catch_all = from.host.pinned_free_catch_all,
+        ..plain!(bool, host.pinned_free_catch_all)
     },
     Key {
         names: &["pinned_max_round_threshold_mb"],
@@ -498,14 +500,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Accelerator,
         rule: "a size in MiB",
         first: false,
-        parse: |c, t| {
-            c.host.pinned_max_round_threshold_mb = t.size()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Number(c.host.pinned_max_round_threshold_mb)),
-        carry: |from, to| {
-            to.host.pinned_max_round_threshold_mb = from.host.pinned_max_round_threshold_mb
-        },
+        ..plain!(number, host.pinned_max_round_threshold_mb)
     },
     Key {
         names: &["pinned_max_cached_size_mb"],
@@ -514,12 +509,7 @@ pub const KEYS: &[Key] = &[
         walk: Walk::Accelerator,
         rule: "a size in MiB",
         first: false,
-        parse: |c, t| {
-            c.host.pinned_max_cached_size_mb = t.size()?;
-            Ok(())
-        },
-        value: |c| Some(Value::Number(c.host.pinned_max_cached_size_mb)),
-        carry: |from, to| to.host.pinned_max_cached_size_mb = from.host.pinned_max_cached_size_mb,
+        ..plain!(number, host.pinned_max_cached_size_mb)
     },
     Key {
         names: &["expandable_segments_reserve"],
