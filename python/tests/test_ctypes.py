@@ -675,9 +675,9 @@ def fake_torch(cuda_available, initialized=False):
 
 
 class Settings(unittest.TestCase):
-    def run_with(self, **settings):
-        """A fresh process with the settings variables `settings` (the rest
-        cleared): what its first call raises."""
+    def run_code(self, code, **settings):
+        """`code` in a fresh process on the simulated device with the
+        settings variables `settings` (the rest cleared); it must exit 0."""
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                    CACHEALLOC_BACKEND="mock")
         for v in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
@@ -685,14 +685,19 @@ class Settings(unittest.TestCase):
                   "CACHEALLOC_HISTORY_CAPACITY"):
             env.pop(v, None)
         env.update(settings)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r
+
+    def run_with(self, **settings):
+        """A fresh process with the settings variables `settings` (the rest
+        cleared): what its first call raises."""
         code = ("import cachealloc\n"
                 "try:\n"
                 "    cachealloc.memory_stats(0)\n"
                 "except cachealloc.CacheallocError as e:\n"
                 "    print(e)\n")
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        return r.stdout.strip()
+        return self.run_code(code, **settings).stdout.strip()
 
     def test_a_bad_setting_names_its_variable(self):
         for var in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
@@ -710,10 +715,6 @@ class Settings(unittest.TestCase):
         """``install()`` wraps torch's setter of a later settings string: a
         string torch's parser accepts reaches cachealloc, one it refuses
         raises as before and changes nothing (a stand-in ``torch._C``)."""
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-                   CACHEALLOC_BACKEND="mock")
-        for v in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-            env.pop(v, None)
         code = ("import types, cachealloc\n"
                 "from cachealloc import _lib, torch_glue\n"
                 "def torchs(env):\n"
@@ -732,8 +733,7 @@ class Settings(unittest.TestCase):
                 "    print('refused', size())\n"
                 "torch._C._accelerator_setAllocatorSettings('roundup_power2_divisions:4')\n"
                 "print('taken', size())\n")
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.run_code(code)
         self.assertEqual(r.stdout.split(), ["refused", "1100288", "taken", "1310720"])
 
     def test_the_configured_fraction_from_the_start(self):
@@ -741,9 +741,6 @@ class Settings(unittest.TestCase):
         first allocation (torch sets it when the allocator is made); a
         fraction of 1.0 then sets no limit (an out-of-memory names no
         "allowed"), as torch 2.11 to 2.15 do."""
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-                   CACHEALLOC_BACKEND="mock", CACHEALLOC_MOCK_CAPACITY="1GiB",
-                   CACHEALLOC_CONF="per_process_memory_fraction:0.5")
         code = ("import cachealloc\n"
                 "print(cachealloc.get_per_process_memory_fraction(0))\n"
                 "cachealloc.set_per_process_memory_fraction(1.0, 0)\n"
@@ -751,18 +748,14 @@ class Settings(unittest.TestCase):
                 "    cachealloc.caching_allocator_alloc(2 << 30, 0)\n"
                 "except cachealloc.OutOfMemoryError as e:\n"
                 "    print('allowed;' in str(e))\n")
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.run_code(code, CACHEALLOC_MOCK_CAPACITY="1GiB", CACHEALLOC_CONF="per_process_memory_fraction:0.5")
         self.assertEqual(r.stdout.split(), ["0.5", "False"])
 
     def test_what_torch_reads_oddly_is_read_so_and_said(self):
         """``20MB`` is 20, as torch's ``stoull`` reads it: the settings
         start as under torch, and stderr says so once."""
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-                   CACHEALLOC_BACKEND="mock", CACHEALLOC_CONF="max_split_size_mb:20MB")
         code = "import cachealloc\nprint(cachealloc.memory_stats(0)['max_split_size'])\n"
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.run_code(code, CACHEALLOC_CONF="max_split_size_mb:20MB")
         self.assertEqual(r.stdout.strip(), str(20 << 20))
         self.assertEqual(r.stderr.count("cachealloc: warning: CACHEALLOC_CONF: `max_split_size_mb:20MB`"), 1,
                          r.stderr)
@@ -771,11 +764,6 @@ class Settings(unittest.TestCase):
         """``set_allocator_settings`` (torch's ``_set_allocator_settings``)
         reaches the devices made before and after it, with torch's rules
         for a key it leaves out; a bad string changes nothing."""
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-                   CACHEALLOC_BACKEND="mock")
-        for v in ("CACHEALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-                  "CACHEALLOC_TORCH_VERSION"):
-            env.pop(v, None)
         code = ("import cachealloc\n"
                 "from cachealloc import _lib\n"
                 "lib = _lib.lib()\n"
@@ -793,8 +781,7 @@ class Settings(unittest.TestCase):
                 "print(size(0))\n"
                 "cachealloc.set_allocator_settings('max_split_size_mb:40')\n"
                 "print(size(0), size(2))\n")
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.run_code(code)
         lines = r.stdout.strip().splitlines()
         # 512-byte rounding; a quarter of a MiB on devices old and new; the
         # bad string refused, nothing changed; a later string without the

@@ -96,9 +96,8 @@ fn parse_lines(raw: RawLines, path: &str, mut events: Vec<(u64, Event)>) -> Pars
 /// Parser threads beside the reading thread on a machine of `threads`: one
 /// on two cores, since the plain lines are parsed by hand
 /// (`fast_parse.rs`) faster than the reading thread decompresses them and a
-/// second only takes a core from the replay (gpt2-generate end to end,
-/// median of 9 on 2 cores: 4.4 M events/s with two, 5.5 M with one); two
-/// where there are more cores.
+/// second only takes a core from the replay; two where there are more
+/// cores.
 fn parsers(threads: usize) -> usize {
     if threads > 2 {
         2

@@ -32,9 +32,13 @@ fn ours(line: &str, version: TorchVersion) -> Result<Config, String> {
 /// What differs between torch's values (`t`) and cachealloc's.
 fn differences(t: &Value, c: &Config) -> Vec<String> {
     let mut out = Vec::new();
+    // Numbers alike whichever way they are written (torch's 0, our 0.0).
+    let alike = |a: &Value, b: &Value| {
+        a == b || ((a.is_f64() || b.is_f64()) && a.as_f64().is_some() && a.as_f64() == b.as_f64())
+    };
     let mut same = |key: &str, ours: Value| {
         if let Some(theirs) = t.get(key) {
-            if *theirs != ours {
+            if !alike(theirs, &ours) {
                 out.push(format!("{key}: torch {theirs}, cachealloc {ours}"));
             }
         }
@@ -93,18 +97,14 @@ fn differences(t: &Value, c: &Config) -> Vec<String> {
         "pinned_max_cached_size",
         bytes(h.pinned_max_cached_size_mb).into(),
     );
-    let mut real = |key: &str, ours: f64| {
-        if let Some(theirs) = t.get(key).and_then(Value::as_f64) {
-            if theirs != ours {
-                out.push(format!("{key}: torch {theirs}, cachealloc {ours}"));
-            }
-        }
-    };
-    real(
+    same(
         "garbage_collection_threshold",
-        c.garbage_collection_threshold,
+        c.garbage_collection_threshold.into(),
     );
-    real("per_process_memory_fraction", c.per_process_memory_fraction);
+    same(
+        "per_process_memory_fraction",
+        c.per_process_memory_fraction.into(),
+    );
     out
 }
 
